@@ -1,0 +1,45 @@
+"""Typed settings (where things are): URLs, bucket, credentials, caches. Read from the environment.
+
+Every field can be set with an ``SRDQ_``-prefixed environment variable (``SRDQ_DATABASE_URL`` ...) or a
+``.env`` file. Building a ``Settings`` object does no I/O.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "srdq"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SRDQ_", env_file=".env", extra="ignore")
+
+    database_url: str = Field(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/srdq",
+        description="SQLAlchemy URL of the PostgreSQL database (service mode). `srdq run` uses a SQLite "
+        "file under --out instead.",
+    )
+    broker_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker (Redis) URL.")
+    object_store_url: str = Field(
+        "s3://srdq-results", description="Where results go: s3://BUCKET/PREFIX or a local folder path."
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, moto); None = AWS.")
+    s3_region: str = Field("us-east-1", description="S3 region name.")
+    aws_access_key_id: str | None = Field(None, description="S3 access key; None = standard AWS chain.")
+    aws_secret_access_key: str | None = Field(None, description="S3 secret key; None = standard AWS chain.")
+    cache_dir: Path = Field(
+        default_factory=_default_cache_dir,
+        description="Local cache: converted model weights (safetensors export of GGUF models).",
+    )
+    device: str = Field("auto", description="torch device for the transformers engine: auto, cpu, cuda, cuda:N.")
+    dtype: str = Field("bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32.")
+
+
+def get_settings() -> Settings:
+    """Build settings from the environment (call at the edge, pass the object down)."""
+    return Settings()

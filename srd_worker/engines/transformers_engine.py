@@ -1,0 +1,296 @@
+"""Transformers engine: batched sampling from token ids on CPU or GPU (DESIGN.md, Contracts: Engine).
+
+What it does:
+- one left-padded batch for all requests (optionally cut into ``max_batch_size`` chunks), a KV cache
+  (``DynamicCache``), explicit position ids so left padding does not shift positions;
+- per-request temperature / top-k / top-p / max_new_tokens / stop strings / seed. Each request owns a
+  ``torch.Generator`` seeded with its seed, and a token is drawn by inverse-CDF sampling with one uniform
+  number from that generator, so a request's draws never depend on which other requests share the batch;
+- rows that finish are dropped from the batch and the cache, so long and short requests mix cheaply;
+- per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
+  ``raw_logprobs`` convention) and teacher-forced scoring of continuations.
+
+What it leaves out: prefix caching across calls, speculative decoding, beam search.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from srd_worker.engines.base import (
+    CAP_FULL_LOGITS,
+    CAP_LOGPROBS,
+    CAP_SAMPLING,
+    Generation,
+    GenerationRequest,
+)
+from srd_worker.errors import EngineError
+
+
+class HFTokenizer:
+    """Adapts a Hugging Face tokenizer to the engine's Tokenizer protocol."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.hf = tokenizer
+        eos = set()
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        vocab = tokenizer.get_vocab()
+        # chat models end a turn with these; generation must stop there too
+        for special in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            if special in vocab:
+                eos.add(int(vocab[special]))
+        self.eos_token_ids = frozenset(eos)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else next(iter(sorted(eos))) if eos else 0)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def chat_prompt_ids(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+        if not getattr(self.hf, "chat_template", None):
+            text = "\n\n".join(m["content"] for m in messages) + "\n\n"
+            return self.encode(text)
+        text = self.hf.apply_chat_template(
+            list(messages), add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built (for benchmarks and the ledger's sanity checks)."""
+
+    generate_calls: int = 0
+    generated_tokens: int = 0
+    prefill_tokens: int = 0
+    generate_seconds: float = 0.0
+    forward_passes: int = 0
+
+
+class TransformersEngine:
+    name = "transformers"
+    capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS})
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, model_name: str = "") -> None:
+        import torch
+
+        self._torch = torch
+        self.model = model
+        self.tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else HFTokenizer(tokenizer)
+        self.device = next(model.parameters()).device
+        self.max_batch_size = max_batch_size
+        self.model_name = model_name
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
+        self.stats = EngineStats()
+        # transformers >= 5.2x names the KV cache argument `cache`; older releases `past_key_values`
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in params
+
+    @classmethod
+    def from_name(cls, name: str, *, settings: Any, max_batch_size: int = 64) -> TransformersEngine:
+        """Build from a model name (see ``engines.loading``) using the settings' cache, dtype and device."""
+        import torch
+
+        from srd_worker.engines.loading import load_model
+
+        device = settings.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, tokenizer = load_model(name, cache_dir=settings.cache_dir, dtype=settings.dtype, device=device)
+        return cls(model, tokenizer, max_batch_size=max_batch_size, model_name=name)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        out: list[Generation] = []
+        t0 = time.perf_counter()
+        for start in range(0, len(requests), self.max_batch_size):
+            out.extend(self._generate_batch(list(requests[start : start + self.max_batch_size])))
+        self.stats.generate_calls += 1
+        self.stats.generate_seconds += time.perf_counter() - t0
+        if len(out) != len(requests):
+            raise EngineError(f"engine returned {len(out)} generations for {len(requests)} requests")
+        return out
+
+    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
+        torch = self._torch
+        from transformers import DynamicCache
+
+        n = len(requests)
+        if n == 0:
+            return []
+        tok = self.tokenizer
+        results: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        reasons: list[str] = ["length"] * n
+        budgets = []
+        for i, r in enumerate(requests):
+            if not r.prompt_ids:
+                raise EngineError(f"request {i} has an empty prompt")
+            room = self.max_context - len(r.prompt_ids)
+            if room <= 0:
+                raise EngineError(
+                    f"request {i}: prompt of {len(r.prompt_ids)} tokens does not fit the context of {self.max_context}"
+                )
+            budgets.append(min(r.params.max_new_tokens, room))
+        active = [i for i in range(n) if budgets[i] > 0]
+        if not active:
+            return [Generation([], "", "length", [] if r.params.logprobs else None) for r in requests]
+
+        gens = []
+        for r in requests:
+            g = torch.Generator(device="cpu")
+            if r.params.seed is not None:
+                g.manual_seed(int(r.params.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+            else:
+                g.seed()
+            gens.append(g)
+
+        max_len = max(len(requests[i].prompt_ids) for i in active)
+        pad = tok.pad_token_id
+        ids = torch.full((len(active), max_len), pad, dtype=torch.long)
+        mask = torch.zeros((len(active), max_len), dtype=torch.long)
+        for row, i in enumerate(active):
+            p = requests[i].prompt_ids
+            ids[row, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[row, max_len - len(p) :] = 1
+        self.stats.prefill_tokens += int(mask.sum())
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        stop_strings = [r.params.stop for r in requests]
+        max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
+
+        with torch.inference_mode():
+            step_input, step_pos = ids, positions
+            while active:
+                kwargs = {self._cache_kw: cache, "use_cache": True}
+                if self._has_logits_to_keep:
+                    kwargs["logits_to_keep"] = 1  # prefill: skip the lm_head on every prompt position
+                logits = self.model(
+                    input_ids=step_input, attention_mask=mask, position_ids=step_pos, **kwargs
+                ).logits[:, -1, :].float()
+                self.stats.forward_passes += 1
+                next_tokens, next_logps = self._sample(logits, [requests[i].params for i in active],
+                                                      [gens[i] for i in active])
+                keep_rows = []
+                for row, i in enumerate(active):
+                    t = int(next_tokens[row])
+                    results[i].append(t)
+                    logps[i].append(float(next_logps[row]))
+                    if t in tok.eos_token_ids:
+                        reasons[i] = "eos"
+                    elif max_stop[i] and self._hit_stop(results[i], stop_strings[i], max_stop[i]):
+                        reasons[i] = "stop"
+                    elif len(results[i]) >= budgets[i]:
+                        reasons[i] = "length"
+                    else:
+                        keep_rows.append(row)
+                        continue
+                self.stats.generated_tokens += len(active)
+                if not keep_rows:
+                    break
+                step_input = next_tokens.view(-1, 1)
+                step_pos = step_pos[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], 1)
+                if len(keep_rows) < len(active):
+                    sel = torch.tensor(keep_rows, dtype=torch.long, device=self.device)
+                    cache.batch_select_indices(sel)
+                    step_input, step_pos, mask = step_input[sel], step_pos[sel], mask[sel]
+                    active = [active[row] for row in keep_rows]
+
+        out = []
+        for i, r in enumerate(requests):
+            out.append(
+                Generation(
+                    token_ids=results[i],
+                    text=tok.decode(results[i]),
+                    finish_reason=reasons[i],
+                    logprobs=logps[i] if r.params.logprobs else None,
+                )
+            )
+        return out
+
+    def _hit_stop(self, token_ids: list[int], stops: tuple[str, ...], max_stop: int) -> bool:
+        # Decode only a tail long enough to hold any stop string (every token decodes to >= 1 char,
+        # except specials, which never end a stop string).
+        tail = self.tokenizer.decode(token_ids[-(max_stop + 2) :])
+        return any(s and s in tail for s in stops)
+
+    def _sample(self, logits: Any, params: list[Any], gens: list[Any]) -> tuple[Any, Any]:
+        """One token per row: greedy where temperature == 0, else top-k / top-p filtered sampling with
+        a uniform number from the row's own generator. Returns (tokens, raw logprobs of the tokens)."""
+        torch = self._torch
+        raw_logp = torch.log_softmax(logits, dim=-1)
+        b, vocab = logits.shape
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
+        greedy = temps == 0
+        tokens = torch.argmax(logits, dim=-1)
+        if not bool(greedy.all()):
+            scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
+            sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True)
+            ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=logits.device)
+            sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+            probs = torch.softmax(sorted_logits, dim=-1)
+            top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
+            # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+            before = probs.cumsum(-1) - probs
+            probs = probs.masked_fill(before >= top_p.unsqueeze(1), 0.0)
+            probs = probs / probs.sum(-1, keepdim=True)
+            cdf = probs.cumsum(-1)
+            u = torch.stack([torch.rand((), generator=g) for g in gens]).to(logits.device)
+            u = u * cdf[:, -1]
+            pick = torch.searchsorted(cdf, u.unsqueeze(1)).clamp(max=vocab - 1)
+            # never pick a zero-probability token (float edge at the top of the cdf)
+            pick = torch.minimum(pick, (probs > 0).sum(-1, keepdim=True) - 1)
+            sampled = sorted_idx.gather(1, pick).squeeze(1)
+            tokens = torch.where(greedy, tokens, sampled)
+        return tokens, raw_logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+    # ------------------------------------------------------------------ scoring
+    def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        out: list[list[float]] = []
+        for start in range(0, len(pairs), self.max_batch_size):
+            out.extend(self._logprobs_batch(list(pairs[start : start + self.max_batch_size])))
+        return out
+
+    def _logprobs_batch(self, pairs: list[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        torch = self._torch
+        if not pairs:
+            return []
+        seqs = [list(p) + list(c) for p, c in pairs]
+        for i, (p, _c) in enumerate(pairs):
+            if not p:
+                raise EngineError(f"pair {i}: teacher-forced scoring needs a non-empty prefix")
+            if len(seqs[i]) > self.max_context:
+                raise EngineError(f"pair {i}: {len(seqs[i])} tokens exceed the context of {self.max_context}")
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, s in enumerate(seqs):
+            ids[row, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[row, width - len(s) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        with torch.inference_mode():
+            logits = self.model(
+                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+            ).logits.float()
+            logp = torch.log_softmax(logits, dim=-1).cpu()
+        self.stats.forward_passes += 1
+        out = []
+        for row, (p, c) in enumerate(pairs):
+            start = width - len(seqs[row]) + len(p)  # index of the first continuation token
+            vals = [float(logp[row, start + j - 1, int(t)]) for j, t in enumerate(c)]
+            out.append(vals)
+        return out

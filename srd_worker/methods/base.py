@@ -1,0 +1,247 @@
+"""What every decoding method shares: typed params, explicit per-item state, the step context.
+
+A method (DESIGN.md, Contracts: Method) is
+- a frozen ``Params`` dataclass whose fields carry their documentation (``help``) and defaults,
+- a JSON-serialisable per-item ``state`` dict (so the runner can checkpoint after every round),
+- ``step(states, ctx)``: one round over many items at once, so the engine sees one large batch,
+- ``done(state)`` and ``result(state)``.
+
+Methods import only the Engine/RewardModel protocols. All randomness comes from ``ctx.seed(...)``,
+derived from (run seed, item id, candidate, round, call kind), so a resumed shard reproduces an
+uninterrupted one. The ``StepContext`` also keeps the per-item compute ledger (ALGORITHMS.md §0.3):
+generated and prefill tokens, LM and reward calls, and per-component invocations and wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from srd_worker.engines.base import CAP_SAMPLING, Engine, Generation, GenerationRequest, SamplingParams
+from srd_worker.errors import ConfigError
+from srd_worker.rewards.base import RewardModel
+
+COMPONENTS = ("drafter", "scorer", "editor", "router")
+
+
+def param(default: Any, help: str, **kwargs: Any) -> Any:
+    """A documented method parameter (``help`` is shown by ``srdq methods``)."""
+    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def _coerce(name: str, typ: Any, value: Any) -> Any:
+    origin = typing.get_origin(typ)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        typ = args[0]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"parameter '{name}' expects true/false, got {value!r}")
+    if typ in (int, float, str):
+        if typ is int and isinstance(value, float) and not value.is_integer():
+            raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}")
+        try:
+            return typ(value) if not (typ is int and isinstance(value, str) and "." in value) else int(float(value))
+        except (TypeError, ValueError):
+            raise ConfigError(f"parameter '{name}' expects {typ.__name__}, got {value!r}") from None
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodParams:
+    """Base for method parameters. Subclasses add documented fields and override ``validate``."""
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, method: str = "") -> MethodParams:
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            valid = ", ".join(sorted(fields)) or "(none)"
+            raise ConfigError(
+                f"unknown parameter{'s' if len(unknown) > 1 else ''} {', '.join(repr(u) for u in unknown)} "
+                f"for method '{method or cls.__name__}'; valid: {valid}"
+            )
+        coerced = {k: _coerce(k, hints[k], v) for k, v in values.items()}
+        obj = cls(**coerced)
+        obj.validate()
+        return obj
+
+    def validate(self) -> None:
+        """Raise ConfigError for out-of-range values."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, Any, str]]:
+        """(name, type, default, help) for every field."""
+        hints = typing.get_type_hints(cls)
+        rows = []
+        for f in dataclasses.fields(cls):
+            typ = hints[f.name]
+            tname = getattr(typ, "__name__", None) or str(typ).replace("typing.", "")
+            rows.append((f.name, tname, f.default, f.metadata.get("help", "")))
+        return rows
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+def derive_seed(run_seed: int, item_id: str, candidate: int, round_: int, kind: str) -> int:
+    """A 63-bit seed for one random draw, stable across processes and Python versions."""
+    key = f"{run_seed}|{item_id}|{candidate}|{round_}|{kind}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") & ((1 << 63) - 1)
+
+
+def new_ledger() -> dict[str, Any]:
+    """Per-item compute counts (deterministic; wall time is kept apart in ``state['timing']``)."""
+    return {
+        "gen_tokens": 0,
+        "prefill_tokens": 0,
+        "lm_calls": 0,
+        "rm_calls": 0,
+        "rm_tokens": 0,
+        "components": {
+            c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in COMPONENTS
+        },
+    }
+
+
+def new_timing() -> dict[str, float]:
+    return {c: 0.0 for c in COMPONENTS}
+
+
+def new_state(item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """Fields every method state has."""
+    return {
+        "item_id": item_id,
+        "question": question,
+        "prompt_ids": list(prompt_ids),
+        "round": 0,
+        "done": False,
+        "ledger": new_ledger(),
+        "timing": new_timing(),
+    }
+
+
+@dataclasses.dataclass
+class GenCall:
+    """One generation request of a round, with the item state it is charged to."""
+
+    state: dict[str, Any]
+    prompt_ids: Sequence[int]
+    params: SamplingParams
+    component: str = "drafter"
+
+
+@dataclasses.dataclass
+class ScoreCall:
+    state: dict[str, Any]
+    response: str
+    n_tokens: int
+    component: str = "scorer"
+
+
+class StepContext:
+    """What a method may use during a round: the engine, the reward model, seeds, the ledger."""
+
+    def __init__(self, engine: Engine, reward: RewardModel | None, run_seed: int,
+                 extract_answer: Callable[[str], str | None] | None = None) -> None:
+        self.engine = engine
+        self.reward = reward
+        self.run_seed = run_seed
+        self.extract_answer = extract_answer or (lambda text: None)
+
+    def seed(self, state: dict[str, Any], candidate: int, kind: str) -> int:
+        return derive_seed(self.run_seed, state["item_id"], candidate, state["round"], kind)
+
+    def generate(self, calls: Sequence[GenCall]) -> list[Generation]:
+        """ONE engine batch for every call; tokens and time are charged to each call's item."""
+        if not calls:
+            return []
+        t0 = time.perf_counter()
+        gens = self.engine.generate([GenerationRequest(tuple(c.prompt_ids), c.params) for c in calls])
+        elapsed = time.perf_counter() - t0
+        if len(gens) != len(calls):
+            raise RuntimeError(f"engine returned {len(gens)} generations for {len(calls)} requests")
+        total_out = sum(len(g.token_ids) for g in gens) or 1
+        touched: dict[int, tuple[dict[str, Any], str]] = {}
+        for c, g in zip(calls, gens, strict=True):
+            led = c.state["ledger"]
+            comp = led["components"][c.component]
+            led["gen_tokens"] += len(g.token_ids)
+            led["prefill_tokens"] += len(c.prompt_ids)
+            led["lm_calls"] += 1
+            comp["in_tokens"] += len(c.prompt_ids)
+            comp["out_tokens"] += len(g.token_ids)
+            c.state["timing"][c.component] += elapsed * len(g.token_ids) / total_out
+            touched[id(c.state)] = (c.state, c.component)
+        for state, component in touched.values():
+            state["ledger"]["components"][component]["calls"] += 1
+        return gens
+
+    def score(self, calls: Sequence[ScoreCall]) -> list[float]:
+        """ONE reward batch for every call (question, partial or full response)."""
+        if not calls:
+            return []
+        if self.reward is None:
+            raise ConfigError("this method needs a reward model; pass --reward")
+        t0 = time.perf_counter()
+        scores = self.reward.score([c.state["question"] for c in calls], [c.response for c in calls])
+        elapsed = time.perf_counter() - t0
+        if len(scores) != len(calls):
+            raise RuntimeError(f"reward returned {len(scores)} scores for {len(calls)} responses")
+        touched: dict[int, tuple[dict[str, Any], str]] = {}
+        for c in calls:
+            led = c.state["ledger"]
+            led["rm_calls"] += 1
+            led["rm_tokens"] += c.n_tokens
+            led["components"][c.component]["in_tokens"] += c.n_tokens
+            c.state["timing"][c.component] += elapsed / len(calls)
+            touched[id(c.state)] = (c.state, c.component)
+        for state, component in touched.values():
+            state["ledger"]["components"][component]["calls"] += 1
+        return [float(s) for s in scores]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.engine.tokenizer.decode(ids)
+
+
+class Method:
+    """Base class: subclasses set ``name``, ``Params``, ``needs_reward`` and implement the hooks."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[MethodParams]]
+    summary: ClassVar[str] = ""
+    needs_reward: ClassVar[bool] = False
+    needs_capabilities: ClassVar[frozenset[str]] = frozenset({CAP_SAMPLING})
+
+    def __init__(self, params: MethodParams) -> None:
+        self.params = params
+
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def done(self, state: dict[str, Any]) -> bool:
+        return bool(state["done"])
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError

@@ -1,0 +1,68 @@
+"""Best-of-N: draft n candidates, score each finished response with the reward model, answer with the
+highest-scoring one (ties go to the lowest candidate index).
+
+Follows the baseline as used by SRD and Speculative Rejection (ALGORITHMS.md §0.2, §0.5): the reward
+sees the question and the decoded response. Candidates are scored once, when every candidate of the
+item has finished, in one reward batch over all items finishing in that round.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import Method, ScoreCall, StepContext, new_state, param
+from srd_worker.methods.drafting import DraftParams, draft_round, is_finished, new_candidate
+
+
+@dataclasses.dataclass(frozen=True)
+class BestOfNParams(DraftParams):
+    n: int = param(4, "number of candidates drafted per problem")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+
+
+def argmax_first(values: Sequence[float]) -> int:
+    """Index of the largest value; the first one on ties."""
+    best = 0
+    for i, v in enumerate(values):
+        if v > values[best]:
+            best = i
+    return best
+
+
+class BestOfN(Method):
+    name = "best_of_n"
+    Params = BestOfNParams
+    summary = "draft n candidates, keep the one the reward model scores highest"
+    needs_reward = True
+
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+        state = new_state(item_id, question, prompt_ids)
+        state["candidates"] = [new_candidate() for _ in range(self.params.n)]
+        return state
+
+    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+        draft_round(states, ctx, self.params)
+        ready = [s for s in states if all(is_finished(c) for c in s["candidates"])]
+        calls = [ScoreCall(s, c["text"], len(c["tokens"])) for s in ready for c in s["candidates"]]
+        scores = iter(ctx.score(calls))
+        for s in ready:
+            for c in s["candidates"]:
+                c["reward"] = next(scores)
+            s["done"] = True
+        for s in states:
+            s["round"] += 1
+        return states
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        rewards = [c["reward"] for c in state["candidates"]]
+        best = argmax_first(rewards)
+        cand = state["candidates"][best]
+        return {"response": cand["text"], "reward": cand["reward"], "finish_reason": cand["finish"],
+                "chosen": best, "rewards": rewards}

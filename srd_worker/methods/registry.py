@@ -1,0 +1,37 @@
+"""The method registry: one entry per method file (adding a method touches only its file and this list)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from srd_worker.errors import CapabilityError, ConfigError
+from srd_worker.methods.base import Method
+from srd_worker.methods.best_of_n import BestOfN
+from srd_worker.methods.sampling import Sampling
+from srd_worker.methods.self_consistency import SelfConsistency
+
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Sampling, BestOfN, SelfConsistency)}
+
+
+def get_method_class(name: str) -> type[Method]:
+    try:
+        return METHODS[name]
+    except KeyError:
+        raise ConfigError(f"unknown method '{name}'; choose one of: {', '.join(sorted(METHODS))}") from None
+
+
+def build_method(name: str, params: dict[str, Any]) -> Method:
+    cls = get_method_class(name)
+    return cls(cls.Params.from_dict(params, method=name))
+
+
+def check_compatible(method: Method, *, engine_name: str, capabilities: frozenset[str], has_reward: bool) -> None:
+    """Refuse a method/engine/reward combination that cannot work, before anything runs."""
+    missing = sorted(method.needs_capabilities - capabilities)
+    if missing:
+        raise CapabilityError(
+            f"method '{method.name}' needs engine capabilities {', '.join(missing)}, "
+            f"which the '{engine_name}' engine does not provide"
+        )
+    if method.needs_reward and not has_reward:
+        raise ConfigError(f"method '{method.name}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)")

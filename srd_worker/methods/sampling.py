@@ -1,0 +1,40 @@
+"""Plain sampling: one candidate per problem, drafted in chunks; the answer is that candidate.
+
+The reference point of every comparison (a Best-of-N with n=1 gives the same text under the same seed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from srd_worker.methods.base import Method, StepContext, new_state
+from srd_worker.methods.drafting import DraftParams, draft_round, is_finished, new_candidate
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams(DraftParams):
+    pass
+
+
+class Sampling(Method):
+    name = "sampling"
+    Params = SamplingParams
+    summary = "one sampled candidate per problem"
+
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+        state = new_state(item_id, question, prompt_ids)
+        state["candidates"] = [new_candidate()]
+        return state
+
+    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+        draft_round(states, ctx, self.params)
+        for state in states:
+            state["round"] += 1
+            state["done"] = all(is_finished(c) for c in state["candidates"])
+        return states
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        cand = state["candidates"][0]
+        return {"response": cand["text"], "reward": None, "finish_reason": cand["finish"], "chosen": 0}

@@ -1,0 +1,72 @@
+"""Self-consistency (Wang et al., 2023): draft n candidates and answer by majority vote over their
+extracted final answers. No reward model.
+
+Votes compare the extracted answer strings after whitespace normalisation (equivalent forms such as
+``0.5`` and ``\\frac12`` count as different answers: left out for now). Ties go to the answer seen first
+in candidate order; candidates without an answer do not vote; if none has one, candidate 0 answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import Method, StepContext, new_state, param
+from srd_worker.methods.drafting import DraftParams, draft_round, is_finished, new_candidate
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfConsistencyParams(DraftParams):
+    n: int = param(5, "number of candidates that vote")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+
+
+def majority(answers: Sequence[str | None]) -> int | None:
+    """Index of the first candidate holding the most common answer (None if nobody answered)."""
+    counts: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for i, a in enumerate(answers):
+        if a is None:
+            continue
+        key = " ".join(a.split())
+        counts[key] = counts.get(key, 0) + 1
+        first.setdefault(key, i)
+    if not counts:
+        return None
+    best = max(counts, key=lambda k: (counts[k], -first[k]))
+    return first[best]
+
+
+class SelfConsistency(Method):
+    name = "self_consistency"
+    Params = SelfConsistencyParams
+    summary = "draft n candidates, answer by majority vote over their final answers"
+
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+        state = new_state(item_id, question, prompt_ids)
+        state["candidates"] = [new_candidate() for _ in range(self.params.n)]
+        return state
+
+    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+        draft_round(states, ctx, self.params)
+        for s in states:
+            s["round"] += 1
+            if all(is_finished(c) for c in s["candidates"]):
+                s["answers"] = [ctx.extract_answer(c["text"]) for c in s["candidates"]]
+                s["done"] = True
+        return states
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        answers = state["answers"]
+        chosen = majority(answers)
+        chosen = 0 if chosen is None else chosen
+        cand = state["candidates"][chosen]
+        votes = sum(1 for a in answers if a is not None and " ".join(a.split()) == " ".join((answers[chosen] or "").split()))
+        return {"response": cand["text"], "reward": None, "finish_reason": cand["finish"], "chosen": chosen,
+                "votes": votes if answers[chosen] is not None else 0, "answers": answers}

@@ -1,0 +1,162 @@
+"""The embedded default (``srdq run``): the service's code path on one machine with no services.
+
+A SQLite file under the output folder plays PostgreSQL, the shards run in this process one after the
+other, and results go to the output folder as JSONL. Running the same command again resumes from the
+last checkpointed round (the run id comes from the spec), or just re-reports a finished run.
+
+Output folder layout::
+
+    OUT/srdq.db                    SQLite store (runs, shards, items, checkpoints, results)
+    OUT/<run_id>/results.jsonl     one deterministic record per item, in dataset order
+    OUT/<run_id>/timings.jsonl     per-item wall time per component (not deterministic, kept apart)
+    OUT/<run_id>/summary.json      the summary table as JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from srd_worker import __version__
+from srd_worker.errors import SrdqError
+from srd_worker.runner import RoundReport, run_shard
+from srd_worker.spec import PreparedRun
+
+
+@dataclass
+class Summary:
+    run_id: str
+    method: str
+    items: int
+    done: int
+    failed: int
+    correct: int
+    accuracy: float | None
+    mean_gen_tokens: float
+    mean_reward: float | None
+    wall_seconds: float
+    results_path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def versions() -> dict[str, str]:
+    """Package versions recorded with a run."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"srdq": __version__, "python": platform.python_version()}
+    for pkg in ("torch", "transformers", "math-verify"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def summarise(run_id: str, method: str, records: list[dict[str, Any]], wall: float, path: Path) -> Summary:
+    ok = [r for r in records if not r.get("error")]
+    graded = [r for r in ok if r.get("correct") is not None]
+    correct = sum(1 for r in graded if r["correct"])
+    rewards = [r["reward"] for r in ok if r.get("reward") is not None]
+    gen = [r["ledger"]["gen_tokens"] for r in records if r.get("ledger")]
+    return Summary(
+        run_id=run_id, method=method, items=len(records), done=len(ok), failed=len(records) - len(ok),
+        correct=correct, accuracy=(correct / len(graded)) if graded else None,
+        mean_gen_tokens=(sum(gen) / len(gen)) if gen else 0.0,
+        mean_reward=(sum(rewards) / len(rewards)) if rewards else None,
+        wall_seconds=wall, results_path=str(path),
+    )
+
+
+def _write_atomic(path: Path, lines: list[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for line in lines:
+            fh.write(line + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_results(out_dir: Path, records: list[dict[str, Any]]) -> Path:
+    """results.jsonl (deterministic fields) and timings.jsonl, written atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = [json.dumps({k: v for k, v in r.items() if k != "timing"}, sort_keys=True, ensure_ascii=False)
+               for r in records]
+    timings = [json.dumps({"item_id": r["item_id"], "timing": r.get("timing")}, sort_keys=True) for r in records]
+    path = out_dir / "results.jsonl"
+    _write_atomic(path, results)
+    _write_atomic(out_dir / "timings.jsonl", timings)
+    return path
+
+
+def run_local(
+    prepared: PreparedRun,
+    *,
+    out_dir: str | Path,
+    settings: Any,
+    engine: Any = None,
+    on_start: Callable[[str, int, int], None] | None = None,
+    on_round: Callable[[RoundReport], None] | None = None,
+) -> Summary:
+    """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results."""
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.methods.registry import check_compatible
+    from srd_worker.rewards.registry import build_reward
+    from srd_worker.store import crud
+    from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
+    from srd_worker.store.shard_store import SqlShardStore
+
+    t0 = time.perf_counter()
+    spec = prepared.spec
+    run_id = spec.run_id()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    url = sqlite_url(out / "srdq.db")
+    upgrade(url)
+    db = make_engine(url)
+    try:
+        with session_scope(db) as session:
+            crud.create_run(session=session, run_id=run_id, name=f"{spec.method}-{Path(spec.dataset).stem}",
+                            spec=spec.model_dump(), config_hash=spec.config_hash(), versions=versions(),
+                            items=prepared.items, shard_size=spec.shard_size)
+            shards = crud.list_shards(session=session, run_id=run_id)
+            items = crud.list_items(session=session, run_id=run_id)
+        pending = [s for s in shards if s.status != "done"]
+        if pending:
+            if engine is None:
+                engine = TransformersEngine.from_name(spec.model, settings=settings)
+            reward = build_reward(spec.reward, engine) if spec.reward else None
+            check_compatible(prepared.method, engine_name=engine.name, capabilities=engine.capabilities,
+                             has_reward=reward is not None)
+            by_key = {it.id: it for it in prepared.items}
+            if on_start is not None:
+                on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
+            with session_scope(db) as session:
+                crud.set_run_status(session=session, run_id=run_id, status="running")
+            for shard in pending:
+                rows = [r for r in items if r.shard_index == shard.index]
+                run_shard(
+                    items=[by_key[r.item_key] for r in rows], positions=[r.position for r in rows],
+                    method=prepared.method, task=prepared.task, engine=engine, reward=reward,
+                    run_seed=spec.seed, store=SqlShardStore(db, run_id, shard.index), on_round=on_round,
+                )
+            with session_scope(db) as session:
+                crud.set_run_status(session=session, run_id=run_id, status="done")
+        with session_scope(db) as session:
+            records = crud.load_results(session=session, run_id=run_id)
+    finally:
+        db.dispose()
+    if len(records) != len(prepared.items):
+        raise SrdqError(f"run {run_id} has {len(records)} results for {len(prepared.items)} items")
+    path = write_results(out / run_id, records)
+    summary = summarise(run_id, spec.method, records, time.perf_counter() - t0, path)
+    (out / run_id / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    return summary

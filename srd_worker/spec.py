@@ -1,0 +1,119 @@
+"""The run spec (what to run): dataset, task, method and params, model, reward, seed.
+
+Validated when built; the run id is derived from it (deterministic ids, STYLE.md #11), so the same
+dataset content and spec always name the same run and a repeated command resumes instead of
+starting over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from srd_worker.errors import ConfigError, DatasetError
+from srd_worker.methods.base import Method
+from srd_worker.methods.registry import build_method
+from srd_worker.tasks.base import Item, Task
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dataset: str = Field(description="dataset path as given by the user (not part of the run id)")
+    dataset_sha256: str = Field(description="sha256 of the dataset file's bytes")
+    task: str = Field(description="task adapter name (gsm8k, math500, ...)")
+    method: str
+    params: dict[str, Any] = Field(description="method parameters after validation, defaults filled in")
+    model: str = Field(description="policy model name or path")
+    engine: str = "transformers"
+    reward: str | None = Field(None, description="reward model name, or None")
+    seed: int = 0
+    limit: int | None = Field(None, description="use only the first LIMIT rows")
+    shard_size: int = Field(description="items per shard")
+
+    def config_hash(self) -> str:
+        body = self.model_dump(exclude={"dataset"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+    def run_id(self) -> str:
+        return "run-" + self.config_hash()[:12]
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class PreparedRun:
+    spec: RunSpec
+    task: Task
+    items: list[Item]
+    method: Method
+
+
+def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``key=value`` strings from ``--set`` into a dict (types are checked by the method's Params)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def prepare_run(
+    *,
+    dataset: str | Path,
+    task: str = "auto",
+    method: str,
+    params: dict[str, Any],
+    model: str,
+    reward: str | None,
+    seed: int = 0,
+    limit: int | None = None,
+    shard_size: int | None = None,
+) -> PreparedRun:
+    """Validate everything (dataset rows, method, params, reward name) before anything is written."""
+    from srd_worker.rewards.registry import REWARDS
+    from srd_worker.tasks.registry import load_items
+
+    built = build_method(method, params)  # unknown method / parameter fails before the dataset is read
+    if reward is not None and reward not in REWARDS:
+        raise ConfigError(f"unknown reward '{reward}'; choose one of: {', '.join(sorted(REWARDS))}")
+    if reward == "none":
+        reward = None
+    if built.needs_reward and reward is None:
+        raise ConfigError(f"method '{method}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {limit}")
+    task_obj, items = load_items(dataset, task)
+    if limit is not None:
+        items = items[:limit]
+    if not items:
+        raise DatasetError("no rows to run", path=str(dataset))
+    size = shard_size or len(items)
+    if size < 1:
+        raise ConfigError(f"--shard-size must be >= 1, got {shard_size}")
+    spec = RunSpec(
+        dataset=str(dataset),
+        dataset_sha256=file_sha256(dataset),
+        task=task_obj.name,
+        method=method,
+        params=built.params.to_dict(),
+        model=model,
+        reward=reward,
+        seed=seed,
+        limit=limit,
+        shard_size=size,
+    )
+    return PreparedRun(spec=spec, task=task_obj, items=items, method=built)

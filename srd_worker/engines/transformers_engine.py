@@ -237,9 +237,14 @@ class TransformersEngine:
         tokens = torch.argmax(logits, dim=-1)
         if not bool(greedy.all()):
             scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-            sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True)
-            ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-            top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=logits.device)
+            ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
+            width = max(ks)
+            if width < vocab:  # only the top max(k) logits can be drawn: skip the full-vocabulary sort
+                sorted_logits, sorted_idx = torch.topk(scaled, width, dim=-1, sorted=True)
+            else:
+                sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True)
+            ranks = torch.arange(width, device=logits.device).unsqueeze(0)
+            top_k = torch.tensor(ks, device=logits.device)
             sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
             probs = torch.softmax(sorted_logits, dim=-1)
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
@@ -250,7 +255,7 @@ class TransformersEngine:
             cdf = probs.cumsum(-1)
             u = torch.stack([torch.rand((), generator=g) for g in gens]).to(logits.device)
             u = u * cdf[:, -1]
-            pick = torch.searchsorted(cdf, u.unsqueeze(1)).clamp(max=vocab - 1)
+            pick = torch.searchsorted(cdf, u.unsqueeze(1)).clamp(max=width - 1)
             # never pick a zero-probability token (float edge at the top of the cdf)
             pick = torch.minimum(pick, (probs > 0).sum(-1, keepdim=True) - 1)
             sampled = sorted_idx.gather(1, pick).squeeze(1)

@@ -1,0 +1,58 @@
+"""MATH-500 (the "Let's Verify Step by Step" MATH test subset): dataset adapter, prompt and grader.
+
+Follows the ``openai/prm800k`` ``math_splits/test.jsonl`` layout: ``problem``, ``answer`` (the final answer
+as LaTeX), plus ``solution``, ``subject``, ``level`` and ``unique_id``. The item id is ``unique_id`` (else
+``line-<N>``); ``subject`` and ``level`` are kept in ``Item.meta``. Responses are graded on their last
+``\\boxed{}`` only (no last-number fallback) with math-verify.
+
+Left out: the worked ``solution`` (not kept on the item), the full 5,000-problem MATH test set's extra
+answer normalisation rules, and few-shot prompting.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from srd_worker.tasks.base import Item
+from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, extract_answer, math_equal
+from srd_worker.tasks.loading import check_unique_ids, read_jsonl, require_fields, row_id
+from srd_worker.tasks.prompts import math_messages
+
+#: Optional fields copied into ``Item.meta`` when present.
+META_FIELDS: tuple[str, ...] = ("subject", "level")
+
+
+class Math500Task:
+    """The MATH-500 task. ``grade_timeout_s`` bounds each answer comparison (a timeout grades as wrong)."""
+
+    name: str = "math500"
+    required_fields: tuple[str, ...] = ("problem", "answer")
+
+    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.grade_timeout_s = grade_timeout_s
+
+    def load(self, path: str | Path) -> list[Item]:
+        items: list[Item] = []
+        lines: list[tuple[int, str]] = []
+        for line, row in read_jsonl(path):
+            require_fields(path, line, row, self.required_fields)
+            item_id = row_id(path, line, row, "unique_id")
+            meta: dict[str, Any] = {"line": line}
+            meta.update({k: row[k] for k in META_FIELDS if k in row})
+            lines.append((line, item_id))
+            items.append(Item(id=item_id, question=row["problem"], gold=row["answer"].strip(), meta=meta))
+        check_unique_ids(path, lines)
+        return items
+
+    def messages(self, item: Item) -> list[dict[str, str]]:
+        return math_messages(item.question)
+
+    def extract_answer(self, response: str) -> str | None:
+        return extract_answer(response, fallback_last_number=False)
+
+    def grade(self, response: str, item: Item) -> bool:
+        pred = self.extract_answer(response)
+        if pred is None:
+            return False
+        return math_equal(pred, item.gold, timeout_s=self.grade_timeout_s)

@@ -1,0 +1,139 @@
+"""`srdq run` as a user runs it: separate processes, a real SQLite file, a real (tiny) model.
+
+- a run killed (os._exit, no cleanup) right after round k and then resumed writes byte-identical
+  results to a run that was never interrupted;
+- bad input gives one clear line naming the file/line/field or the valid choices, exit code != 0, and
+  nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SRDQ = [sys.executable, "-m", "srdq_cli.main"]
+
+
+def srdq(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", **(env or {})}
+    return subprocess.run([*SRDQ, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def gsm8k_small(tmp_path_factory, datasets_dir) -> Path:
+    path = tmp_path_factory.mktemp("data") / "gsm8k_5.jsonl"
+    lines = (datasets_dir / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines()[:5]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+RUN_ARGS = ["--method", "best_of_n", "--n", "3", "--reward", "arithmetic", "--model", "tiny-random-llama",
+            "--max-new-tokens", "40", "--set", "chunk_tokens=8", "--seed", "7"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, gsm8k_small) -> Path:
+    out = tmp_path_factory.mktemp("clean")
+    proc = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (results,) = out.glob("run-*/results.jsonl")
+    return results
+
+
+def test_uninterrupted_run_writes_one_record_per_item(uninterrupted):
+    rows = [json.loads(line) for line in uninterrupted.read_text().splitlines()]
+    assert [r["position"] for r in rows] == list(range(5))
+    for r in rows:
+        assert r["method"] == "best_of_n" and r["error"] is None
+        assert isinstance(r["correct"], bool)
+        assert 0 < r["ledger"]["gen_tokens"] <= 3 * 40
+        assert len(r["extra"]["rewards"]) == 3
+
+
+@pytest.mark.parametrize("crash_round", [1, 3])
+def test_killed_after_round_k_then_resumed_is_byte_identical(tmp_path, gsm8k_small, uninterrupted, crash_round):
+    out = tmp_path / "out"
+    crashed = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out),
+                   env={"SRDQ_CRASH_AFTER_ROUND": str(crash_round)})
+    assert crashed.returncode == 86, crashed.stderr  # died right after committing round k
+    assert not list(out.glob("run-*/results.jsonl"))
+    resumed = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "to go" in resumed.stderr
+    (results,) = out.glob("run-*/results.jsonl")
+    assert results.read_bytes() == uninterrupted.read_bytes()
+
+
+def test_rerun_of_finished_run_reports_without_regenerating(tmp_path, gsm8k_small):
+    out = tmp_path / "out"
+    assert srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out)).returncode == 0
+    (results,) = out.glob("run-*/results.jsonl")
+    first = results.read_bytes()
+    again = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out))
+    assert again.returncode == 0 and results.read_bytes() == first
+    assert "to go" not in again.stderr  # nothing left to run: the model is not even loaded
+
+
+def _bad(tmp_path: Path, name: str, content: bytes) -> Path:
+    p = tmp_path / name
+    p.write_bytes(content)
+    return p
+
+
+GOOD_ROW = b'{"question": "What is 1+1?", "answer": "1+1=2\\n#### 2"}\n'
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", r"missing\.jsonl.*(not found|does not exist|no such file)"),
+        ("malformed", r"malformed\.jsonl.*line 2"),
+        ("no_question", r"no_question\.jsonl.*line 1.*question"),
+        ("unknown_method", r"unknown method 'magic'; choose one of: .*best_of_n"),
+        ("unknown_param", r"unknown parameter 'warp' for method 'sampling'; valid: .*temperature"),
+        ("unknown_reward", r"unknown reward 'oracle'; choose one of: .*arithmetic"),
+        ("bon_without_reward", r"method 'best_of_n' needs a reward model"),
+    ],
+)
+def test_bad_input_one_clear_line_nothing_written(tmp_path, case, expected):
+    import re
+
+    data = {
+        "missing": tmp_path / "missing.jsonl",
+        "malformed": _bad(tmp_path, "malformed.jsonl", GOOD_ROW + b'{"question": "x", "answer": \n'),
+        "no_question": _bad(tmp_path, "no_question.jsonl", b'{"answer": "#### 2"}\n'),
+    }.get(case, _bad(tmp_path, "good.jsonl", GOOD_ROW))
+    extra = {
+        "unknown_method": ["--method", "magic"],
+        "unknown_param": ["--method", "sampling", "--set", "warp=9"],
+        "unknown_reward": ["--method", "sampling", "--reward", "oracle"],
+        "bon_without_reward": ["--method", "best_of_n"],
+    }.get(case, ["--method", "sampling", "--task", "gsm8k"])
+    out = tmp_path / "out"
+    proc = srdq("run", str(data), *extra, "--model", "tiny-random-llama", "--out", str(out))
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("Error: ")
+    assert re.search(expected, lines[0], re.IGNORECASE), lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_methods_lists_every_method_with_defaults():
+    proc = srdq("methods", "--json")
+    assert proc.returncode == 0
+    data = json.loads(proc.stdout)
+    from srd_worker.methods.registry import METHODS
+
+    assert set(data) == set(METHODS)
+    bon = {p["name"]: p["default"] for p in data["best_of_n"]["params"]}
+    assert bon["temperature"] == 0.8 and bon["top_p"] == 0.9 and bon["top_k"] == 50
+    assert data["best_of_n"]["needs_reward"] is True

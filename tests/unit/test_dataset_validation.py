@@ -1,0 +1,160 @@
+"""A corpus of broken dataset files: each must fail with a DatasetError naming the file, line and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from srd_worker.errors import DatasetError
+from srd_worker.tasks.gsm8k import GSM8KTask
+from srd_worker.tasks.loading import check_unique_ids, read_jsonl, require_fields
+from srd_worker.tasks.math500 import Math500Task
+from srd_worker.tasks.registry import detect_task, load_items
+
+GOOD_MATH = {"problem": "What is $1+1$?", "answer": "2", "subject": "Algebra", "level": 1,
+             "unique_id": "test/algebra/1.json"}
+GOOD_GSM = {"question": "Tom has 2 apples and buys 3. How many?", "answer": "2+3=<<2+3=5>>5\n#### 5"}
+
+
+def _row(base: dict, **changes: object) -> str:
+    row = {**base, **changes}
+    for key, value in changes.items():
+        if value is _DROP:
+            del row[key]
+    return json.dumps(row)
+
+
+_DROP = object()
+
+
+def _lines(*lines: str) -> bytes:
+    return ("\n".join(lines) + "\n").encode("utf-8")
+
+
+_BIG_ROW = _row(GOOD_GSM, question="x" * 1_000_001)
+
+# name -> (file content as bytes, or None for "do not create", or "dir"), task, line, field, message tail
+Case = tuple[bytes | str | None, str, int | None, str | None, str]
+
+CASES: dict[str, Case] = {
+    "missing": (None, "math500", None, None, "file not found"),
+    "directory": ("dir", "math500", None, None, "is a directory, not a JSON Lines file"),
+    "empty": (b"", "math500", None, None, "file is empty (no rows)"),
+    "only_blank_lines": (b"\n   \n\t\n\r\n", "math500", None, None, "file is empty (no rows)"),
+    "non_utf8_line3": (_lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b"))
+                       + b'{"problem": "caf\xe9", "answer": "1"}\n',
+                       "math500", 3, None, "not valid UTF-8 (byte 0xe9 at column 17)"),
+    "malformed_json_line2": (_lines(_row(GOOD_MATH), '{"problem": "x", "answer": }'),
+                             "math500", 2, None, "malformed JSON: Expecting value (column 28)"),
+    "malformed_after_blank": (_lines(_row(GOOD_GSM), "", "", '{"question": "x", '),
+                              "gsm8k", 4, None, "malformed JSON: Expecting property name enclosed in "
+                              "double quotes (column 19)"),
+    "array_row": (_lines(_row(GOOD_MATH), '["problem", "answer"]'),
+                  "math500", 2, None, "row is a JSON array, expected a JSON object"),
+    "scalar_row": (_lines("42"), "gsm8k", 1, None, "row is a JSON number, expected a JSON object"),
+    "missing_field": (_lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b", answer=_DROP)),
+                      "math500", 2, "answer", "missing required field"),
+    "empty_field": (_lines(_row(GOOD_GSM), _row(GOOD_GSM, question="   ")),
+                    "gsm8k", 2, "question", "is empty"),
+    "non_string_field": (_lines(_row(GOOD_MATH, answer=2)),
+                         "math500", 1, "answer", "must be a string, got JSON number"),
+    "null_field": (_lines(_row(GOOD_GSM, question=None)), "gsm8k", 1, "question", "must be a string, got JSON null"),
+    "gsm8k_no_final_line": (_lines(_row(GOOD_GSM), _row(GOOD_GSM, answer="It is 5.")),
+                            "gsm8k", 2, "answer", "has no final '#### <answer>' line"),
+    "bad_id_type": (_lines(_row(GOOD_GSM, id=["x"])), "gsm8k", 1, "id", "must be a string or integer id, "
+                    "got JSON array"),
+    "duplicate_id": (_lines(_row(GOOD_MATH, unique_id="test/a.json"), _row(GOOD_MATH, unique_id="test/b.json"),
+                            _row(GOOD_MATH, unique_id="test/a.json")),
+                     "math500", 3, None, "duplicate id 'test/a.json' (first used on line 1)"),
+    "oversized_row": (_lines(_row(GOOD_GSM), _BIG_ROW), "gsm8k", 2, None,
+                      f"row is {len(_BIG_ROW):,} bytes, more than the limit of 1,000,000 bytes"),
+}
+
+
+def _materialise(tmp_path: Path, name: str, content: bytes | str | None) -> Path:
+    path = tmp_path / f"{name}.jsonl"
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    return path
+
+
+def test_corpus_is_large_enough() -> None:
+    assert len(CASES) >= 10
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_file_names_file_line_field(tmp_path: Path, name: str) -> None:
+    content, task_name, line, field, tail = CASES[name]
+    path = _materialise(tmp_path, name, content)
+    task = GSM8KTask() if task_name == "gsm8k" else Math500Task()
+    with pytest.raises(DatasetError) as info:
+        task.load(path)
+    err = info.value
+    where = [str(path)]
+    if line is not None:
+        where.append(f"line {line}")
+    if field is not None:
+        where.append(f"field '{field}'")
+    assert str(err) == f"{', '.join(where)}: {tail}"
+    assert path.name in str(err)
+    assert (err.path, err.line, err.field) == (str(path), line, field)
+
+
+@pytest.mark.parametrize("name", ["missing", "directory", "empty", "non_utf8_line3", "malformed_json_line2",
+                                  "array_row"])
+def test_detect_task_reports_unreadable_files_as_dataset_errors(tmp_path: Path, name: str) -> None:
+    content, _task, line, _field, tail = CASES[name]
+    path = _materialise(tmp_path, name, content)
+    with pytest.raises(DatasetError) as info:
+        load_items(path)  # auto-detection reads the file first
+    # Detection reads only the first row; a later bad line is then reported by the full load.
+    assert (info.value.line, info.value.reason) == (line, tail)
+
+
+def test_first_row_broken_is_reported_by_detection(tmp_path: Path) -> None:
+    path = tmp_path / "first_bad.jsonl"
+    path.write_bytes(b"\n\xff\xfe\n")
+    with pytest.raises(DatasetError, match=r"first_bad\.jsonl, line 2: not valid UTF-8"):
+        detect_task(path)
+
+
+def test_read_jsonl_line_numbers_skip_blank_lines_and_accept_crlf_and_bom(tmp_path: Path) -> None:
+    path = tmp_path / "ok.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}\r\n\r\n  \n{"a": 2}')
+    assert read_jsonl(path) == [(1, {"a": 1}), (4, {"a": 2})]
+
+
+def test_read_jsonl_custom_row_limit(tmp_path: Path) -> None:
+    path = tmp_path / "small_limit.jsonl"
+    path.write_text('{"a": 1}\n{"a": "' + "y" * 50 + '"}\n', encoding="utf-8")
+    with pytest.raises(DatasetError) as info:
+        read_jsonl(path, max_row_bytes=40)
+    assert str(info.value) == f"{path}, line 2: row is 59 bytes, more than the limit of 40 bytes"
+
+
+def test_require_fields_names_the_field() -> None:
+    require_fields("f.jsonl", 7, {"question": "q", "answer": "a"}, ("question", "answer"))
+    with pytest.raises(DatasetError, match=r"^f\.jsonl, line 7, field 'answer': is empty$"):
+        require_fields("f.jsonl", 7, {"question": "q", "answer": ""}, ("question", "answer"))
+    with pytest.raises(DatasetError, match=r"^f\.jsonl, line 7, field 'answer': must be a string, got JSON "
+                                           r"object$"):
+        require_fields("f.jsonl", 7, {"question": "q", "answer": {}}, ("question", "answer"))
+
+
+def test_check_unique_ids_names_both_lines() -> None:
+    check_unique_ids("f.jsonl", [(1, "a"), (2, "b")])
+    with pytest.raises(DatasetError) as info:
+        check_unique_ids("f.jsonl", [(1, "a"), (5, "b"), (9, "a")])
+    assert str(info.value) == "f.jsonl, line 9: duplicate id 'a' (first used on line 1)"
+
+
+def test_ids_default_to_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "noid.jsonl"
+    path.write_text(_row(GOOD_GSM) + "\n\n" + _row(GOOD_GSM) + "\n" + _row(GOOD_GSM, id=17) + "\n",
+                    encoding="utf-8")
+    assert [item.id for item in GSM8KTask().load(path)] == ["line-1", "line-3", "17"]
+

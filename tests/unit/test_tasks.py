@@ -1,0 +1,252 @@
+"""Tasks, answer extraction and grading, checked against real rows of the shared GSM8K and MATH-500 files."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from srd_worker.errors import ConfigError, DatasetError
+from srd_worker.tasks.base import Item, Task
+from srd_worker.tasks.grading import (
+    GRADER_VERSION,
+    extract_answer,
+    extract_boxed,
+    last_number,
+    math_equal,
+    strip_number_commas,
+)
+from srd_worker.tasks.gsm8k import GSM8KTask, gsm8k_gold
+from srd_worker.tasks.math500 import Math500Task
+from srd_worker.tasks.prompts import BOXED_INSTRUCTION, SYSTEM_PROMPT
+from srd_worker.tasks.registry import TASKS, detect_task, get_task, load_items
+
+DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
+GSM8K_PATH = DATASETS / "gsm8k_test.jsonl"
+MATH500_PATH = DATASETS / "math500.jsonl"
+N_REAL_ROWS = 50
+
+
+def _require(path: Path) -> Path:
+    if not path.is_file():
+        pytest.skip(f"shared dataset {path} is not present (expected next to the repository, in ../shared)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def gsm8k_items() -> list[Item]:
+    return GSM8KTask().load(_require(GSM8K_PATH))
+
+
+@pytest.fixture(scope="module")
+def math500_items() -> list[Item]:
+    return Math500Task().load(_require(MATH500_PATH))
+
+
+# --- loading the real files --------------------------------------------------------------------------------
+
+
+def test_gsm8k_loads_all_rows(gsm8k_items: list[Item]) -> None:
+    assert len(gsm8k_items) == 1319
+    first = gsm8k_items[0]
+    assert first.id == "line-1"
+    assert first.question.startswith("Janet")
+    assert first.gold == "18"
+    assert all("," not in item.gold and item.gold for item in gsm8k_items)
+
+
+def test_math500_loads_all_rows(math500_items: list[Item]) -> None:
+    assert len(math500_items) == 500
+    first = math500_items[0]
+    assert first.id == "test/precalculus/807.json"
+    assert first.gold == r"\left( 3, \frac{\pi}{2} \right)"
+    assert first.meta["subject"] == "Precalculus"
+    assert first.meta["level"] == 2
+    assert len({item.id for item in math500_items}) == 500
+
+
+# --- grading real rows -------------------------------------------------------------------------------------
+
+
+def _gsm8k_wrong(gold: str) -> str:
+    return str(int(gold) + 1) if "." not in gold else str(float(gold) + 1)
+
+
+@pytest.mark.parametrize("index", range(N_REAL_ROWS))
+def test_gsm8k_real_rows_grade(gsm8k_items: list[Item], index: int) -> None:
+    task, item = GSM8KTask(), gsm8k_items[index]
+    assert task.grade(f"Adding it all up... so the answer is \\boxed{{{item.gold}}}.", item)
+    assert task.grade(f"Adding it all up, she ends with {item.gold} dollars.", item)  # last-number fallback
+    assert not task.grade(f"So the answer is \\boxed{{{_gsm8k_wrong(item.gold)}}}.", item)
+
+
+@pytest.mark.parametrize("index", range(N_REAL_ROWS))
+def test_math500_real_rows_grade(math500_items: list[Item], index: int) -> None:
+    task, item = Math500Task(), math500_items[index]
+    assert task.grade(f"Putting this together, the answer is $\\boxed{{{item.gold}}}$.", item)
+    assert not task.grade(f"Putting this together, the answer is $\\boxed{{{item.gold} + 1}}$.", item)
+
+
+def test_gsm8k_real_rows_with_thousands_commas(gsm8k_items: list[Item]) -> None:
+    rows = [json.loads(line) for line in _require(GSM8K_PATH).read_text(encoding="utf-8").splitlines()]
+    with_commas = [(i, r) for i, r in enumerate(rows) if "," in r["answer"].rsplit("####", 1)[1]]
+    assert len(with_commas) >= 10
+    task = GSM8KTask()
+    for i, row in with_commas:
+        raw = row["answer"].rsplit("####", 1)[1].strip()  # e.g. "6,250"
+        item = gsm8k_items[i]
+        assert item.gold == raw.replace(",", "")
+        assert task.grade(f"The total is \\boxed{{{raw}}}", item)
+        assert task.grade(f"The total is ${raw}.", item)
+
+
+def test_math500_equivalent_forms() -> None:
+    assert math_equal(r"(3, \pi/2)", r"\left( 3, \frac{\pi}{2} \right)")
+    assert math_equal(r"\dfrac{1}{2}", "0.5")
+    assert math_equal(r"\frac{\pi}{2}", r"\frac{\pi}{2}")
+    assert not math_equal(r"\frac{\pi}{3}", r"\frac{\pi}{2}")
+    assert math_equal(r"\text{Evelyn}", r"\text{Evelyn}")
+    assert not math_equal(r"\text{Bob}", r"\text{Evelyn}")
+
+
+# --- extraction --------------------------------------------------------------------------------------------
+
+
+def test_extract_nested_braces() -> None:
+    assert extract_boxed(r"so $\boxed{\frac{a}{b^{2}}}$.") == r"\frac{a}{b^{2}}"
+    assert extract_boxed(r"\boxed{\left( 3, \frac{\pi}{2} \right)}") == r"\left( 3, \frac{\pi}{2} \right)"
+    assert extract_boxed(r"\boxed{\{1, 2\}}") == r"\{1, 2\}"
+
+
+def test_extract_last_boxed_and_fbox() -> None:
+    assert extract_boxed(r"first \boxed{1}, corrected: \boxed{2}") == "2"
+    assert extract_boxed(r"\boxed{1} then \fbox{7}") == "7"
+    assert extract_boxed(r"\boxed 5$") == "5"
+    assert extract_boxed(r"earlier \boxed{1}, then truncated \boxed{\frac{1}{") is None
+    assert extract_boxed(r"\boxed{}") is None
+    assert extract_boxed(r"\boxedx{3}") is None
+
+
+def test_no_boxed_answer_math500_is_none() -> None:
+    task = Math500Task()
+    assert task.extract_answer("The answer is 42.") is None
+    item = Item(id="x", question="q", gold="42")
+    assert not task.grade("The answer is 42.", item)
+
+
+def test_gsm8k_fallback_last_number() -> None:
+    task = GSM8KTask()
+    assert task.extract_answer("She pays 3 + 4 = 7, so 1,250 in total.") == "1250"
+    assert task.extract_answer(r"Total \boxed{1,250} dollars, i.e. 99") == "1250"
+    assert task.extract_answer("no digits here") is None
+    assert task.extract_answer(r"truncated \boxed{12") is None  # a started box is not overridden
+    assert last_number("from -3 to 4.5") == "4.5"
+    assert last_number("minus -12") == "-12"
+    assert extract_answer("42", fallback_last_number=False) is None
+    assert strip_number_commas("1,000,000 and (1, 2)") == "1000000 and (1, 2)"
+    assert gsm8k_gold("work\n#### 1,000") == "1000"
+    assert gsm8k_gold("no final line") is None
+
+
+# --- threads and timeouts ----------------------------------------------------------------------------------
+
+
+def test_grading_off_the_main_thread() -> None:
+    task = Math500Task()
+    item = Item(id="x", question="q", gold=r"\left( 3, \frac{\pi}{2} \right)")
+    results: list[bool] = []
+    errors: list[BaseException] = []
+
+    def run(response: str) -> None:
+        try:
+            results.append(task.grade(response, item))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r"\boxed{(3, \frac{\pi}{2})}",)) for _ in range(3)]
+    threads.append(threading.Thread(target=run, args=(r"\boxed{(3, \pi)}",)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert sorted(results) == [False, True, True, True]
+
+
+def test_pathological_input_returns_within_timeout() -> None:
+    start = time.monotonic()
+    # sympy evaluates this with C big-integer arithmetic that never finishes and holds the GIL.
+    assert math_equal(r"9^{9^{9^{9}}}+1", "5", timeout_s=1.0) is False
+    assert time.monotonic() - start < 1.0 + 5.0  # + time to start a grader subprocess and kill the stuck one
+    assert math_equal("2+3", "5", timeout_s=5.0)  # a fresh grader replaces the killed one
+
+
+def test_pathological_input_off_the_main_thread() -> None:
+    out: list[tuple[bool, float]] = []
+
+    def run() -> None:
+        start = time.monotonic()
+        out.append((math_equal(r"9^{9^{9^{9}}}+1", "5", timeout_s=0.5), time.monotonic() - start))
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(30)
+    assert out and out[0][0] is False and out[0][1] < 5.5
+
+
+# --- prompts, registry, protocol ---------------------------------------------------------------------------
+
+
+def test_messages_shared_template() -> None:
+    item = Item(id="x", question="What is 1+1?", gold="2")
+    for task in (GSM8KTask(), Math500Task()):
+        msgs = task.messages(item)
+        assert [m["role"] for m in msgs] == ["system", "user"]
+        assert msgs[0]["content"] == SYSTEM_PROMPT
+        assert msgs[1]["content"].startswith("What is 1+1?")
+        assert BOXED_INSTRUCTION in msgs[1]["content"] and "\\boxed{}" in msgs[1]["content"]
+    assert GSM8KTask().messages(item) == Math500Task().messages(item)
+
+
+def test_tasks_implement_protocol() -> None:
+    assert isinstance(GRADER_VERSION, str) and GRADER_VERSION
+    for name, cls in TASKS.items():
+        task = get_task(name)
+        assert isinstance(task, Task) and isinstance(task, cls)
+        assert task.name == name
+
+
+def test_get_task_unknown_lists_choices() -> None:
+    with pytest.raises(ConfigError, match=r"unknown task 'gsm9k'; valid choices: gsm8k, math500"):
+        get_task("gsm9k")
+
+
+def test_detect_task_real_files() -> None:
+    assert detect_task(_require(GSM8K_PATH)) == "gsm8k"
+    assert detect_task(_require(MATH500_PATH)) == "math500"
+    task, items = load_items(MATH500_PATH)
+    assert task.name == "math500" and len(items) == 500
+
+
+def test_detect_task_unknown_layout(tmp_path: Path) -> None:
+    path = tmp_path / "hotpot.jsonl"
+    path.write_text('\n{"question": "Who?", "answer": "Ada"}\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"hotpot\.jsonl.*fields: answer, question.*--task"):
+        detect_task(path)
+    # An explicit task still validates the rows against that task.
+    with pytest.raises(DatasetError, match=r"hotpot\.jsonl, line 2, field 'answer': has no final '####"):
+        load_items(path, "gsm8k")
+
+
+def test_load_items_auto_small_file(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.jsonl"
+    rows = [{"question": "2+2?", "answer": "2+2=4\n#### 4", "id": "a"},
+            {"question": "1000+234?", "answer": "#### 1,234", "id": "b"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    task, items = load_items(path)
+    assert task.name == "gsm8k"
+    assert [(i.id, i.gold) for i in items] == [("a", "4"), ("b", "1234")]
+    assert task.grade("so 1,234 apples", items[1])

@@ -137,6 +137,237 @@ def _print_summary(summary: Any) -> None:
     out.print(f"results: {summary.results_path}")
 
 
+# ------------------------------------------------------------------------------------ service mode
+def _db():
+    """The service database (PostgreSQL) from settings, with a clear error if it is unreachable."""
+    from sqlalchemy import text
+
+    from srd_worker.settings import get_settings
+    from srd_worker.store.db import make_engine
+
+    url = get_settings().database_url
+    db = make_engine(url)
+    try:
+        with db.connect() as conn:
+            conn.execute(text("select 1 from run limit 1"))
+    except Exception as exc:  # noqa: BLE001 - any failure here is the user's setup
+        db.dispose()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        hint = "run `srdq db upgrade` first" if "run" in first and ("exist" in first or "no such table" in first) \
+            else "check SRDQ_DATABASE_URL"
+        raise click.ClickException(f"database {db.url.render_as_string(hide_password=True)}: {first} ({hint})") from None
+    return db
+
+
+@cli.group()
+def submit() -> None:
+    """Submit work to the fleet (PostgreSQL + Redis + workers)."""
+
+
+@submit.command("dataset")
+@run_options
+@click.option("--shard-size", type=int, default=16, show_default=True, help="Items per shard (one queue task each).")
+@click.option("--name", default=None, help="Run name (default: METHOD-DATASET).")
+@click.option("--dry-run", is_flag=True, help="Validate and print the plan; store and enqueue nothing.")
+@click.option("--new", is_flag=True, help="Start a new run even if the same dataset and spec were submitted.")
+@friendly_errors
+def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: int | None,
+                   max_new_tokens: int | None, model: str, reward: str | None, seed: int,
+                   overrides: tuple[str, ...], shard_size: int, name: str | None, dry_run: bool, new: bool) -> None:
+    """Validate DATASET, store the run, its shards and items in PostgreSQL, enqueue the shards.
+
+    Example: srdq submit dataset math500.jsonl --method best_of_n --n 8 --reward lm_judge --shard-size 25
+    """
+    from srd_worker.local import versions
+    from srd_worker.spec import prepare_run
+
+    prepared = prepare_run(
+        dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
+        model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
+    )
+    n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
+    if dry_run:
+        click.echo(f"{prepared.spec.run_id()}: {len(prepared.items)} items in {n_shards} shards "
+                   f"(task {prepared.task.name}, method {method}); dry run, nothing stored")
+        return
+    from srd_worker.queue import enqueue
+    from srd_worker.service import submit as submit_run
+
+    db = _db()
+    try:
+        done = submit_run(prepared, db=db, enqueue=enqueue, name=name, new=new, versions=versions())
+    finally:
+        db.dispose()
+    if done.created:
+        _console(stderr=True).print(f"submitted {done.n_items} items in {done.n_shards} shards")
+    else:
+        _console(stderr=True).print("already submitted (same dataset and spec); use --new for a fresh run")
+    click.echo(done.run_id)
+
+
+@cli.command()
+@click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
+@click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
+@click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
+@click.option("--loglevel", default="INFO", show_default=True)
+@friendly_errors
+def worker(queue: str | None, concurrency: int, gpus: str | None, loglevel: str) -> None:
+    """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""
+    from srd_worker.settings import get_settings
+
+    queue = queue or get_settings().queue
+    if gpus:
+        _gpu_workers(gpus, queue, loglevel)
+        return
+    from srd_worker.queue import run_worker
+
+    run_worker(queue=queue, concurrency=concurrency, loglevel=loglevel)
+
+
+def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not ids or not all(g.isdigit() for g in ids):
+        raise click.ClickException(f"--gpus expects comma-separated GPU numbers, got {gpus!r}")
+    procs = []
+    for g in ids:
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": g, "SRDQ_DEVICE": "cuda:0"}
+        cmd = [sys.executable, "-m", "srdq_cli.main", "worker", "--queue", queue, "--concurrency", "1",
+               "--loglevel", loglevel]
+        procs.append(subprocess.Popen(cmd, env=env))
+        _console(stderr=True).print(f"worker pid {procs[-1].pid} on GPU {g}")
+
+    def forward(signum: int, _frame: Any) -> None:
+        for p in procs:
+            p.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise click.ClickException(f"worker exit codes: {codes}")
+
+
+@cli.command()
+@click.argument("run_id", required=False)
+@click.option("--watch", is_flag=True, help="Live progress until the run ends (Ctrl-C to stop watching).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Refresh interval for --watch.")
+@friendly_errors
+def status(run_id: str | None, watch: bool, as_json: bool, interval: float) -> None:
+    """Progress of RUN_ID (or a table of recent runs), read from PostgreSQL."""
+    from srd_worker import service
+
+    db = _db()
+    try:
+        if run_id is None:
+            runs = service.recent_runs(db=db)
+            if as_json:
+                click.echo(json.dumps([{"run_id": r.id, "name": r.name, "status": r.status, "items": r.n_items,
+                                        "created_at": r.created_at.isoformat()} for r in runs], indent=2))
+                return
+            table = Table(title="recent runs")
+            for col in ("run", "name", "status", "items", "shards", "created"):
+                table.add_column(col)
+            for r in runs:
+                table.add_row(r.id, r.name, r.status, str(r.n_items), str(r.n_shards), f"{r.created_at:%Y-%m-%d %H:%M}")
+            _console().print(table)
+            return
+        service.ensure_run(db=db, run_id=run_id)
+        if as_json and not watch:
+            click.echo(json.dumps(service.run_status(db=db, run_id=run_id).to_dict(), indent=2))
+            return
+        if not watch:
+            _console().print(_status_view(service.run_status(db=db, run_id=run_id)))
+            return
+        import time
+
+        from rich.live import Live
+
+        st = service.run_status(db=db, run_id=run_id)
+        with Live(_status_view(st), console=_console(), refresh_per_second=4) as live:
+            while st.status in ("pending", "running"):
+                time.sleep(interval)
+                st = service.run_status(db=db, run_id=run_id)
+                live.update(_status_view(st))
+    finally:
+        db.dispose()
+
+
+def _status_view(st: Any) -> Any:
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+
+    eta = "n/a" if st.eta_s is None else f"{st.eta_s:.0f}s"
+    head = Table.grid(padding=(0, 2))
+    head.add_row(f"[bold]{st.run_id}[/bold] {st.name}", f"status [bold]{st.status}[/bold]",
+                 f"{st.done + st.failed}/{st.items} items ({st.failed} failed)",
+                 f"{st.gen_tokens} tokens", f"{st.tokens_per_s:.1f} tok/s", f"ETA {eta}")
+    table = Table()
+    for col in ("shard", "state", "progress", "items", "round", "attempt", "lease owner", "error"):
+        table.add_column(col)
+    for s in st.shards:
+        bar = ProgressBar(total=max(s.items, 1), completed=s.done + s.failed, width=20)
+        table.add_row(str(s.index), s.status, bar, f"{s.done + s.failed}/{s.items}", str(s.round), str(s.attempt),
+                      s.lease_owner or "", (s.error or "")[:60])
+    return Group(head, table)
+
+
+@cli.command()
+@click.argument("run_id")
+@friendly_errors
+def cancel(run_id: str) -> None:
+    """Cancel RUN_ID: unfinished shards stop at their next checkpoint and are not picked up again."""
+    from srd_worker import service
+
+    db = _db()
+    try:
+        n = service.cancel(db=db, run_id=run_id)
+    finally:
+        db.dispose()
+    click.echo(f"cancelled {run_id}: {n} unfinished shard(s) stopped")
+
+
+@cli.command()
+@click.argument("run_id")
+@friendly_errors
+def resume(run_id: str) -> None:
+    """Re-enqueue RUN_ID's unfinished, failed or cancelled shards (they continue from their checkpoints)."""
+    from srd_worker import service
+    from srd_worker.queue import enqueue
+
+    db = _db()
+    try:
+        todo = service.resume(db=db, run_id=run_id, enqueue=enqueue)
+    finally:
+        db.dispose()
+    click.echo(f"resumed {run_id}: {len(todo)} shard(s) re-enqueued")
+
+
+@cli.group()
+def db() -> None:
+    """Database administration."""
+
+
+@db.command("upgrade")
+@friendly_errors
+def db_upgrade() -> None:
+    """Create or migrate the service database to the newest schema (Alembic)."""
+    from srd_worker.settings import get_settings
+    from srd_worker.store.db import upgrade
+
+    url = get_settings().database_url
+    try:
+        upgrade(url)
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(f"cannot upgrade {url.split('@')[-1]}: {str(exc).splitlines()[0]}") from None
+    click.echo("database is at the newest schema")
+
+
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def methods(as_json: bool) -> None:

@@ -38,6 +38,15 @@ class Settings(BaseSettings):
     )
     device: str = Field("auto", description="torch device for the transformers engine: auto, cpu, cuda, cuda:N.")
     dtype: str = Field("bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32.")
+    queue: str = Field("srdq", description="Celery queue shards are sent to and workers listen on.")
+    lease_ttl_s: float = Field(60.0, gt=0, description="Shard lease lifetime; heartbeats renew it every ttl/3.")
+    slice_rounds: int = Field(8, ge=1, description="Rounds one task runs before re-enqueueing its continuation.")
+    max_attempts: int = Field(3, ge=1, description="Crashed attempts on a shard before it is marked failed.")
+    reap_interval_s: float = Field(15.0, gt=0, description="How often each worker looks for lost or expired shards.")
+    pending_grace_s: float = Field(120.0, gt=0, description="A shard pending this long is re-enqueued by the reaper.")
+    visibility_timeout_s: int = Field(
+        3600, description="Redis visibility timeout; a task slice must end far below it (see slice_rounds)."
+    )
 
 
 def get_settings() -> Settings:

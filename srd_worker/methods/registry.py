@@ -7,10 +7,15 @@ from typing import Any
 from srd_worker.errors import CapabilityError, ConfigError
 from srd_worker.methods.base import Method
 from srd_worker.methods.best_of_n import BestOfN
+from srd_worker.methods.rejection_sampling import RejectionSampling
 from srd_worker.methods.sampling import Sampling
 from srd_worker.methods.self_consistency import SelfConsistency
+from srd_worker.methods.speculative_rejection import SpeculativeRejection
+from srd_worker.methods.srd import SRD
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Sampling, BestOfN, SelfConsistency)}
+METHODS: dict[str, type[Method]] = {
+    m.name: m for m in (Sampling, BestOfN, SelfConsistency, SRD, RejectionSampling, SpeculativeRejection)
+}
 
 
 def get_method_class(name: str) -> type[Method]:

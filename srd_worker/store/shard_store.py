@@ -1,4 +1,9 @@
-"""``SqlShardStore``: the runner's ShardStore protocol over the SQL store, one transaction per call."""
+"""``SqlShardStore``: the runner's ShardStore protocol over the SQL store, one transaction per call.
+
+With a ``lease`` (service mode) every write is fenced by the lease's version: a worker whose lease was
+taken over (or whose shard was cancelled) gets ``LeaseLost`` and writes nothing. Without one (the
+embedded ``srdq run``, a single process) writes are unfenced.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from srd_worker.store import crud
+from srd_worker.store import crud, leases
 from srd_worker.store.db import session_scope
 
 
 class SqlShardStore:
-    def __init__(self, engine: Engine, run_id: str, shard_index: int, *, expected_version: int | None = None):
+    def __init__(self, engine: Engine, run_id: str, shard_index: int, *, lease: leases.Lease | None = None):
         self.engine = engine
         self.run_id = run_id
         self.shard_index = shard_index
-        self.expected_version = expected_version
+        self.lease = lease
 
     def load_checkpoints(self) -> dict[str, tuple[int, dict[str, Any]]]:
         with session_scope(self.engine) as session:
@@ -23,13 +28,22 @@ class SqlShardStore:
 
     def save_checkpoints(self, round_: int, states: dict[str, dict[str, Any]]) -> None:
         with session_scope(self.engine) as session:
+            if self.lease is not None:
+                leases.check(session=session, lease=self.lease)
             crud.save_checkpoints(session=session, run_id=self.run_id, shard_index=self.shard_index,
-                                  round=round_, states=states, expected_version=self.expected_version)
+                                  round=round_, states=states,
+                                  expected_version=self.lease.version if self.lease else None)
 
     def save_results(self, records: list[dict[str, Any]]) -> int:
+        """Insert the shard's results and mark it done, in one transaction."""
         with session_scope(self.engine) as session:
+            if self.lease is not None:
+                leases.check(session=session, lease=self.lease)
             n = crud.save_results(session=session, run_id=self.run_id, shard_index=self.shard_index,
                                   records=records)
-            crud.set_shard_status(session=session, run_id=self.run_id, shard_index=self.shard_index,
-                                  status="done")
+            if self.lease is not None:
+                leases.release(session=session, lease=self.lease, status="done")
+            else:
+                crud.set_shard_status(session=session, run_id=self.run_id, shard_index=self.shard_index,
+                                      status="done")
             return n

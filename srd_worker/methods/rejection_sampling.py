@@ -1,0 +1,116 @@
+"""Rejection sampling baselines (ALGORITHMS.md §3.2, §1.8) on SRD's incremental loop.
+
+``variant=rank`` — SRD's own rejection-sampling ablation [PAPER SRD App. G, "spec_rej mode"]: the SRD
+incremental loop (Algorithm B, §1.7) with no editor (``n_refine=0``) and θ_low = θ_high = ``theta``
+(0.5): every round, the candidates whose rank-normalised score u ≥ θ survive and the rest are
+discarded. It runs ``srd.SRD`` itself, so with the same run seed it shares SRD's drafts (seed kind
+``draft`` per candidate id and round) — the coupled Δ_n experiment of §1.10 — and SRD with
+``n_refine=0, theta_low=theta_high`` gives exactly this method's results.
+
+``variant=absolute`` — the same loop, routed by the raw reward instead of the rank [PROPOSED]: a
+candidate survives a round iff its current (partial or final) reward ≥ ``threshold``; if none does,
+the best-ranked one survives (min-1 guard, PAPER SRD App. E). Calibrate the threshold per reward model
+(raw scales differ, §0.2), e.g. as a quantile of rewards on held-out samples.
+
+Answer, statistics and ledger as in SRD (argmax final reward over the surviving completed trajectories,
+ties → earliest finished, then lowest id; ``archive_all`` chooses among every completed draft).
+
+Left out: §3.2(b)'s draw-until-accept loop over full samples with a total budget B and a
+samples-to-first-accept report (the threshold here prunes a fixed pool of n drafts instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import Method, param
+from srd_worker.methods.drafting import DraftParams
+from srd_worker.methods.srd import DISCARD, KEEP, SRD, SRDParams, rank_order
+
+VARIANTS = ("rank", "absolute")
+
+
+@dataclasses.dataclass(frozen=True)
+class RejectionSamplingParams(DraftParams):
+    max_new_tokens: int = param(500, "maximum generated tokens per candidate (SRD paper: 500 on MATH500)")
+    n: int = param(10, "initial candidates N")
+    variant: str = param(
+        "rank",
+        "rank: survive iff rank-normalised u >= theta (SRD App. G); "
+        "absolute: survive iff raw reward >= threshold",
+    )
+    theta: float = param(0.5, "rank variant: survival threshold on u (theta_low = theta_high = theta)")
+    threshold: float | None = param(None, "absolute variant: raw reward threshold r* (required; RM-specific)")
+    archive_all: bool = param(
+        False, "answer from every completed trajectory ever drafted, not only survivors"
+    )
+    rank_unfinished_only: bool = param(False, "finished candidates leave the ranking pool and are kept")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if not 0 <= self.theta <= 1:
+            raise ConfigError(f"theta must be in [0, 1], got {self.theta}")
+        if self.variant == "absolute" and self.threshold is None:
+            raise ConfigError("variant=absolute needs a reward threshold: set threshold")
+
+    def srd_params(self) -> SRDParams:
+        """The SRD configuration this baseline runs: no editor, no REFINE band, lazy scoring."""
+        return SRDParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+            chunk_tokens=self.chunk_tokens,
+            n=self.n,
+            theta_high=self.theta,
+            theta_low=self.theta,
+            n_refine=0,
+            checkpoint_scoring="lazy",
+            form="incremental",
+            archive_all=self.archive_all,
+            rank_unfinished_only=self.rank_unfinished_only,
+        )
+
+
+class RejectionSampling(SRD):
+    name = "rejection_sampling"
+    Params = RejectionSamplingParams
+    summary = (
+        "prune n partial drafts every round by reward rank (SRD without editor) or an absolute threshold"
+    )
+
+    def __init__(self, params: RejectionSamplingParams) -> None:
+        Method.__init__(self, params)
+        self.cfg = params.srd_params()
+        self.variant = params.variant
+        self.threshold = params.threshold
+
+    def _route_pool(self, scores: Sequence[float]) -> list[str]:
+        if self.variant == "rank":
+            return super()._route_pool(scores)
+        tiers = [KEEP if s >= self.threshold else DISCARD for s in scores]  # NaN never passes
+        if KEEP not in tiers and tiers:
+            tiers[rank_order(scores)[0]] = KEEP  # min-1 guard: the best survives
+        return tiers
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        res = super().result(state)
+        res["variant"] = self.variant
+        res["threshold"] = self.threshold if self.variant == "absolute" else self.cfg.theta_high
+        for key in (
+            "policy",
+            "refine_outcomes",
+            "refine_improved",
+            "refine_exhausted",
+            "reward_before_refine",
+            "reward_after_refine",
+        ):
+            res.pop(key, None)
+        return res

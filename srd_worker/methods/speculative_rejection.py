@@ -1,0 +1,119 @@
+"""Speculative Rejection (Sun et al., NeurIPS 2024, arXiv 2410.20290) — ALGORITHMS.md §2.
+
+Follows the reference code's semantics (§2.3, ``Zanette-Labs/SpeculativeRejection``
+``speculative_rejection.py``) with the fixed-interval port of §2.4, as SRD's reimplementation ran it
+(Δ = 100 tokens, α = 0.5 [PAPER SRD App. E]):
+
+- start with ``n`` empty candidates; every round (= decision interval) extend every unfinished candidate
+  of the pool by ``chunk_tokens`` (Δ) tokens in ONE engine batch, then score every extended candidate on
+  its current (partial) text in ONE reward batch (finished candidates keep their final score);
+- rank the whole pool — finished candidates included: they stay in it and consume slots, but are never
+  drafted again — by that reward, descending (ties: lowest candidate id), and keep the top
+  ``max(1, round((1 - α)·|pool|))`` (Python's ``round``: banker's rounding, as the reference code);
+- stop when no kept candidate is unfinished;
+- answer: the highest reward among every candidate that ever finished (a finished candidate pushed out
+  of the pool later is never lost from the final pool, as in ``postprocess/gather_best_ans.py``); ties →
+  earliest finished round, then lowest candidate id.
+
+Seeds come from ``ctx.seed(state, candidate_id, "draft")`` — the same draws as Best-of-N, SRD and
+rejection sampling for the same candidate and round.
+
+Left out: the memory-driven initial batch size and decision points (``get_memory_constrained_batch_size``,
+``LLM.get_gen_len``) — replaced by the explicit ``n`` and a fixed Δ (§2.4; §10 item 9); the self-reward
+mode; the relative-GPU-compute metric (§2.5) — the ledger records tokens, calls and time instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import Method, StepContext, new_state, param
+from srd_worker.methods.drafting import DraftParams
+from srd_worker.methods.srd import (
+    apply_generation,
+    archive_entry,
+    best_completed,
+    draft_call,
+    new_srd_candidate,
+    rank_order,
+    score_positions,
+)
+
+
+def keep_count(alpha: float, pool_size: int) -> int:
+    """Survivors of one decision: ``round((1 - α)·|pool|)`` with Python's round, at least 1."""
+    return max(1, int(round((1 - alpha) * pool_size)))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeRejectionParams(DraftParams):
+    max_new_tokens: int = param(
+        500, "maximum generated tokens per candidate (SRD paper setting: 500 on MATH500)"
+    )
+    n: int = param(10, "initial candidates (the reference code's memory-driven batch, here explicit)")
+    alpha: float = param(0.5, "fraction of the ranked pool rejected at each decision point, 0 <= alpha < 1")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+        if not 0 <= self.alpha < 1:
+            raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
+
+
+class SpeculativeRejection(Method):
+    name = "speculative_rejection"
+    Params = SpeculativeRejectionParams
+    summary = "draft in Δ-token intervals, drop the lowest-reward fraction alpha of the pool at each"
+    needs_reward = True
+
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+        state = new_state(item_id, question, prompt_ids)
+        state["candidates"] = [new_srd_candidate(i) for i in range(self.params.n)]
+        state["finished"] = []  # every completed trajectory, in the order it finished
+        state["pool_sizes"] = []  # (pool size, kept) per decision
+        return state
+
+    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+        p = self.params
+        calls, targets = [], []
+        for state in states:
+            for cand in state["candidates"]:
+                if cand["finish"] is None:
+                    call, budget = draft_call(ctx, state, cand, p, kind="draft")
+                    calls.append(call)
+                    targets.append((state, cand, budget))
+        jobs = []
+        for (state, cand, budget), gen in zip(targets, ctx.generate(calls), strict=True):
+            apply_generation(ctx, state, cand, gen, budget, p.max_new_tokens)
+            jobs.append((state, cand, [len(cand["tokens"])]))
+        score_positions(ctx, jobs)
+        for state, cand, _ in jobs:
+            if cand["finish"] is not None:
+                state["finished"].append(archive_entry(cand))
+        for state in states:
+            pool = state["candidates"]
+            k = keep_count(p.alpha, len(pool))
+            order = rank_order([c["reward"] for c in pool])
+            state["candidates"] = sorted((pool[i] for i in order[:k]), key=lambda c: c["id"])
+            state["pool_sizes"].append([len(pool), k])
+            state["round"] += 1
+            state["done"] = all(c["finish"] is not None for c in state["candidates"])
+        return states
+
+    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+        best = best_completed(state["finished"])
+        return {
+            "response": best["text"] if best else "",
+            "reward": best["reward"] if best else None,
+            "finish_reason": best["finish"] if best else None,
+            "chosen": best["id"] if best else None,
+            "rewards": [e["reward"] for e in state["finished"]],
+            "finished_ids": [e["id"] for e in state["finished"]],
+            "pool_sizes": state["pool_sizes"],
+            "rounds": state["round"],
+            "ledger_components": {k: dict(v) for k, v in state["ledger"]["components"].items()},
+        }

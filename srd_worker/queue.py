@@ -1,0 +1,141 @@
+"""Celery app and tasks (thin: validate the payload, call ``service``, report).
+
+Queue semantics (DESIGN.md): JSON serializer only (never pickle); late acks with
+``task_reject_on_worker_lost`` and prefetch 1, so a message is only gone once its slice ended; every
+task runs a bounded slice of rounds far under the broker's visibility timeout and re-enqueues its
+continuation; soft shutdown on SIGTERM lets the current slice finish. Redis only wakes workers:
+PostgreSQL holds the truth, and each worker's reaper thread re-enqueues shards whose message was lost
+or whose lease expired. A database that goes away mid-slice is retried with backoff (tenacity): the
+task leases its shard again once the database is back and resumes from the last checkpoint.
+
+The engine is built once per worker process, after the fork (``EngineCache`` inside the child).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import Celery, signals
+from sqlalchemy.exc import DBAPIError, OperationalError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from srd_worker.settings import Settings, get_settings
+
+log = logging.getLogger("srdq.queue")
+TASK_NAME = "srdq.run_shard"
+
+
+def make_app(settings: Settings | None = None) -> Celery:
+    settings = settings or get_settings()
+    app = Celery("srdq", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue=settings.queue,
+        broker_transport_options={"visibility_timeout": settings.visibility_timeout_s},
+        broker_connection_retry_on_startup=True,
+        worker_soft_shutdown_timeout=60.0,
+        worker_enable_soft_shutdown_on_idle=False,
+        worker_hijack_root_logger=False,
+    )
+    return app
+
+
+app = make_app()
+
+_runtime: dict[str, Any] = {}
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> dict[str, Any]:
+    """Per-process settings, database engine and model cache, built on first use (after fork)."""
+    with _runtime_lock:
+        if not _runtime:
+            from srd_worker.service import EngineCache, SliceConfig
+            from srd_worker.store.db import make_engine
+
+            settings = get_settings()
+            _runtime.update(settings=settings, db=make_engine(settings.database_url),
+                            engines=EngineCache(settings), cfg=SliceConfig.from_settings(settings))
+        return _runtime
+
+
+@signals.worker_process_init.connect
+def _after_fork(**_: Any) -> None:
+    # connections inherited from the parent must not be shared with it
+    _runtime.clear()
+
+
+def enqueue(run_id: str, shard_index: int) -> None:
+    app.send_task(TASK_NAME, args=[run_id, int(shard_index)], queue=get_settings().queue)
+
+
+@app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True)
+def run_shard_task(run_id: Any, shard_index: Any) -> str:
+    if not isinstance(run_id, str) or not isinstance(shard_index, int) or shard_index < 0:
+        log.error("dropping malformed message: run_id=%r shard_index=%r", run_id, shard_index)
+        return "invalid"
+    from srd_worker.service import process_shard
+
+    rt = runtime()
+    for attempt in Retrying(retry=retry_if_exception_type((OperationalError, DBAPIError)),
+                            wait=wait_exponential(multiplier=0.5, max=10), stop=stop_after_delay(300),
+                            reraise=True):
+        with attempt:
+            outcome = process_shard(run_id, shard_index, db=rt["db"], engines=rt["engines"], enqueue=enqueue,
+                                    cfg=rt["cfg"])
+    log.info("shard %s/%s: %s", run_id, shard_index, outcome)
+    return outcome
+
+
+# ------------------------------------------------------------------------------------------ reaper
+class Reaper(threading.Thread):
+    """Every ``interval`` seconds, re-enqueue shards with expired leases or lost messages."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(name="srdq-reaper", daemon=True)
+        self.settings = settings
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        from srd_worker.service import reap
+        from srd_worker.store.db import make_engine
+
+        db = make_engine(self.settings.database_url)
+        while not self.stop_event.wait(self.settings.reap_interval_s):
+            try:
+                todo = reap(db=db, enqueue=enqueue, pending_grace_s=self.settings.pending_grace_s)
+                if todo:
+                    log.warning("reaper re-enqueued %d shard(s): %s", len(todo), todo)
+            except Exception as exc:  # database or broker briefly down: try again next time
+                log.warning("reaper: %s", exc)
+
+
+_reaper: Reaper | None = None
+
+
+@signals.worker_ready.connect
+def _start_reaper(**_: Any) -> None:
+    global _reaper
+    if _reaper is None:
+        _reaper = Reaper(get_settings())
+        _reaper.start()
+
+
+def run_worker(*, queue: str, concurrency: int, loglevel: str = "INFO", hostname: str | None = None) -> None:
+    """Start a Celery worker (prefork pool; each child builds its engine once, after the fork)."""
+    import os
+    import socket
+
+    name = hostname or f"srdq-{os.getpid()}@{socket.gethostname()}"
+    app.worker_main([
+        "worker", f"--loglevel={loglevel}", "-Q", queue, "-c", str(concurrency), "--pool=prefork",
+        "-n", name, "--without-gossip", "--without-mingle",
+    ])

@@ -1,0 +1,310 @@
+"""Service-mode operations (submit, process a shard slice, status, cancel, resume), free of Celery.
+
+``queue.py`` (Celery tasks) and the CLI call these with an ``enqueue`` callable, so the logic is the
+same whether a message came from Redis or a test. PostgreSQL is the source of truth; a message only
+wakes a worker, and the shard lease (``store.leases``) decides who works.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import select
+
+from srd_worker.errors import SrdqError, StoreError
+from srd_worker.spec import PreparedRun, RunSpec
+from srd_worker.store import crud, leases
+from srd_worker.store.db import session_scope
+from srd_worker.store.models import Checkpoint, Result, Run, Shard, utcnow
+from srd_worker.tasks.base import Item
+
+log = logging.getLogger("srdq.service")
+
+Enqueue = Callable[[str, int], None]
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# ---------------------------------------------------------------------------------------------- submit
+@dataclass
+class Submitted:
+    run_id: str
+    created: bool
+    n_items: int
+    n_shards: int
+    enqueued: int
+
+
+def submit(prepared: PreparedRun, *, db: Engine, enqueue: Enqueue, name: str | None = None,
+           new: bool = False, versions: dict[str, Any] | None = None) -> Submitted:
+    """Store the run, its shards and items (one transaction), then enqueue every shard.
+
+    The same dataset and spec give the same run id, so a second submit returns the existing run and
+    enqueues nothing; ``new=True`` salts the id to start a fresh run. If the broker is down after the
+    run is stored, nothing is lost: the shards stay pending and the reaper enqueues them.
+    """
+    spec = prepared.spec
+    run_id = spec.run_id()
+    if new:
+        run_id = f"{run_id}-{utcnow().strftime('%Y%m%d%H%M%S%f')}"
+    with session_scope(db) as session:
+        existed = session.get(Run, run_id) is not None
+        run = crud.create_run(
+            session=session, run_id=run_id, name=name or f"{spec.method}-{Path(spec.dataset).stem}",
+            spec=spec.model_dump(), config_hash=spec.config_hash(), versions=versions or {},
+            items=prepared.items, shard_size=spec.shard_size,
+        )
+        n_shards = run.n_shards
+    enqueued = 0
+    if not existed:
+        for index in range(n_shards):
+            enqueue(run_id, index)
+            enqueued += 1
+    return Submitted(run_id, not existed, len(prepared.items), n_shards, enqueued)
+
+
+# ----------------------------------------------------------------------------------- shard processing
+class EngineCache:
+    """One engine per model name per process, built on first use (after the worker's fork)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self._engines: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, model: str) -> Any:
+        with self._lock:
+            if model not in self._engines:
+                from srd_worker.engines.transformers_engine import TransformersEngine
+
+                self._engines[model] = TransformersEngine.from_name(model, settings=self.settings)
+            return self._engines[model]
+
+
+class Heartbeat:
+    """Renews a lease every ttl/3 seconds in a thread; ``lost`` is set when renewal fails."""
+
+    def __init__(self, db: Engine, lease: leases.Lease, ttl_s: float) -> None:
+        self.db, self.lease, self.ttl_s = db, lease, ttl_s
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="srdq-heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl_s / 3):
+            try:
+                with session_scope(self.db) as session:
+                    ok = leases.heartbeat(session=session, lease=self.lease, ttl_s=self.ttl_s)
+            except Exception as exc:  # database briefly unreachable: try again next beat
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            if not ok:
+                self.lost.set()
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class SliceConfig:
+    lease_ttl_s: float = 60.0
+    slice_rounds: int = 8
+    max_attempts: int = 3
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> SliceConfig:
+        return cls(settings.lease_ttl_s, settings.slice_rounds, settings.max_attempts)
+
+
+def _items(rows: list[Any]) -> tuple[list[Item], list[int]]:
+    return [Item(id=r.item_key, question=r.question, gold=r.gold, meta=dict(r.meta or {})) for r in rows], \
+        [r.position for r in rows]
+
+
+def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineCache, enqueue: Enqueue,
+                  cfg: SliceConfig, owner: str | None = None) -> str:
+    """Lease the shard and run one bounded slice of rounds.
+
+    Returns what happened: ``skipped`` (no lease: finished, cancelled or held by another worker),
+    ``continued`` (slice done, continuation enqueued), ``done``, ``lost`` (lease taken over mid-slice:
+    this worker's writes were refused), or ``error`` (recorded on the shard, re-enqueued; the attempt
+    cap turns a poison shard into ``failed``).
+    """
+    from srd_worker.methods.registry import build_method
+    from srd_worker.rewards.registry import build_reward
+    from srd_worker.runner import run_shard
+    from srd_worker.store.shard_store import SqlShardStore
+    from srd_worker.tasks.registry import get_task
+
+    owner = owner or worker_id()
+    with session_scope(db) as session:
+        lease = leases.acquire(session=session, run_id=run_id, shard_index=shard_index, owner=owner,
+                               ttl_s=cfg.lease_ttl_s, max_attempts=cfg.max_attempts)
+        if lease is None:
+            return "skipped"
+        spec = RunSpec(**crud.get_run(session=session, run_id=run_id).spec)
+        rows = crud.list_items(session=session, run_id=run_id, shard_index=shard_index)
+    try:
+        items, positions = _items(rows)
+        method = build_method(spec.method, spec.params)
+        engine = engines.get(spec.model)
+        reward = build_reward(spec.reward, engine) if spec.reward else None
+        store = SqlShardStore(db, run_id, shard_index, lease=lease)
+        with Heartbeat(db, lease, cfg.lease_ttl_s):
+            outcome = run_shard(items=items, positions=positions, method=method, task=get_task(spec.task),
+                                engine=engine, reward=reward, run_seed=spec.seed, store=store,
+                                max_rounds=cfg.slice_rounds)
+    except leases.LeaseLost as exc:
+        log.warning("%s", exc)
+        return "lost"
+    except Exception as exc:
+        log.error("shard %s/%s failed: %s", run_id, shard_index, exc)
+        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
+        try:
+            with session_scope(db) as session:
+                leases.release(session=session, lease=lease, status="pending", error=error, reset_attempts=False)
+        except StoreError:
+            return "lost"
+        enqueue(run_id, shard_index)
+        return "error"
+    if outcome.finished:
+        return "done"  # results and the done status were written, fenced, by SqlShardStore
+    with session_scope(db) as session:
+        leases.release(session=session, lease=lease, status="pending")
+    enqueue(run_id, shard_index)
+    return "continued"
+
+
+def reap(*, db: Engine, enqueue: Enqueue, pending_grace_s: float) -> list[tuple[str, int]]:
+    with session_scope(db) as session:
+        todo = leases.reap(session=session, pending_grace_s=pending_grace_s)
+    for run_id, index in todo:
+        enqueue(run_id, index)
+    return todo
+
+
+def cancel(*, db: Engine, run_id: str) -> int:
+    with session_scope(db) as session:
+        return leases.cancel_run(session=session, run_id=run_id)
+
+
+def resume(*, db: Engine, run_id: str, enqueue: Enqueue) -> list[int]:
+    with session_scope(db) as session:
+        todo = leases.reopen_run(session=session, run_id=run_id)
+    for index in todo:
+        enqueue(run_id, index)
+    return todo
+
+
+# ---------------------------------------------------------------------------------------------- status
+@dataclass
+class ShardStatus:
+    index: int
+    status: str
+    items: int
+    done: int
+    failed: int
+    round: int
+    attempt: int
+    lease_owner: str | None
+    error: str | None
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    name: str
+    status: str
+    method: str
+    model: str
+    items: int
+    done: int
+    failed: int
+    gen_tokens: int
+    elapsed_s: float
+    tokens_per_s: float
+    eta_s: float | None
+    created_at: datetime
+    shards: list[ShardStatus] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d["created_at"] = self.created_at.isoformat()
+        return d
+
+
+def _gen_tokens(record: dict[str, Any] | None) -> int:
+    return int(((record or {}).get("ledger") or {}).get("gen_tokens", 0))
+
+
+def run_status(*, db: Engine, run_id: str) -> RunStatus:
+    """Progress of one run, read from the database (never from the broker)."""
+    with session_scope(db) as session:
+        run = crud.get_run(session=session, run_id=run_id)
+        shards = crud.list_shards(session=session, run_id=run_id)
+        results = session.exec(
+            select(Result.item_id, Result.shard_index, Result.error, Result.record).where(Result.run_id == run_id)
+        ).all()
+        ckpts = session.exec(select(Checkpoint.item_id, Checkpoint.state).where(Checkpoint.run_id == run_id)).all()
+    done_by: dict[int, int] = {}
+    failed_by: dict[int, int] = {}
+    tokens = 0
+    with_result = set()
+    for item_id, shard_index, error, record in results:
+        counter = failed_by if error else done_by
+        counter[shard_index] = counter.get(shard_index, 0) + 1
+        tokens += _gen_tokens(record)
+        with_result.add(item_id)
+    # items still running: their tokens so far are in their last checkpoint
+    tokens += sum(_gen_tokens(state) for item_id, state in ckpts if item_id not in with_result)
+    done = sum(done_by.values())
+    failed = sum(failed_by.values())
+    end = run.updated_at if run.status in ("done", "failed", "cancelled") else utcnow()
+    elapsed = max((end - run.created_at).total_seconds(), 1e-9)
+    rate_items = (done + failed) / elapsed
+    remaining = run.n_items - done - failed
+    eta = (remaining / rate_items) if rate_items > 0 and remaining > 0 else (0.0 if remaining == 0 else None)
+    return RunStatus(
+        run_id=run.id, name=run.name, status=run.status, method=run.spec.get("method", "?"),
+        model=run.spec.get("model", "?"), items=run.n_items, done=done, failed=failed, gen_tokens=tokens,
+        elapsed_s=elapsed, tokens_per_s=tokens / elapsed, eta_s=eta, created_at=run.created_at,
+        shards=[ShardStatus(s.index, s.status, s.stop - s.start, done_by.get(s.index, 0), failed_by.get(s.index, 0),
+                            s.round, s.attempt, s.lease_owner, (s.error or "").splitlines()[0] if s.error else None)
+                for s in shards],
+    )
+
+
+def recent_runs(*, db: Engine, limit: int = 20) -> list[Run]:
+    with session_scope(db) as session:
+        return list(session.exec(select(Run).order_by(Run.created_at.desc()).limit(limit)).all())
+
+
+def shard_rows(*, db: Engine, run_id: str) -> list[Shard]:
+    with session_scope(db) as session:
+        return crud.list_shards(session=session, run_id=run_id)
+
+
+def ensure_run(*, db: Engine, run_id: str) -> None:
+    with session_scope(db) as session:
+        if session.get(Run, run_id) is None:
+            raise SrdqError(f"no run '{run_id}' in the database")

@@ -1,0 +1,316 @@
+"""SRD, rejection sampling and Speculative Rejection on the tiny random Llama (a real transformers model).
+
+Every configuration runs once (cached for the module) with a JSON snapshot of all states after every
+round; the snapshot of the second-to-last round is resumed and must reach identical results. Rewards: ``ArithmeticReward`` (the project's
+CPU reward; on random text it is mostly the neutral 0.5, so ranks fall back to candidate ids) and
+``HashReward``, a deterministic test double giving distinct pseudo-random prefix rewards so that reward
+drops, refinements and re-routing all occur.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from srd_worker.methods.base import StepContext
+from srd_worker.methods.registry import METHODS, build_method
+from srd_worker.methods.speculative_rejection import keep_count
+from srd_worker.rewards.arithmetic import ArithmeticReward
+
+QUESTIONS = ["What is 3 + 4?", "Compute 6 * 7 and add 5."]
+BASE = {"n": 6, "max_new_tokens": 12, "chunk_tokens": 6}
+SRD_BASE = {**BASE, "scoring_interval": 3, "l_max": 5}
+POLICIES = ["reroute_global", "keep_on_refine", "self_compare", "force_keep", "refine_bob"]
+
+
+class HashReward:
+    """Deterministic pseudo-random reward in [0, 1) per response text (a test double for a reward model)."""
+
+    name = "hash"
+
+    def score(self, prompts, responses):
+        return [
+            int.from_bytes(hashlib.blake2b(r.encode(), digest_size=4).digest(), "big") / 2**32
+            for r in responses
+        ]
+
+
+class CountingEngine:
+    """Forwards everything to the real engine and records the size of every generate batch."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def generate(self, requests):
+        self.calls.append(len(requests))
+        return self.inner.generate(requests)
+
+
+def _srd(policy: str, **kw: Any) -> dict[str, Any]:
+    extra = {"bob_b": 2} if policy == "refine_bob" else {}
+    if policy == "self_compare":
+        extra = {"self_compare_fallback": True}
+    return {**SRD_BASE, "policy": policy, **extra, **kw}
+
+
+#: ArithmeticReward where ties do not spoil what the case checks
+ARITH = {"inc_force_keep", "batch_keep_on_refine", "srd_no_editor", "rs_rank"}
+CASES: dict[str, tuple[str, dict[str, Any], str]] = {
+    **{f"inc_{p}": ("srd", _srd(p), "hash") for p in POLICIES},
+    **{f"batch_{p}": ("srd", _srd(p, form="batch"), "hash") for p in POLICIES},
+    "inc_reroute_global_eager": ("srd", _srd("reroute_global", checkpoint_scoring="eager"), "hash"),
+    "batch_reroute_global_eager": (
+        "srd",
+        _srd("reroute_global", form="batch", checkpoint_scoring="eager"),
+        "hash",
+    ),
+    # a wide REFINE band: several refinement waves per round, re-queued trajectories
+    "inc_wide_band": ("srd", _srd("reroute_global", n=8, theta_high=0.9, theta_low=0.1), "hash"),
+    "batch_wide_band": (
+        "srd",
+        _srd("reroute_global", n=8, theta_high=0.9, theta_low=0.1, form="batch"),
+        "hash",
+    ),
+    "inc_unfinished_archive": (
+        "srd",
+        _srd("reroute_global", rank_unfinished_only=True, archive_all=True),
+        "hash",
+    ),
+    "srd_no_editor": ("srd", {**SRD_BASE, "n_refine": 0, "theta_low": 0.5}, "hash"),
+    "rs_rank": ("rejection_sampling", BASE, "hash"),
+    "rs_absolute": ("rejection_sampling", {**BASE, "variant": "absolute", "threshold": 0.6}, "hash"),
+    "specrej": ("speculative_rejection", BASE, "hash"),
+}
+CASES = {k: (m, p, "arith" if k in ARITH else r) for k, (m, p, r) in CASES.items()}
+
+
+def _reward(kind: str):
+    return HashReward() if kind == "hash" else ArithmeticReward()
+
+
+def _loop(method, engine: CountingEngine, reward, states, steps: list[list[int]]):
+    """Run to the end; returns the final states and a JSON snapshot taken after every round."""
+    ctx = StepContext(engine, reward, 0)
+    snapshots = []
+    for _ in range(40):
+        active = [s for s in states if not method.done(s)]
+        if not active:
+            return states, snapshots
+        before = len(engine.calls)
+        method.step(active, ctx)
+        steps.append(engine.calls[before:])
+        snapshots.append(json.dumps(states))  # JSON-serialisable after every round
+    raise AssertionError("method did not finish")
+
+
+class Run:
+    def __init__(self, name: str, engine: Any) -> None:
+        method_name, params, reward = CASES[name]
+        self.method = build_method(method_name, params)
+        self.reward = reward
+        self.engine = CountingEngine(engine)
+        prompts = [engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]) for q in QUESTIONS]
+        states = [
+            self.method.init_state(f"q{i}", q, p)
+            for i, (q, p) in enumerate(zip(QUESTIONS, prompts, strict=True))
+        ]
+        self.steps: list[list[int]] = []
+        self.states, snapshots = _loop(self.method, self.engine, _reward(reward), states, self.steps)
+        self.results = [self.method.result(s) for s in self.states]
+        # resume from the second-to-last round (cheaper than round 1, still mid-run)
+        self.snapshot = snapshots[-2] if len(snapshots) > 1 else None
+
+    def resumed(self) -> list[dict[str, Any]]:
+        states = json.loads(self.snapshot)
+        states, _ = _loop(self.method, CountingEngine(self.engine.inner), _reward(self.reward), states, [])
+        return states
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_engine):
+    cache: dict[str, Run] = {}
+
+    def get(name: str) -> Run:
+        if name not in cache:
+            cache[name] = Run(name, tiny_engine)
+        return cache[name]
+
+    return get
+
+
+def _deterministic(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k != "timing"}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_runs_to_completion_and_resume_is_identical(runs, name):
+    run = runs(name)
+    assert all(run.method.done(s) for s in run.states)
+    for res in run.results:
+        assert res["response"] and res["finish_reason"] in ("eos", "stop", "length")
+        json.dumps(res)
+    assert run.snapshot is not None, "the run should take more than one round"
+    resumed = run.resumed()
+    assert [run.method.result(s) for s in resumed] == run.results
+    assert [_deterministic(s) for s in resumed] == [_deterministic(s) for s in run.states]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_ledger_adds_up(runs, name):
+    run = runs(name)
+    for s in run.states:
+        led, comp = s["ledger"], s["ledger"]["components"]
+        assert led["gen_tokens"] == comp["drafter"]["out_tokens"] + comp["editor"]["out_tokens"]
+        assert led["prefill_tokens"] == comp["drafter"]["in_tokens"] + comp["editor"]["in_tokens"]
+        assert led["rm_tokens"] == comp["scorer"]["in_tokens"]
+        assert led["gen_tokens"] > 0 and led["rm_calls"] >= comp["scorer"]["calls"] > 0
+        if run.method.name != "speculative_rejection":
+            log = s["stats"]["rounds"]
+            assert comp["router"]["calls"] == len(log) + sum(len(r["waves"]) for r in log)
+            assert comp["editor"]["calls"] == sum(len(r["waves"]) for r in log)
+            assert s["timing"]["router"] >= 0.0
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(CASES) if CASES[n][0] == "srd"])
+def test_srd_answer_is_best_completed_kept(runs, name):
+    run = runs(name)
+    for s, res in zip(run.states, run.results, strict=True):
+        assert all(c["finish"] is not None for c in s["candidates"])
+        kept = [c["reward"] for c in s["candidates"]]
+        assert res["R_max"] == max(kept)
+        pool = [e["reward"] for e in s["archive"]] if run.method.cfg.archive_all else kept
+        assert res["reward"] == max(pool)
+        assert sum(res["routing"].values()) > 0
+        assert res["p_H"] + res["p_M"] + res["p_L"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_refinements_happen_for_every_policy(runs, policy):
+    for form in ("inc", "batch"):
+        results = runs(f"{form}_{policy}").results
+        assert sum(r["refinements"] for r in results) > 0
+        for r in results:
+            if r["refinements"]:
+                assert r["rho"] == r["refine_kept"] / r["refinements"]
+                assert r["reward_before_refine"] is not None
+        if policy == "force_keep":
+            assert all(r["rho"] in (None, 1.0) for r in results)
+
+
+@pytest.mark.parametrize("form", ["inc", "batch"])
+def test_lazy_and_eager_make_identical_decisions(runs, form):
+    lazy, eager = runs(f"{form}_reroute_global"), runs(f"{form}_reroute_global_eager")
+    assert lazy.steps == eager.steps  # the same engine batches, round by round
+    assert sum(r["refinements"] for r in lazy.results) > 0
+    for a, b, sa, sb in zip(lazy.results, eager.results, lazy.states, eager.states, strict=True):
+        skip = {"checkpoint_scoring", "ledger_components"}
+        assert {k: v for k, v in a.items() if k not in skip} == {k: v for k, v in b.items() if k not in skip}
+        for comp in ("drafter", "editor"):
+            assert sa["ledger"]["components"][comp] == sb["ledger"]["components"][comp]
+        assert sa["ledger"]["rm_calls"] <= sb["ledger"]["rm_calls"]
+    assert sum(s["ledger"]["rm_calls"] for s in lazy.states) < sum(
+        s["ledger"]["rm_calls"] for s in eager.states
+    )
+
+
+def test_srd_without_editor_equals_rank_rejection_sampling(runs):
+    srd, rs = runs("srd_no_editor"), runs("rs_rank")
+    assert srd.steps == rs.steps
+    for a, b, sa, sb in zip(srd.results, rs.results, srd.states, rs.states, strict=True):
+        for key in (
+            "response",
+            "reward",
+            "chosen",
+            "routing",
+            "kept_ids",
+            "round_log",
+            "R_max",
+            "archive_size",
+        ):
+            assert a[key] == b[key], key
+        assert sa["ledger"] == sb["ledger"]
+        assert sa["candidates"] == sb["candidates"]
+        assert b["routing"]["refine"] == 0 and b["refinements"] == 0
+
+
+def test_incremental_refinement_waves_are_one_engine_batch_each(runs):
+    for policy in POLICIES:
+        run = runs(f"inc_{policy}")
+        b = run.method.cfg.bob_b if policy == "refine_bob" else 1
+        for k, calls in enumerate(run.steps):
+            logs = [r for s in run.states for r in s["stats"]["rounds"] if r["round"] == k]
+            n_waves = max((len(r["waves"]) for r in logs), default=0)
+            expected = [b * sum(r["waves"][w] for r in logs if len(r["waves"]) > w) for w in range(n_waves)]
+            assert calls[1:] == expected  # one draft batch, then one batch per wave over every item
+        assert any(len(c) > 1 for c in run.steps)
+
+
+def test_batch_form_is_one_engine_call_per_step(runs):
+    for policy in POLICIES:
+        run = runs(f"batch_{policy}")
+        assert all(len(c) <= 1 for c in run.steps)
+        assert len(run.steps) > 2  # drafting rounds, then refinement waves
+
+
+def test_rank_unfinished_only_and_archive_all(runs):
+    run = runs("inc_unfinished_archive")
+    for s, res in zip(run.states, run.results, strict=True):
+        assert res["reward"] == max(e["reward"] for e in s["archive"])
+        assert res["archive_size"] >= len(s["candidates"])
+
+
+def test_rejection_sampling_variants(runs):
+    for res in runs("rs_rank").results:
+        assert res["routing"]["refine"] == 0 and res["p_M"] == 0 and res["efficiency_gain"] == 1.0
+    for s, res in zip(runs("rs_absolute").states, runs("rs_absolute").results, strict=True):
+        assert all(r["keep"] >= 1 for r in s["stats"]["rounds"])  # min-1 guard
+        assert res["variant"] == "absolute" and res["threshold"] == 0.6
+
+
+def test_speculative_rejection_prunes_by_round_and_answers_best_finished(runs):
+    run = runs("specrej")
+    for s, res in zip(run.states, run.results, strict=True):
+        sizes = s["pool_sizes"]
+        assert sizes[0][0] == BASE["n"]
+        for (pool, kept), nxt in zip(sizes, sizes[1:] + [None], strict=True):
+            assert kept == keep_count(0.5, pool)
+            if nxt is not None:
+                assert nxt[0] == kept
+        assert res["reward"] == max(e["reward"] for e in s["finished"])
+        assert s["ledger"]["components"]["editor"]["calls"] == 0
+
+
+def test_params_validation():
+    from srd_worker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="theta_low <= theta_high"):
+        build_method("srd", {"theta_low": 0.6, "theta_high": 0.5})
+    with pytest.raises(ConfigError, match="policy must be one of"):
+        build_method("srd", {"policy": "nope"})
+    with pytest.raises(ConfigError, match="needs a reward threshold"):
+        build_method("rejection_sampling", {"variant": "absolute"})
+    with pytest.raises(ConfigError, match="alpha"):
+        build_method("speculative_rejection", {"alpha": 1.0})
+    p = build_method("srd", {}).params
+    assert (
+        p.n,
+        p.theta_high,
+        p.theta_low,
+        p.scoring_interval,
+        p.chunk_tokens,
+        p.l_max,
+        p.n_refine,
+        p.temperature,
+        p.top_p,
+        p.top_k,
+        p.editor_temperature,
+        p.max_new_tokens,
+    ) == (10, 0.5, 0.3, 10, 100, 30, 2, 0.8, 0.9, 50, 1.0, 500)
+    assert {"srd", "rejection_sampling", "speculative_rejection"} <= set(METHODS)

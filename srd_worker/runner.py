@@ -11,6 +11,7 @@ The runner knows nothing about SQL, Celery or S3: the store is injected (``Shard
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import traceback
@@ -22,6 +23,8 @@ from srd_worker.engines.base import Engine
 from srd_worker.methods.base import Method, StepContext
 from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Item, Task
+
+log = logging.getLogger("srdq.runner")
 
 #: Test hook: the process exits abruptly (os._exit, no cleanup) right after committing this round.
 CRASH_ENV = "SRDQ_CRASH_AFTER_ROUND"
@@ -126,6 +129,8 @@ def run_shard(
         else:
             states.append(_prompt_state(method, task, engine, item))
     shard_round = max((r for r, _ in checkpoints.values()), default=0)
+    if checkpoints:
+        log.info("resuming from checkpointed round %d (%d items checkpointed)", shard_round, len(checkpoints))
     ctx = StepContext(engine, reward, run_seed, extract_answer=task.extract_answer)
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)

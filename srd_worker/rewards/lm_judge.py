@@ -1,0 +1,146 @@
+"""An LM-as-judge reward: the policy model's own probability that a partial solution is correct so far.
+
+Follows ALGORITHMS.md §0.2 in shape (one scalar per ``(question, partial response)``, the question as the
+user turn, rewards on partial responses first-class) with a generative judge in place of a
+sequence-classification head: the question and the partial response go into one user message that asks
+whether the solution is correct so far, to be answered Yes or No; the engine's chat template is applied
+with the generation prompt, and the reward is
+
+    p = P(Yes) / (P(Yes) + P(No))
+
+read from teacher-forced log-probabilities of the answer's first token (``engine.logprobs``), i.e. the
+judge's belief renormalised over the two allowed answers (any mass on other tokens is ignored).
+
+Answer tokens. A tokenizer may spell the reply with or without a leading space ("Yes" / " Yes") depending
+on how the template ends, and the two spellings are different tokens, so both are counted: P(Yes) is
+the logsumexp of the log-probabilities of the first tokens of "Yes" and " Yes", likewise for No. The
+"first token" is the first token at which the Yes and No spellings differ, so a token both share (a BOS
+some tokenizers add, a lone space token of a byte-level tokenizer) is skipped rather than counted for
+both sides; duplicate ids are counted once. An empty response is allowed: the message then says that
+no steps are written yet, and the judge rates the question alone.
+
+What it leaves out: a trained verifier or PRM head, few-shot judge prompts, per-step scores, scoring
+more than the first answer token (each candidate token is one engine pair sharing the same prefix, so
+the cost is the prefix scored 2 to 4 times; an engine call returning several next-token logprobs per
+prefix would cut that), truncation of over-long inputs (they raise RewardError).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from srd_worker.engines.base import CAP_LOGPROBS, Engine
+from srd_worker.errors import CapabilityError, RewardError
+
+#: The two answers and the spellings counted for each (see the module docstring).
+YES_VARIANTS = ("Yes", " Yes")
+NO_VARIANTS = ("No", " No")
+
+_EMPTY_RESPONSE = "(no steps written yet)"
+
+
+def judge_messages(question: str, response: str) -> list[dict[str, str]]:
+    """The chat messages that ask whether ``response`` answers ``question`` correctly so far."""
+    solution = response.strip() or _EMPTY_RESPONSE
+    content = (
+        "Below is a question and a partial solution, which may stop in the middle of a step.\n\n"
+        f"Question:\n{question.strip()}\n\n"
+        f"Partial solution:\n{solution}\n\n"
+        "Is the partial solution correct so far? Answer with one word: Yes or No."
+    )
+    return [{"role": "user", "content": content}]
+
+
+def answer_token_ids(tokenizer, yes: Sequence[str] = YES_VARIANTS,
+                     no: Sequence[str] = NO_VARIANTS) -> tuple[list[int], list[int]]:
+    """Distinct first tokens of the Yes spellings and of the No spellings (paired in order), each token
+    taken where the two spellings of a pair first differ. Raises RewardError when a token would count
+    for both answers or a spelling encodes to nothing distinctive."""
+    yes_ids: list[int] = []
+    no_ids: list[int] = []
+    for y, n in zip(yes, no, strict=True):
+        a, b = list(tokenizer.encode(y)), list(tokenizer.encode(n))
+        k = 0
+        while k < min(len(a), len(b)) and a[k] == b[k]:
+            k += 1
+        if k >= len(a) or k >= len(b):
+            raise RewardError(f"the tokenizer does not tell {y!r} from {n!r}: {a} vs {b}")
+        if a[k] not in yes_ids:
+            yes_ids.append(a[k])
+        if b[k] not in no_ids:
+            no_ids.append(b[k])
+    if set(yes_ids) & set(no_ids):
+        raise RewardError(f"answer tokens overlap: yes {yes_ids}, no {no_ids}")
+    return yes_ids, no_ids
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    m = max(xs)
+    if m == -math.inf:
+        return -math.inf
+    return m + math.log(sum(math.exp(x - m) for x in xs))
+
+
+def yes_probability(yes_logprobs: Sequence[float], no_logprobs: Sequence[float]) -> float:
+    """P(Yes) / (P(Yes) + P(No)) from the log-probabilities of each answer's tokens; 0.5 when both
+    answers have probability zero."""
+    ly, ln = _logsumexp(yes_logprobs), _logsumexp(no_logprobs)
+    if ly == ln:  # covers both -inf
+        return 0.5
+    d = ly - ln
+    # A numerically stable sigmoid(d).
+    if d >= 0:
+        return 1.0 / (1.0 + math.exp(-d))
+    e = math.exp(d)
+    return e / (1.0 + e)
+
+
+class LMJudgeReward:
+    """P(Yes) / (P(Yes) + P(No)) of ``engine``'s model judging each partial solution (module docstring).
+
+    ``batch_size`` is the number of engine pairs (prefix, one answer token) per ``engine.logprobs`` call;
+    each item takes one pair per distinct answer token (2 to 4).
+    """
+
+    name = "lm_judge"
+
+    def __init__(self, engine: Engine, *, batch_size: int = 16) -> None:
+        if batch_size < 1:
+            raise RewardError(f"batch_size must be >= 1, got {batch_size}")
+        if CAP_LOGPROBS not in engine.capabilities:
+            raise CapabilityError(f"the lm_judge reward needs an engine with '{CAP_LOGPROBS}'; "
+                                  f"engine '{engine.name}' has {sorted(engine.capabilities)}")
+        self.engine = engine
+        self.batch_size = batch_size
+        self.yes_ids, self.no_ids = answer_token_ids(engine.tokenizer)
+
+    def prompt_ids(self, question: str, response: str) -> list[int]:
+        return list(self.engine.tokenizer.chat_prompt_ids(judge_messages(question, response),
+                                                          add_generation_prompt=True))
+
+    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+        if len(prompts) != len(responses):
+            raise RewardError(f"got {len(prompts)} prompts but {len(responses)} responses")
+        candidates = self.yes_ids + self.no_ids
+        pairs: list[tuple[list[int], list[int]]] = []
+        for i, (q, r) in enumerate(zip(prompts, responses, strict=True)):
+            prefix = self.prompt_ids(q, r)
+            if len(prefix) + 1 > self.engine.max_context:
+                raise RewardError(f"item {i}: the judge prompt has {len(prefix)} tokens, more than the "
+                                  f"engine's context of {self.engine.max_context}")
+            pairs.extend((prefix, [t]) for t in candidates)
+        logps: list[float] = []
+        for start in range(0, len(pairs), self.batch_size):
+            chunk = pairs[start:start + self.batch_size]
+            out = self.engine.logprobs(chunk)
+            if len(out) != len(chunk) or any(len(o) != 1 for o in out):
+                raise RewardError(f"engine returned {[len(o) for o in out]} logprobs for {len(chunk)} "
+                                  "one-token continuations")
+            logps.extend(o[0] for o in out)
+        n_yes, per_item = len(self.yes_ids), len(candidates)
+        scores = []
+        for i in range(len(prompts)):
+            row = logps[i * per_item:(i + 1) * per_item]
+            scores.append(yes_probability(row[:n_yes], row[n_yes:]))
+        return scores

@@ -55,3 +55,9 @@ class StoreError(SrdqError):
 
 class ItemError(SrdqError):
     """One item cannot be processed (prompt longer than the context, grader failure); the run goes on."""
+
+
+class ObjectStoreError(SrdqError):
+    """The object store (S3 or a local folder) failed or holds something unexpected: an unreachable
+    endpoint, a missing object, a refused key, or a result part whose size or sha256 does not match its
+    manifest. The message names the bucket/key or path."""

@@ -286,16 +286,20 @@ class TransformersEngine:
             ids[row, width - len(s) :] = torch.tensor(s, dtype=torch.long)
             mask[row, width - len(s) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # Left padding puts every continuation at the end, so only the last (longest continuation + 1)
+        # positions' logits are needed: the full (batch x length x vocabulary) tensor never exists.
+        keep = max(len(c) for _p, c in pairs) + 1
+        kwargs = {"logits_to_keep": keep} if self._has_logits_to_keep else {}
         with torch.inference_mode():
             logits = self.model(
                 input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                position_ids=positions.to(self.device),
-            ).logits.float()
-            logp = torch.log_softmax(logits, dim=-1).cpu()
+                position_ids=positions.to(self.device), **kwargs,
+            ).logits
+            offset = width - logits.shape[1]  # sequence index of logits[:, 0]
+            logp = torch.log_softmax(logits.float(), dim=-1).cpu()
         self.stats.forward_passes += 1
         out = []
-        for row, (p, c) in enumerate(pairs):
-            start = width - len(seqs[row]) + len(p)  # index of the first continuation token
-            vals = [float(logp[row, start + j - 1, int(t)]) for j, t in enumerate(c)]
-            out.append(vals)
+        for row, (_p, c) in enumerate(pairs):
+            first = width - len(c)  # sequence index of the first continuation token
+            out.append([float(logp[row, first + j - 1 - offset, int(t)]) for j, t in enumerate(c)])
         return out

@@ -1,0 +1,315 @@
+"""The distributed path against a real PostgreSQL and a real Redis, with workers as separate OS processes.
+
+Every scenario's final results are compared with `srdq run` (the embedded runner) on the same shards:
+- a run over several shards finishes with every item's result exactly once;
+- SIGKILL of a worker mid-shard: another worker takes the shard after lease expiry and resumes from
+  its last checkpointed round;
+- the same shard delivered twice at once: one writer, no duplicate rows;
+- Redis flushed mid-run: the reaper re-enqueues and the run completes;
+- PostgreSQL restarted mid-run: workers retry and the run completes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+pytestmark = pytest.mark.integration
+
+PG_URL = os.environ.get("SRDQ_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+CLI = [sys.executable, "-m", "srdq_cli.main"]
+BASE_ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def _reachable() -> str | None:
+    try:
+        eng = create_engine(PG_URL)
+        with eng.connect():
+            pass
+        eng.dispose()
+    except Exception as exc:  # noqa: BLE001
+        return f"PostgreSQL at {PG_URL} unreachable: {exc}"
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except Exception as exc:  # noqa: BLE001
+        return f"Redis at {REDIS_URL} unreachable: {exc}"
+    return None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _servers():
+    reason = _reachable()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A fresh database (migrated) and a Redis database number of its own; torn down after."""
+    import redis
+
+    name = f"srdq_svc_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # survives a restart
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    db_url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
+    redis_db = 1 + uuid.uuid4().int % 15
+    broker = str(make_url(REDIS_URL.replace("redis://", "postgresql://")).set(database=str(redis_db))).replace(
+        "postgresql://", "redis://")
+    redis.Redis.from_url(broker).flushdb()
+    e = {**os.environ, **BASE_ENV, "SRDQ_DATABASE_URL": db_url, "SRDQ_BROKER_URL": broker,
+         "SRDQ_QUEUE": f"q-{uuid.uuid4().hex[:8]}", "SRDQ_LEASE_TTL_S": "4", "SRDQ_SLICE_ROUNDS": "3",
+         "SRDQ_REAP_INTERVAL_S": "1", "SRDQ_PENDING_GRACE_S": "3"}
+    assert subprocess.run([*CLI, "db", "upgrade"], env=e, capture_output=True, text=True).returncode == 0
+    workers: list[subprocess.Popen] = []
+    yield {"env": e, "db_url": db_url, "broker": broker, "workers": workers, "tmp": tmp_path}
+    for w in workers:
+        _kill(w)
+    redis.Redis.from_url(broker).flushdb()
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+def start_worker(ctx: dict, name: str) -> subprocess.Popen:
+    log = open(ctx["tmp"] / f"{name}.log", "w")  # noqa: SIM115 - closed when the process is reaped
+    proc = subprocess.Popen([*CLI, "worker", "--loglevel", "INFO"], env=ctx["env"], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    ctx["workers"].append(proc)
+    return proc
+
+
+def worker_log(ctx: dict, name: str) -> str:
+    return (ctx["tmp"] / f"{name}.log").read_text()
+
+
+DATA_ROWS = 6
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, datasets_dir) -> Path:
+    path = tmp_path_factory.mktemp("svc") / "gsm8k_6.jsonl"
+    rows = (datasets_dir / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines()[:DATA_ROWS]
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def run_args(max_new_tokens: int) -> list[str]:
+    return ["--method", "best_of_n", "--n", "2", "--reward", "arithmetic", "--model", "tiny-random-llama",
+            "--max-new-tokens", str(max_new_tokens), "--set", "chunk_tokens=4", "--seed", "3", "--shard-size", "2"]
+
+
+_reference_cache: dict[int, list[dict]] = {}
+
+
+def reference(dataset: Path, tmp: Path, max_new_tokens: int) -> list[dict]:
+    """The embedded runner's records for the same spec and shards (timing dropped)."""
+    if max_new_tokens not in _reference_cache:
+        out = tmp / f"ref{max_new_tokens}"
+        proc = subprocess.run([*CLI, "run", str(dataset), *run_args(max_new_tokens), "--out", str(out)],
+                              env={**os.environ, **BASE_ENV}, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        (path,) = out.glob("run-*/results.jsonl")
+        _reference_cache[max_new_tokens] = [json.loads(line) for line in path.read_text().splitlines()]
+    return _reference_cache[max_new_tokens]
+
+
+def submit(ctx: dict, dataset: Path, max_new_tokens: int) -> str:
+    proc = subprocess.run([*CLI, "submit", "dataset", str(dataset), *run_args(max_new_tokens)], env=ctx["env"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def db_rows(ctx: dict, sql: str, **params) -> list:
+    eng = create_engine(ctx["db_url"])
+    try:
+        with eng.connect() as conn:
+            return list(conn.execute(text(sql), params))
+    finally:
+        eng.dispose()
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
+    end = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < end:
+        try:
+            value = pred()
+            if value:
+                return value
+        except Exception as exc:  # noqa: BLE001 - e.g. the database is restarting
+            last_exc = exc
+        time.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_exc})")
+
+
+def run_done(ctx: dict, run_id: str) -> bool:
+    (status,) = db_rows(ctx, "select status from run where id = :r", r=run_id)[0]
+    assert status not in ("failed", "cancelled"), status
+    return status == "done"
+
+
+def results(ctx: dict, run_id: str) -> list[dict]:
+    rows = db_rows(ctx, "select record from result where run_id = :r order by position", r=run_id)
+    return [{k: v for k, v in row[0].items() if k != "timing"} for row in rows]
+
+
+def strip_timing(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "timing"} for r in records]
+
+
+def assert_exactly_once_and_equal(ctx: dict, run_id: str, ref: list[dict]) -> None:
+    count, distinct = db_rows(ctx, "select count(*), count(distinct item_id) from result where run_id = :r",
+                              r=run_id)[0]
+    assert count == distinct == DATA_ROWS
+    assert results(ctx, run_id) == strip_timing(ref)
+
+
+def test_run_over_several_shards_completes_exactly_once(env, dataset, tmp_path_factory):
+    ref = reference(dataset, tmp_path_factory.mktemp("ref"), 24)
+    run_id = submit(env, dataset, 24)
+    # submitting the same dataset and spec again returns the same run and enqueues nothing
+    assert submit(env, dataset, 24) == run_id
+    start_worker(env, "a")
+    start_worker(env, "b")
+    wait_for(lambda: run_done(env, run_id), 180, "run to finish")
+    assert_exactly_once_and_equal(env, run_id, ref)
+    statuses = db_rows(env, "select status, lease_owner from shard where run_id = :r", r=run_id)
+    assert statuses == [("done", None)] * 3
+    st = subprocess.run([*CLI, "status", run_id, "--json"], env=env["env"], capture_output=True, text=True)
+    data = json.loads(st.stdout)
+    assert data["done"] == DATA_ROWS and data["status"] == "done" and data["gen_tokens"] > 0
+
+
+def test_sigkill_worker_mid_shard_another_resumes_from_checkpoint(env, dataset, tmp_path_factory):
+    ref = reference(dataset, tmp_path_factory.mktemp("ref"), 160)
+    run_id = submit(env, dataset, 160)
+    a = start_worker(env, "a")
+
+    def mid_shard():
+        rows = db_rows(env, "select index, round from shard where run_id = :r and status = 'running' "
+                            "and round >= 2", r=run_id)
+        return rows[0] if rows else None
+
+    shard_index, _ = wait_for(mid_shard, 120, "a shard in progress", poll=0.02)
+    os.killpg(a.pid, signal.SIGKILL)  # the whole worker (main process and its pool child) dies at once
+    a.wait(timeout=10)
+    (killed_round,) = db_rows(env, "select round from shard where run_id = :r and index = :i", r=run_id,
+                              i=shard_index)[0]
+    assert 0 < killed_round
+    start_worker(env, "b")
+    wait_for(lambda: run_done(env, run_id), 240, "run to finish after the kill")
+    assert_exactly_once_and_equal(env, run_id, ref)
+    log = worker_log(env, "b")
+    assert "reaper re-enqueued" in log  # the dead worker's lease expired and was reaped
+    assert f"resuming from checkpointed round {killed_round}" in log
+
+
+def test_same_shard_delivered_twice_at_once_one_writer(env, dataset, tmp_path_factory):
+    ref = reference(dataset, tmp_path_factory.mktemp("ref"), 24)
+    run_id = submit(env, dataset, 24)
+    # deliver every shard a second time before any worker runs
+    code = ("from srd_worker.queue import enqueue\n"
+            f"for i in range(3): enqueue({run_id!r}, i)\n")
+    assert subprocess.run([sys.executable, "-c", code], env=env["env"]).returncode == 0
+    start_worker(env, "a")
+    start_worker(env, "b")
+    wait_for(lambda: run_done(env, run_id), 180, "run to finish")
+    assert_exactly_once_and_equal(env, run_id, ref)
+    logs = worker_log(env, "a") + worker_log(env, "b")
+    assert "skipped" in logs  # a duplicate message found the shard leased or finished
+
+
+def test_two_sessions_acquiring_one_shard_get_one_lease(env, dataset):
+    from srd_worker.store import leases
+    from srd_worker.store.db import make_engine, session_scope
+
+    run_id = submit(env, dataset, 24)
+    eng = make_engine(env["db_url"])
+    got: list = []
+    barrier = threading.Barrier(4)
+
+    def grab(owner: str) -> None:
+        barrier.wait()
+        with session_scope(eng) as session:
+            got.append(leases.acquire(session=session, run_id=run_id, shard_index=0, owner=owner, ttl_s=30,
+                                      max_attempts=3))
+
+    threads = [threading.Thread(target=grab, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [g for g in got if g is not None]
+    assert len(got) == 4 and len(winners) == 1
+    # the loser's fencing token is stale: a write with an older version is refused
+    from srd_worker.store.shard_store import SqlShardStore
+
+    stale = leases.Lease(run_id, 0, "old", winners[0].version - 1, 1)
+    with pytest.raises(leases.LeaseLost):
+        SqlShardStore(eng, run_id, 0, lease=stale).save_checkpoints(1, {})
+    eng.dispose()
+
+
+def test_redis_flushed_mid_run_reaper_reenqueues(env, dataset, tmp_path_factory):
+    import redis
+
+    ref = reference(dataset, tmp_path_factory.mktemp("ref"), 24)
+    run_id = submit(env, dataset, 24)
+    redis.Redis.from_url(env["broker"]).flushdb()  # every queued message is gone
+    start_worker(env, "a")
+    wait_for(lambda: run_done(env, run_id), 180, "run to finish after the flush")
+    assert_exactly_once_and_equal(env, run_id, ref)
+    assert "reaper re-enqueued" in worker_log(env, "a")
+
+
+def _pg_restart_command() -> list[str] | None:
+    custom = os.environ.get("SRDQ_TEST_PG_RESTART")
+    if custom:
+        return ["sh", "-c", custom]
+    url = make_url(PG_URL)
+    if shutil.which("pg_ctlcluster") and url.port in (None, 5432) and Path("/etc/postgresql").is_dir():
+        versions = sorted(p.name for p in Path("/etc/postgresql").iterdir())
+        if versions:
+            return ["pg_ctlcluster", "--skip-systemctl-redirect", versions[-1], "main", "restart"]
+    return None
+
+
+def test_postgres_restarted_mid_run_workers_retry(env, dataset, tmp_path_factory):
+    cmd = _pg_restart_command()
+    if cmd is None:
+        pytest.skip("no way to restart this PostgreSQL server (set SRDQ_TEST_PG_RESTART)")
+    ref = reference(dataset, tmp_path_factory.mktemp("ref"), 160)
+    run_id = submit(env, dataset, 160)
+    start_worker(env, "a")
+    wait_for(lambda: db_rows(env, "select 1 from shard where run_id = :r and round >= 2", r=run_id), 120,
+             "a shard in progress", poll=0.05)
+    restart = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert restart.returncode == 0, restart.stderr
+    wait_for(lambda: run_done(env, run_id), 300, "run to finish after the restart", poll=0.5)
+    assert_exactly_once_and_equal(env, run_id, ref)

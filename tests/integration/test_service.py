@@ -313,3 +313,46 @@ def test_postgres_restarted_mid_run_workers_retry(env, dataset, tmp_path_factory
     assert restart.returncode == 0, restart.stderr
     wait_for(lambda: run_done(env, run_id), 300, "run to finish after the restart", poll=0.5)
     assert_exactly_once_and_equal(env, run_id, ref)
+
+
+def test_poison_shard_fails_after_attempt_cap_with_error_kept(env, dataset):
+    # a model that cannot be loaded makes every attempt on every shard fail inside the worker
+    proc = subprocess.run([*CLI, "submit", "dataset", str(dataset), "--method", "sampling", "--model",
+                           str(env["tmp"] / "no-such-model"), "--max-new-tokens", "8", "--shard-size", "6"],
+                          env=env["env"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    start_worker(env, "a")
+
+    def failed():
+        (status,) = db_rows(env, "select status from run where id = :r", r=run_id)[0]
+        return status == "failed"
+
+    wait_for(failed, 120, "the run to fail")
+    (status, attempt, error), = db_rows(env, "select status, attempt, error from shard where run_id = :r",
+                                        r=run_id)
+    assert status == "failed" and attempt == 3  # SRDQ_MAX_ATTEMPTS default
+    assert "gave up after 3 attempts" in error and "cannot load model" in error
+    assert db_rows(env, "select count(*) from result where run_id = :r", r=run_id)[0][0] == 0
+    st = subprocess.run([*CLI, "status", run_id, "--json"], env=env["env"], capture_output=True, text=True)
+    assert json.loads(st.stdout)["shards"][0]["status"] == "failed"
+
+
+@pytest.mark.parametrize("content, expected", [
+    (b'{"question": "q", "answer": "#### 1"}\n{"question": \n', "line 2"),
+    (b'{"answer": "#### 1"}\n', "field 'question'"),
+])
+def test_bad_input_to_submit_stores_and_enqueues_nothing(env, content, expected):
+    import redis
+
+    bad = env["tmp"] / "bad.jsonl"
+    bad.write_bytes(content)
+    proc = subprocess.run([*CLI, "submit", "dataset", str(bad), "--task", "gsm8k", "--method", "sampling",
+                           "--model", "tiny-random-llama"], env=env["env"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "bad.jsonl" in lines[0] and expected in lines[0], proc.stderr
+    assert db_rows(env, "select count(*) from run")[0][0] == 0
+    assert db_rows(env, "select count(*) from shard")[0][0] == 0
+    r = redis.Redis.from_url(env["broker"])
+    assert r.llen(env["env"]["SRDQ_QUEUE"]) == 0 and r.dbsize() == 0

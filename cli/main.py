@@ -48,7 +48,10 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     options = [
         click.argument("dataset", type=click.Path(dir_okay=True, path_type=str)),
         click.option("--task", default="auto", show_default=True, envvar="SRDQ_TASK",
-                     help="Dataset adapter (gsm8k, math500); auto recognises the shared datasets by their fields."),
+                     help="Dataset adapter (gsm8k, math500, gpqa, hotpotqa, alpaca_eval, generic); auto recognises "
+                     "the shared datasets by their fields."),
+        click.option("--field", "field_pairs", multiple=True, metavar="KEY=COLUMN",
+                     help="Generic task column mapping: prompt=COLUMN, answer=COLUMN, id=COLUMN; repeatable."),
         click.option("--method", "method", required=True, help="Decoding method (see `srdq methods`)."),
         click.option("--n", "n", type=int, default=None, help="Candidates per problem (methods that have n)."),
         click.option("--limit", type=int, default=None, help="Use only the first K rows."),
@@ -78,6 +81,18 @@ def _method_params(n: int | None, max_new_tokens: int | None, overrides: tuple[s
     return params
 
 
+def _fields(pairs: tuple[str, ...]) -> dict[str, str]:
+    from srd_worker.tasks.generic import parse_field_options
+
+    return parse_field_options(pairs)
+
+
+def _max_row_bytes() -> int:
+    from srd_worker.settings import get_settings
+
+    return get_settings().max_row_bytes
+
+
 @cli.command()
 @run_options
 @click.option("--out", "out_dir", default="srdq-out", show_default=True, type=click.Path(file_okay=False),
@@ -86,7 +101,7 @@ def _method_params(n: int | None, max_new_tokens: int | None, overrides: tuple[s
 @friendly_errors
 def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, max_new_tokens: int | None,
         model: str, reward: str | None, seed: int, overrides: tuple[str, ...], out_dir: str,
-        shard_size: int | None) -> None:
+        shard_size: int | None, field_pairs: tuple[str, ...] = ()) -> None:
     """Run METHOD over DATASET on this machine, with no services (the embedded default).
 
     Example: srdq run gsm8k_test.jsonl --method best_of_n --n 4 --reward arithmetic --limit 10
@@ -100,6 +115,7 @@ def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, 
     prepared = prepare_run(
         dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
         model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
+        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(),
     )
     err = _console(stderr=True)
     progress = Progress(
@@ -173,7 +189,8 @@ def submit() -> None:
 @friendly_errors
 def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: int | None,
                    max_new_tokens: int | None, model: str, reward: str | None, seed: int,
-                   overrides: tuple[str, ...], shard_size: int, name: str | None, dry_run: bool, new: bool) -> None:
+                   overrides: tuple[str, ...], shard_size: int, name: str | None, dry_run: bool, new: bool,
+                   field_pairs: tuple[str, ...] = ()) -> None:
     """Validate DATASET, store the run, its shards and items in PostgreSQL, enqueue the shards.
 
     Example: srdq submit dataset math500.jsonl --method best_of_n --n 8 --reward lm_judge --shard-size 25
@@ -184,6 +201,7 @@ def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: i
     prepared = prepare_run(
         dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
         model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
+        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(),
     )
     n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
     if dry_run:
@@ -394,6 +412,9 @@ def methods(as_json: bool) -> None:
             table.add_row(pname, ptype, repr(default), help_)
         out.print(table)
 
+
+from srdq_cli.results import register as _register_results; _register_results(cli)  # noqa: E402, E702, I001 - export, report, sync
+from srdq_cli.tasks_cli import register as _register_tasks; _register_tasks(cli)  # noqa: E402, E702, I001 - regrade
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

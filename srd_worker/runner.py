@@ -83,6 +83,8 @@ def build_record(method: Method, task: Task, item: Item, position: int, state: d
         "response": None,
         "answer": None,
         "correct": None,
+        "grader_version": task.grader_version,
+        "metrics": {},
         "reward": None,
         "finish_reason": None,
         "ledger": state.get("ledger"),
@@ -99,7 +101,8 @@ def build_record(method: Method, task: Task, item: Item, position: int, state: d
         record["finish_reason"] = res.pop("finish_reason", None)
         record["extra"] = res
         record["answer"] = task.extract_answer(record["response"])
-        record["correct"] = bool(task.grade(record["response"], item))
+        record["correct"] = None if (graded := task.grade(record["response"], item)) is None else bool(graded)
+        record["metrics"] = task.metrics(record["response"], item)
     except Exception as exc:  # one item's grading failure must not stop the run
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["correct"] = None
@@ -118,9 +121,11 @@ def run_shard(
     run_seed: int,
     store: ShardStore,
     max_rounds: int | None = None,
+    max_seconds: float | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
 ) -> ShardOutcome:
-    """Run (or resume) a shard until every item is done, or for at most ``max_rounds`` rounds."""
+    """Run (or resume) a shard until every item is done, or until ``max_rounds`` rounds or
+    ``max_seconds`` seconds have passed in this call (checked between rounds), whichever comes first."""
     checkpoints = store.load_checkpoints()
     states: list[dict[str, Any]] = []
     for item in items:
@@ -135,12 +140,15 @@ def run_shard(
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)
     rounds_this_call = 0
+    started = time.perf_counter()
 
     while True:
         active = [s for s in states if not _is_done(method, s)]
         if not active:
             break
         if max_rounds is not None and rounds_this_call >= max_rounds:
+            return outcome
+        if max_seconds is not None and rounds_this_call and time.perf_counter() - started >= max_seconds:
             return outcome
         t0 = time.perf_counter()
         method.step(active, ctx)

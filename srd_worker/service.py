@@ -128,10 +128,11 @@ class SliceConfig:
     lease_ttl_s: float = 60.0
     slice_rounds: int = 8
     max_attempts: int = 3
+    slice_seconds: float = 600.0
 
     @classmethod
     def from_settings(cls, settings: Any) -> SliceConfig:
-        return cls(settings.lease_ttl_s, settings.slice_rounds, settings.max_attempts)
+        return cls(settings.lease_ttl_s, settings.slice_rounds, settings.max_attempts, settings.slice_seconds)
 
 
 def _items(rows: list[Any]) -> tuple[list[Item], list[int]]:
@@ -140,7 +141,7 @@ def _items(rows: list[Any]) -> tuple[list[Item], list[int]]:
 
 
 def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineCache, enqueue: Enqueue,
-                  cfg: SliceConfig, owner: str | None = None) -> str:
+                  cfg: SliceConfig, owner: str | None = None, objects: Any = None) -> str:
     """Lease the shard and run one bounded slice of rounds.
 
     Returns what happened: ``skipped`` (no lease: finished, cancelled or held by another worker),
@@ -169,9 +170,9 @@ def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineC
         reward = build_reward(spec.reward, engine) if spec.reward else None
         store = SqlShardStore(db, run_id, shard_index, lease=lease)
         with Heartbeat(db, lease, cfg.lease_ttl_s):
-            outcome = run_shard(items=items, positions=positions, method=method, task=get_task(spec.task),
+            outcome = run_shard(items=items, positions=positions, method=method, task=get_task(spec.task, fields=spec.fields),
                                 engine=engine, reward=reward, run_seed=spec.seed, store=store,
-                                max_rounds=cfg.slice_rounds)
+                                max_rounds=cfg.slice_rounds, max_seconds=cfg.slice_seconds)
     except leases.LeaseLost as exc:
         log.warning("%s", exc)
         return "lost"
@@ -186,6 +187,10 @@ def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineC
         enqueue(run_id, shard_index)
         return "error"
     if outcome.finished:
+        if objects is not None:  # upload parts + manifests (srd_worker.results); never fails the shard
+            from srd_worker.results import upload_finished_shard
+
+            upload_finished_shard(db=db, store=objects, run_id=run_id, shard_index=shard_index)
         return "done"  # results and the done status were written, fenced, by SqlShardStore
     with session_scope(db) as session:
         leases.release(session=session, lease=lease, status="pending")

@@ -27,6 +27,7 @@ class RunSpec(BaseModel):
     dataset: str = Field(description="dataset path as given by the user (not part of the run id)")
     dataset_sha256: str = Field(description="sha256 of the dataset file's bytes")
     task: str = Field(description="task adapter name (gsm8k, math500, ...)")
+    fields: dict[str, str] = Field(default_factory=dict, description="generic task's --field KEY=COLUMN mapping")
     method: str
     params: dict[str, Any] = Field(description="method parameters after validation, defaults filled in")
     model: str = Field(description="policy model name or path")
@@ -37,7 +38,7 @@ class RunSpec(BaseModel):
     shard_size: int = Field(description="items per shard")
 
     def config_hash(self) -> str:
-        body = self.model_dump(exclude={"dataset"})
+        body = self.model_dump(exclude={"dataset"} | (set() if self.fields else {"fields"}))  # old ids stay
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     def run_id(self) -> str:
@@ -82,9 +83,12 @@ def prepare_run(
     seed: int = 0,
     limit: int | None = None,
     shard_size: int | None = None,
+    fields: dict[str, str] | None = None,
+    max_row_bytes: int | None = None,
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name) before anything is written."""
     from srd_worker.rewards.registry import REWARDS
+    from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
     from srd_worker.tasks.registry import load_items
 
     built = build_method(method, params)  # unknown method / parameter fails before the dataset is read
@@ -96,7 +100,7 @@ def prepare_run(
         raise ConfigError(f"method '{method}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
-    task_obj, items = load_items(dataset, task)
+    task_obj, items = load_items(dataset, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES)
     if limit is not None:
         items = items[:limit]
     if not items:
@@ -108,6 +112,7 @@ def prepare_run(
         dataset=str(dataset),
         dataset_sha256=file_sha256(dataset),
         task=task_obj.name,
+        fields=dict(fields or {}),
         method=method,
         params=built.params.to_dict(),
         model=model,

@@ -1,7 +1,10 @@
 """The Task contract: a benchmark's dataset adapter, prompt template, answer extraction and grader.
 
 A task turns validated dataset rows into ``Item``s, builds the chat messages the policy model sees,
-extracts the final answer from a response and grades it against the gold answer.
+extracts the final answer from a response and grades it against the gold answer. ``grader_version`` names
+the grading logic (recorded with every result, so ``srdq regrade`` can tell old grades from new ones);
+a task with no gold answers (AlpacaEval) grades ``None``. Everything a task needs to build messages and
+grade must be on the ``Item`` (``question``, ``gold``, ``meta``): workers rebuild items from the store.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class Task(Protocol):
     name: str
     #: The dataset fields a row must have (non-empty) for this task.
     required_fields: tuple[str, ...]
+    #: Names the grading logic and its dependencies' versions; recorded in every result record.
+    grader_version: str
 
     def load(self, path: str | Path) -> list[Item]:
         """Read and validate the whole file; raise ``DatasetError`` naming file/line/field on bad input."""
@@ -39,6 +44,10 @@ class Task(Protocol):
         """The final answer in a response, or None if it has none."""
         ...
 
-    def grade(self, response: str, item: Item) -> bool:
-        """True if the response's final answer matches the item's gold answer."""
+    def grade(self, response: str, item: Item) -> bool | None:
+        """True if the response's final answer matches the item's gold answer; None if ungraded."""
+        ...
+
+    def metrics(self, response: str, item: Item) -> dict[str, float]:
+        """Extra per-item scores beyond ``grade`` (HotpotQA: em, f1, precision, recall); often empty."""
         ...

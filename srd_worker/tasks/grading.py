@@ -344,3 +344,17 @@ def math_equal(pred: str, gold: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bo
                        reply["error"], pred, gold)
         return False
     return reply.get("equal") is True
+
+
+_TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mathrm|mathbf|mathit|mbox|emph)"
+                              r"\s*\{([^{}]*)\}")
+
+
+def strip_latex_text(answer: str) -> str:
+    """Plain text of a short boxed answer: ``\\text{Paris}`` -> ``Paris``, ``$B$`` -> ``B`` (non-math tasks)."""
+    previous = None
+    s = answer
+    while previous != s:
+        previous = s
+        s = _TEXT_WRAPPER_RE.sub(r"\1", s)
+    return s.replace("$", "").replace("\\ ", " ").replace("~", " ").strip()

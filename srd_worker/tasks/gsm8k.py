@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from srd_worker.errors import DatasetError
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, extract_answer, math_equal, strip_number_commas
-from srd_worker.tasks.loading import check_unique_ids, read_jsonl, require_fields, row_id
+from srd_worker.tasks.grading import (
+    DEFAULT_TIMEOUT_S,
+    GRADER_VERSION,
+    extract_answer,
+    math_equal,
+    strip_number_commas,
+)
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
 from srd_worker.tasks.prompts import math_messages
 
 
@@ -33,23 +38,26 @@ class GSM8KTask:
 
     name: str = "gsm8k"
     required_fields: tuple[str, ...] = ("question", "answer")
+    grader_version: str = GRADER_VERSION
 
-    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
         self.grade_timeout_s = grade_timeout_s
+        self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
+        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
         items: list[Item] = []
         lines: list[tuple[int, str]] = []
-        for line, row in read_jsonl(path):
-            require_fields(path, line, row, self.required_fields)
+        for line, row in rows:
+            rows.require(line, row, self.required_fields)
             gold = gsm8k_gold(row["answer"])
             if gold is None:
-                raise DatasetError("has no final '#### <answer>' line", path=str(path), line=line,
-                                   field="answer")
-            item_id = row_id(path, line, row, "id")
+                raise rows.error("has no final '#### <answer>' line", line, "answer")
+            item_id = rows.row_id(line, row, "id")
             lines.append((line, item_id))
-            items.append(Item(id=item_id, question=row["question"], gold=gold, meta={"line": line}))
-        check_unique_ids(path, lines)
+            items.append(Item(id=item_id, question=row["question"], gold=gold, meta={rows.unit: line}))
+        rows.check_unique_ids(lines)
         return items
 
     def messages(self, item: Item) -> list[dict[str, str]]:
@@ -64,3 +72,6 @@ class GSM8KTask:
         if pred is None:
             return False
         return math_equal(pred, item.gold, timeout_s=self.grade_timeout_s)
+
+    def metrics(self, response: str, item: Item) -> dict[str, float]:
+        return {}

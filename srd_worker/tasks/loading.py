@@ -1,18 +1,30 @@
-"""Reading and validating JSON Lines dataset files, with errors that name the file, line and field.
+"""Reading and validating dataset files (JSON Lines, CSV, Parquet), with errors that name the file, the
+line (or Parquet row) and the field.
 
-Follows JSON Lines (https://jsonlines.org): UTF-8 text, one JSON value per line; here every non-blank
-line must be a JSON object. Blank (whitespace-only) lines are skipped but still counted, so line numbers
-in errors match what an editor shows. A leading UTF-8 byte-order mark is tolerated.
+- JSON Lines (https://jsonlines.org): UTF-8 text, one JSON value per line; every non-blank line must be a
+  JSON object. Blank lines are skipped but still counted, so line numbers match what an editor shows.
+- CSV (RFC 4180 as Python's ``csv`` module reads it, strict mode): UTF-8, a header line naming the
+  columns, then one record per row; every value is a string. Errors name the line where the record
+  starts (a quoted value may span several lines). Blank lines are skipped.
+- Parquet (read with pyarrow, imported only when needed): errors name the 1-based data row.
 
-Left out: other formats (JSON arrays, CSV, Parquet, Hugging Face datasets), compressed files, streaming
-(the whole file is read into memory, which is fine for benchmark-sized files) and schema checks beyond
-"these fields are non-empty strings", which belong to each task.
+A leading UTF-8 byte-order mark is tolerated in the text formats. Every row is checked against a size
+limit (JSONL/CSV: its bytes in the file; Parquet: the size of its values as JSON). ``read_rows`` picks the
+reader from the file suffix (``.csv``; ``.parquet``/``.pq``; anything else is JSON Lines unless it starts
+with the Parquet magic bytes) and returns a ``Rows`` whose helpers raise errors in that file's terms.
+
+Left out: TSV and other delimiters, compressed files, JSON arrays, Hugging Face dataset folders,
+streaming (files are read whole, fine for benchmark-sized data) and schema checks beyond "these fields
+are non-empty strings", which belong to each task.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +34,54 @@ from srd_worker.tasks.base import Item
 #: Default upper bound on one row's size in bytes (without the line break).
 DEFAULT_MAX_ROW_BYTES: int = 1_000_000
 
+_PARQUET_MAGIC = b"PAR1"
+_BOM = b"\xef\xbb\xbf"
+
+
+class DatasetRowError(DatasetError):
+    """A ``DatasetError`` located by data row (Parquet) instead of line: ``FILE, row N, field 'F': ...``."""
+
+    def __init__(self, message: str, *, path: str, row: int, field: str | None = None) -> None:
+        super().__init__(message, path=path, field=field)
+        self.row = row
+        where = [path, f"row {row}"] + ([f"field '{field}'"] if field is not None else [])
+        Exception.__init__(self, f"{', '.join(where)}: {message}")
+
+
+def dataset_error(message: str, *, path: str | Path, at: int | None = None, field: str | None = None,
+                  unit: str = "line") -> DatasetError:
+    """A ``DatasetError`` for ``path`` at line ``at`` (``unit="line"``) or data row ``at`` (``unit="row"``)."""
+    if unit == "row" and at is not None:
+        return DatasetRowError(message, path=str(path), row=at, field=field)
+    return DatasetError(message, path=str(path), line=at, field=field)
+
+
+def _read_file(path: str | Path, kind: str) -> tuple[str, bytes]:
+    p = Path(path)
+    where = str(p)
+    if not p.exists():
+        raise DatasetError("file not found", path=where)
+    if p.is_dir():
+        raise DatasetError(f"is a directory, not a {kind} file", path=where)
+    try:
+        return where, p.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
+
+
+def _decode_line(raw: bytes, where: str, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                           path=where, line=lineno) from exc
+
+
+def _check_size(size: int, max_row_bytes: int, where: str, at: int, unit: str = "line") -> None:
+    if size > max_row_bytes:
+        raise dataset_error(f"row is {size:,} bytes, more than the limit of {max_row_bytes:,} bytes",
+                            path=where, at=at, unit=unit)
+
 
 def read_jsonl(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[tuple[int, dict[str, Any]]]:
     """Read a JSON Lines file into ``(line_number, row)`` pairs; line numbers are 1-based.
@@ -30,30 +90,13 @@ def read_jsonl(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) 
     a directory, cannot be read, has no rows, or a line is not UTF-8, is longer than ``max_row_bytes``,
     is not valid JSON or is not a JSON object.
     """
-    p = Path(path)
-    where = str(p)
-    if not p.exists():
-        raise DatasetError("file not found", path=where)
-    if p.is_dir():
-        raise DatasetError("is a directory, not a JSON Lines file", path=where)
-    try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
-
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
+    where, data = _read_file(path, "JSON Lines")
+    data = data.removeprefix(_BOM)
     rows: list[tuple[int, dict[str, Any]]] = []
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         raw = raw.removesuffix(b"\r")
-        if len(raw) > max_row_bytes:
-            raise DatasetError(f"row is {len(raw):,} bytes, more than the limit of {max_row_bytes:,} bytes",
-                               path=where, line=lineno)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DatasetError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                               path=where, line=lineno) from exc
+        _check_size(len(raw), max_row_bytes, where, lineno)
+        text = _decode_line(raw, where, lineno)
         if not text.strip():
             continue
         try:
@@ -70,21 +113,190 @@ def read_jsonl(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) 
     return rows
 
 
-def require_fields(path: str | Path, line: int, row: dict[str, Any], fields: Iterable[str]) -> None:
+def read_csv(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[tuple[int, dict[str, str]]]:
+    """Read a CSV file with a header line into ``(line_number, row)`` pairs (the line a record starts on).
+
+    Raises ``DatasetError`` naming the file and line if the file is missing, unreadable, empty, has a
+    blank or repeated column name, a line that is not UTF-8, a record over ``max_row_bytes``, malformed
+    quoting, or a record with more or fewer values than the header has columns.
+    """
+    where, data = _read_file(path, "CSV")
+    raw_lines = data.removeprefix(_BOM).split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()  # the final line break ends the last line; it does not start a new one
+    sizes: list[int] = []
+    texts: list[str] = []
+    for lineno, raw in enumerate(raw_lines, start=1):
+        sizes.append(len(raw.removesuffix(b"\r")))
+        _check_size(sizes[-1], max_row_bytes, where, lineno)
+        texts.append(_decode_line(raw, where, lineno) + "\n")
+    # A record within the limit may still hold a long field: never let csv's own 128 KiB cap decide.
+    csv.field_size_limit(max(csv.field_size_limit(), max_row_bytes + 1))
+    reader = csv.reader(iter(texts), strict=True)
+    header: list[str] | None = None
+    rows: list[tuple[int, dict[str, str]]] = []
+    consumed = 0  # lines read so far: the next record starts on line consumed + 1
+    while True:
+        start = consumed + 1
+        try:
+            record = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            raise DatasetError(f"malformed CSV: {exc} (in the record starting on this line)",
+                               path=where, line=start) from exc
+        consumed = reader.line_num
+        if not record or (len(record) == 1 and not record[0].strip()):
+            continue  # blank line
+        _check_size(sum(sizes[start - 1:consumed]) + (consumed - start), max_row_bytes, where, start)
+        if header is None:
+            header = _check_header(record, where, start)
+            continue
+        if len(record) != len(header):
+            raise DatasetError(f"malformed CSV: the row has {len(record)} values, the header has "
+                               f"{len(header)} columns", path=where, line=start)
+        rows.append((start, dict(zip(header, record, strict=True))))
+    if header is None:
+        raise DatasetError("file is empty (no rows)", path=where)
+    if not rows:
+        raise DatasetError("file is empty (a header line but no data rows)", path=where)
+    return rows
+
+
+def _check_header(record: list[str], where: str, line: int) -> list[str]:
+    header = [name.strip() for name in record]
+    seen: dict[str, int] = {}
+    for i, name in enumerate(header, start=1):
+        if not name:
+            raise DatasetError(f"malformed CSV header: column {i} has no name", path=where, line=line)
+        if name in seen:
+            raise DatasetError(f"malformed CSV header: column name {name!r} is used twice "
+                               f"(columns {seen[name]} and {i})", path=where, line=line)
+        seen[name] = i
+    return header
+
+
+def read_parquet(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[tuple[int, dict[str, Any]]]:
+    """Read a Parquet file into ``(row_number, row)`` pairs (1-based data rows).
+
+    Raises ``DatasetError`` naming the file (and row) if the file is missing, not Parquet or damaged, has
+    no rows, holds a binary value that is not UTF-8, or a row whose values exceed ``max_row_bytes`` as JSON.
+    """
+    where, data = _read_file(path, "Parquet")
+    if not data:
+        raise DatasetError("file is empty (no rows)", path=where)
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise DatasetError("reading Parquet needs the pyarrow package (pip install pyarrow)", path=where) from exc
+    try:
+        table = pq.read_table(pa.BufferReader(data))
+        records = table.to_pylist()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        first = re.sub(r"^Could not open Parquet input source '[^']*': ", "", first)  # our in-memory buffer
+        raise DatasetError(f"not a readable Parquet file: {first}", path=where) from exc
+    if not records:
+        raise DatasetError("file is empty (no rows)", path=where)
+    rows: list[tuple[int, dict[str, Any]]] = []
+    for n, record in enumerate(records, start=1):
+        for name, value in record.items():
+            if isinstance(value, bytes | bytearray):
+                try:
+                    record[name] = bytes(value).decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DatasetRowError(f"not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset "
+                                          f"{exc.start})", path=where, row=n, field=name) from exc
+        size = len(json.dumps(record, default=str, ensure_ascii=False).encode("utf-8"))
+        _check_size(size, max_row_bytes, where, n, unit="row")
+        rows.append((n, record))
+    return rows
+
+
+def file_format(path: str | Path) -> str:
+    """``"csv"``, ``"parquet"`` or ``"jsonl"`` for ``path`` (suffix first; Parquet magic bytes otherwise)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) == _PARQUET_MAGIC:
+                return "parquet"
+    except OSError:
+        pass
+    return "jsonl"
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Validated rows of one file, with helpers that raise errors in that file's terms (line or row)."""
+
+    path: str
+    format: str
+    rows: list[tuple[int, dict[str, Any]]]
+
+    @property
+    def unit(self) -> str:
+        """How positions are named in errors: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet)."""
+        return "row" if self.format == "parquet" else "line"
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def error(self, message: str, at: int | None = None, field: str | None = None) -> DatasetError:
+        return dataset_error(message, path=self.path, at=at, field=field, unit=self.unit)
+
+    def require(self, at: int, row: dict[str, Any], fields: Iterable[str]) -> None:
+        """Raise naming the field if one of ``fields`` is missing, not a string, or blank."""
+        require_fields(self.path, at, row, fields, unit=self.unit, json_types=self.format == "jsonl")
+
+    def text(self, at: int, row: dict[str, Any], field: str, *, numbers: bool = False) -> str:
+        """The required field as stripped text; ``numbers=True`` also accepts a number (made text)."""
+        value = row.get(field)
+        if numbers and isinstance(value, int | float) and not isinstance(value, bool):
+            return _number_text(value)
+        self.require(at, row, (field,))
+        return str(value).strip()
+
+    def row_id(self, at: int, row: dict[str, Any], field: str) -> str:
+        return row_id(self.path, at, row, field, unit=self.unit, json_types=self.format == "jsonl")
+
+    def check_unique_ids(self, items_with_lines: Sequence[tuple[int, str | Item]]) -> None:
+        check_unique_ids(self.path, items_with_lines, unit=self.unit)
+
+
+def read_rows(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, fmt: str | None = None) -> Rows:
+    """Read and validate a dataset file in any supported format (see ``file_format``)."""
+    fmt = fmt or file_format(path)
+    reader = {"jsonl": read_jsonl, "csv": read_csv, "parquet": read_parquet}[fmt]
+    return Rows(path=str(path), format=fmt, rows=reader(path, max_row_bytes=max_row_bytes))
+
+
+def require_fields(path: str | Path, line: int, row: dict[str, Any], fields: Iterable[str], *,
+                   unit: str = "line", json_types: bool = True) -> None:
     """Raise ``DatasetError`` naming the field if one of ``fields`` is missing, not a string, or blank."""
     for name in fields:
         if name not in row:
-            raise DatasetError("missing required field", path=str(path), line=line, field=name)
+            raise dataset_error("missing required field", path=path, at=line, field=name, unit=unit)
         value = row[name]
         if not isinstance(value, str):
-            raise DatasetError(f"must be a string, got JSON {_json_type(value)}",
-                               path=str(path), line=line, field=name)
+            kind = f"JSON {_json_type(value)}" if json_types else _json_type(value)
+            raise dataset_error(f"must be a string, got {kind}", path=path, at=line, field=name, unit=unit)
         if not value.strip():
-            raise DatasetError("is empty", path=str(path), line=line, field=name)
+            raise dataset_error("is empty", path=path, at=line, field=name, unit=unit)
 
 
-def check_unique_ids(path: str | Path, items_with_lines: Sequence[tuple[int, str | Item]]) -> None:
-    """Raise ``DatasetError`` naming both lines if two rows share an id.
+def check_unique_ids(path: str | Path, items_with_lines: Sequence[tuple[int, str | Item]], *,
+                     unit: str = "line") -> None:
+    """Raise ``DatasetError`` naming both lines (or rows) if two rows share an id.
 
     ``items_with_lines`` holds ``(line_number, id)`` pairs in file order. Objects with an ``id`` attribute
     (such as ``Item``) are accepted in place of the id string.
@@ -93,29 +305,36 @@ def check_unique_ids(path: str | Path, items_with_lines: Sequence[tuple[int, str
     for line, item in items_with_lines:
         item_id = item if isinstance(item, str) else str(item.id)
         if item_id in first_seen:
-            raise DatasetError(f"duplicate id {item_id!r} (first used on line {first_seen[item_id]})",
-                               path=str(path), line=line)
+            raise dataset_error(f"duplicate id {item_id!r} (first used on {unit} {first_seen[item_id]})",
+                                path=path, at=line, unit=unit)
         first_seen[item_id] = line
 
 
-def row_id(path: str | Path, line: int, row: dict[str, Any], field: str) -> str:
-    """The row's id from ``field`` if present (a non-blank string or an integer), else ``line-<N>``."""
+def row_id(path: str | Path, line: int, row: dict[str, Any], field: str, *, unit: str = "line",
+           json_types: bool = True) -> str:
+    """The row's id from ``field`` if present (a non-blank string or an integer), else ``line-<N>``
+    (``row-<N>`` for Parquet)."""
     if field not in row or row[field] is None:
-        return f"line-{line}"
+        return f"{unit}-{line}"
     value = row[field]
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise DatasetError(f"must be a string or integer id, got JSON {_json_type(value)}",
-                           path=str(path), line=line, field=field)
+        kind = f"JSON {_json_type(value)}" if json_types else _json_type(value)
+        raise dataset_error(f"must be a string or integer id, got {kind}", path=path, at=line, field=field,
+                            unit=unit)
     text = str(value).strip()
     if not text:
-        raise DatasetError("is empty", path=str(path), line=line, field=field)
+        raise dataset_error("is empty", path=path, at=line, field=field, unit=unit)
     return text
+
+
+def _number_text(value: int | float) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _json_type(value: object) -> str:
     if isinstance(value, dict):
         return "object"
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "array"
     if isinstance(value, bool):
         return "boolean"
@@ -123,4 +342,6 @@ def _json_type(value: object) -> str:
         return "number"
     if value is None:
         return "null"
-    return "string"
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, extract_answer, math_equal
-from srd_worker.tasks.loading import check_unique_ids, read_jsonl, require_fields, row_id
+from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, GRADER_VERSION, extract_answer, math_equal
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
 from srd_worker.tasks.prompts import math_messages
 
 #: Optional fields copied into ``Item.meta`` when present.
@@ -28,21 +28,25 @@ class Math500Task:
 
     name: str = "math500"
     required_fields: tuple[str, ...] = ("problem", "answer")
+    grader_version: str = GRADER_VERSION
 
-    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S,
+                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
         self.grade_timeout_s = grade_timeout_s
+        self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
+        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
         items: list[Item] = []
         lines: list[tuple[int, str]] = []
-        for line, row in read_jsonl(path):
-            require_fields(path, line, row, self.required_fields)
-            item_id = row_id(path, line, row, "unique_id")
-            meta: dict[str, Any] = {"line": line}
+        for line, row in rows:
+            rows.require(line, row, self.required_fields)
+            item_id = rows.row_id(line, row, "unique_id")
+            meta: dict[str, Any] = {rows.unit: line}
             meta.update({k: row[k] for k in META_FIELDS if k in row})
             lines.append((line, item_id))
             items.append(Item(id=item_id, question=row["problem"], gold=row["answer"].strip(), meta=meta))
-        check_unique_ids(path, lines)
+        rows.check_unique_ids(lines)
         return items
 
     def messages(self, item: Item) -> list[dict[str, str]]:
@@ -56,3 +60,6 @@ class Math500Task:
         if pred is None:
             return False
         return math_equal(pred, item.gold, timeout_s=self.grade_timeout_s)
+
+    def metrics(self, response: str, item: Item) -> dict[str, float]:
+        return {}

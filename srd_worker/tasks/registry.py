@@ -1,46 +1,85 @@
 """Task registry: names to task classes, dataset auto-detection, and one-call loading.
 
-Follows the ``--task`` choices of the CLI: ``gsm8k``, ``math500`` or ``auto``. Auto-detection looks only at
-the first non-blank row's fields: ``problem`` + ``answer`` means MATH-500; ``question`` + ``answer`` with a
-``####`` final-answer line means GSM8K. Left out: plugin discovery (new tasks are added to ``TASKS`` by
-hand) and detection of any other dataset layout (those need an explicit ``--task``).
+Follows the ``--task`` choices of the CLI: ``gsm8k``, ``math500``, ``gpqa``, ``hotpotqa``, ``alpaca_eval``,
+``generic`` or ``auto``. Auto-detection looks only at the first row's fields (JSONL: first non-blank line;
+CSV: header and first record; Parquet: first row):
+
+- ``problem`` + ``answer``: MATH-500; ``question`` + ``answer`` with a ``####`` final-answer line: GSM8K;
+- ``Question`` + ``Correct Answer`` + ``Incorrect Answer 1``: GPQA (the authors' CSV columns);
+- ``question`` + ``context`` + ``answer`` (or ``supporting_facts`` / ``supporting_titles``): HotpotQA;
+- ``instruction`` (with no ``input``, i.e. not an Alpaca *training* row): AlpacaEval;
+- PRM800K step labels: refused with a message saying what the file is (see ``prm800k.py``);
+- any ``--field`` mapping: the generic task.
+
+Left out: plugin discovery (new tasks are added to ``TASKS`` by hand) and detection of other layouts
+(those need ``--task`` or ``--field``).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import ConfigError
+from srd_worker.tasks.alpaca_eval import AlpacaEvalTask
 from srd_worker.tasks.base import Item, Task
+from srd_worker.tasks.generic import GenericTask
+from srd_worker.tasks.gpqa import CORRECT, INCORRECT, QUESTION, GPQATask
 from srd_worker.tasks.gsm8k import GSM8KTask
-from srd_worker.tasks.loading import read_jsonl
+from srd_worker.tasks.hotpotqa import HotpotQATask
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, file_format, read_jsonl, read_rows
 from srd_worker.tasks.math500 import Math500Task
+from srd_worker.tasks.prm800k import is_prm800k_row
 
-TASKS: dict[str, type[GSM8KTask] | type[Math500Task]] = {"gsm8k": GSM8KTask, "math500": Math500Task}
+#: In the order ``--help`` and error messages list them.
+TASKS: dict[str, type[Any]] = {
+    "gsm8k": GSM8KTask,
+    "math500": Math500Task,
+    "gpqa": GPQATask,
+    "hotpotqa": HotpotQATask,
+    "alpaca_eval": AlpacaEvalTask,
+    "generic": GenericTask,
+}
 
 AUTO: str = "auto"
+GENERIC: str = "generic"
 
 
 def _choices() -> str:
-    return ", ".join(sorted(TASKS))
+    return ", ".join(TASKS)
 
 
-def get_task(name: str) -> Task:
-    """A new task instance for ``name``; ``ConfigError`` listing the valid choices if it is unknown."""
+def get_task(name: str, *, fields: Mapping[str, str] | None = None,
+             max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Task:
+    """A new task instance for ``name``; ``ConfigError`` listing the valid choices if it is unknown.
+
+    ``fields`` (the ``--field`` mapping) is for the generic task only; the worker passes the run spec's
+    mapping back in so it rebuilds the same task.
+    """
     try:
         cls = TASKS[name]
     except (KeyError, TypeError):
         raise ConfigError(f"unknown task {name!r}; valid choices: {_choices()}") from None
-    return cls()
+    if cls is GenericTask:
+        return GenericTask(fields, max_row_bytes=max_row_bytes)
+    if fields:
+        raise ConfigError(f"--field applies to --task generic (or auto) only; task {name!r} reads its own "
+                          f"fields: {', '.join(cls.required_fields)}")
+    return cls(max_row_bytes=max_row_bytes)
 
 
-def _first_row(path: str | Path) -> dict[str, Any]:
-    """The first non-blank row, read without loading the whole file when the file is sound."""
+def _first_row(path: str | Path, max_row_bytes: int) -> dict[str, Any]:
+    """The first row, read without loading the whole JSONL file when the file is sound."""
+    fmt = file_format(path)
+    if fmt != "jsonl":
+        return read_rows(path, max_row_bytes=max_row_bytes, fmt=fmt).rows[0][1]
     try:
         with open(path, "rb") as fh:
             for raw in fh:
+                if len(raw) > max_row_bytes:
+                    break
                 text = raw.decode("utf-8").removeprefix("\ufeff")
                 if text.strip():
                     row = json.loads(text)
@@ -50,30 +89,48 @@ def _first_row(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, ValueError):
         pass
     # Something is wrong (or the first row is not an object): let the full reader name file/line/reason.
-    return read_jsonl(path)[0][1]
+    return read_jsonl(path, max_row_bytes=max_row_bytes)[0][1]
 
 
-def detect_task(path: str | Path) -> str:
+def detect_task(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> str:
     """The task name that fits the dataset at ``path`` (from its first row's fields).
 
-    Raises ``DatasetError`` if the file cannot be read, ``ConfigError`` (suggesting ``--task``) if the
-    layout is not recognised.
+    Raises ``DatasetError`` if the file cannot be read, ``ConfigError`` (suggesting ``--task`` or
+    ``--field``) if the layout is not recognised or is not a task at all (PRM800K labels).
     """
-    row = _first_row(path)
+    row = _first_row(path, max_row_bytes)
     answer = row.get("answer")
+    if is_prm800k_row(row):
+        raise ConfigError(
+            f"{path} holds PRM800K step labels (human ratings of solution steps), not evaluation prompts: "
+            "it is not a task; use srd_worker.tasks.prm800k.load_prm800k to check reward models with it, "
+            "or math500 for the MATH problems"
+        )
+    if QUESTION in row and CORRECT in row and INCORRECT[0] in row:
+        return "gpqa"
     if "problem" in row and "answer" in row:
         return "math500"
     if "question" in row and isinstance(answer, str) and "####" in answer:
         return "gsm8k"
+    if "question" in row and "context" in row and (
+            "answer" in row or "supporting_facts" in row or "supporting_titles" in row):
+        return "hotpotqa"
+    if "instruction" in row and not row.get("input"):
+        return "alpaca_eval"
     fields = ", ".join(sorted(row)) or "none"
     raise ConfigError(
         f"cannot tell which task {path} is for from its first row (fields: {fields}); "
-        f"pass --task with one of: {_choices()}"
+        f"pass --task with one of: {_choices()}, or --field prompt=COLUMN [--field answer=COLUMN]"
     )
 
 
-def load_items(path: str | Path, task_name: str = AUTO) -> tuple[Task, list[Item]]:
-    """Resolve the task (``auto`` detects it) and load and validate all items of ``path``."""
-    name = detect_task(path) if task_name == AUTO else task_name
-    task = get_task(name)
+def load_items(path: str | Path, task_name: str = AUTO, *, fields: Mapping[str, str] | None = None,
+               max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> tuple[Task, list[Item]]:
+    """Resolve the task (``auto`` detects it; a ``fields`` mapping means generic), load and validate all
+    items of ``path``."""
+    if task_name == AUTO:
+        name = GENERIC if fields else detect_task(path, max_row_bytes=max_row_bytes)
+    else:
+        name = task_name
+    task = get_task(name, fields=fields, max_row_bytes=max_row_bytes)
     return task, task.load(path)

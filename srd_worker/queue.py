@@ -62,8 +62,11 @@ def runtime() -> dict[str, Any]:
             from srd_worker.store.db import make_engine
 
             settings = get_settings()
+            from srd_worker.results import store_from_settings
+
             _runtime.update(settings=settings, db=make_engine(settings.database_url),
-                            engines=EngineCache(settings), cfg=SliceConfig.from_settings(settings))
+                            engines=EngineCache(settings), cfg=SliceConfig.from_settings(settings),
+                            objects=store_from_settings(settings))
         return _runtime
 
 
@@ -90,7 +93,7 @@ def run_shard_task(run_id: Any, shard_index: Any) -> str:
                             reraise=True):
         with attempt:
             outcome = process_shard(run_id, shard_index, db=rt["db"], engines=rt["engines"], enqueue=enqueue,
-                                    cfg=rt["cfg"])
+                                    cfg=rt["cfg"], objects=rt["objects"])
     log.info("shard %s/%s: %s", run_id, shard_index, outcome)
     return outcome
 
@@ -109,7 +112,11 @@ class Reaper(threading.Thread):
         from srd_worker.store.db import make_engine
 
         db = make_engine(self.settings.database_url)
+        from srd_worker.results import PendingUploads, store_from_settings
+
+        uploads = PendingUploads(store_from_settings(self.settings), interval_s=self.settings.reap_interval_s)
         while not self.stop_event.wait(self.settings.reap_interval_s):
+            uploads.poke(db)  # shards whose upload failed (store down): retried in the background
             try:
                 todo = reap(db=db, enqueue=enqueue, pending_grace_s=self.settings.pending_grace_s)
                 if todo:

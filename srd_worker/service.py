@@ -77,20 +77,20 @@ def submit(prepared: PreparedRun, *, db: Engine, enqueue: Enqueue, name: str | N
 
 # ----------------------------------------------------------------------------------- shard processing
 class EngineCache:
-    """One engine per model name per process, built on first use (after the worker's fork)."""
+    """One engine per (engine name, model) per process, built on first use (after the worker's fork)."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
-        self._engines: dict[str, Any] = {}
+        self._engines: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: str) -> Any:
+    def get(self, model: str, engine: str = "transformers") -> Any:
         with self._lock:
-            if model not in self._engines:
-                from srd_worker.engines.transformers_engine import TransformersEngine
+            if (engine, model) not in self._engines:
+                from srd_worker.engines.registry import build_engine
 
-                self._engines[model] = TransformersEngine.from_name(model, settings=self.settings)
-            return self._engines[model]
+                self._engines[(engine, model)] = build_engine(engine, model, self.settings)
+            return self._engines[(engine, model)]
 
 
 class Heartbeat:
@@ -166,8 +166,8 @@ def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineC
     try:
         items, positions = _items(rows)
         method = build_method(spec.method, spec.params)
-        engine = engines.get(spec.model)
-        reward = build_reward(spec.reward, engine) if spec.reward else None
+        engine = engines.get(spec.model, spec.engine)
+        reward = build_reward(spec.reward, engine, settings=engines.settings) if spec.reward else None
         store = SqlShardStore(db, run_id, shard_index, lease=lease)
         with Heartbeat(db, lease, cfg.lease_ttl_s):
             outcome = run_shard(items=items, positions=positions, method=method, task=get_task(spec.task, fields=spec.fields),

@@ -82,7 +82,7 @@ class StoreCases:
         try:
             with engine.connect() as conn:
                 assert TABLES <= set(inspect(conn).get_table_names())
-                assert MigrationContext.configure(conn).get_current_heads() == ("0001",)
+                assert MigrationContext.configure(conn).get_current_heads() == ("0002",)
                 # The hand-written migration and the models agree: columns, types, nullability,
                 # indexes, unique constraints, foreign keys.
                 assert compare_metadata(MigrationContext.configure(conn), SQLModel.metadata) == []
@@ -93,7 +93,7 @@ class StoreCases:
         new_run(engine)
         upgrade(url)
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_heads() == ("0001",)
+            assert MigrationContext.configure(conn).get_current_heads() == ("0002",)
         assert count(engine, ItemRow) == 10
 
     def test_downgrade_drops_every_table(self, engine: Engine, url: str) -> None:

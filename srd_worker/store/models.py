@@ -81,6 +81,9 @@ class Run(SQLModel, table=True):
     updated_at: datetime = Field(
         default_factory=utcnow, sa_type=UTCDateTime, sa_column_kwargs={"onupdate": utcnow}
     )
+    manifest_at: datetime | None = Field(
+        default=None, sa_type=UTCDateTime, description="When the run manifest was written to the object store."
+    )
 
 
 class Shard(SQLModel, table=True):
@@ -107,6 +110,9 @@ class Shard(SQLModel, table=True):
     error: str | None = Field(default=None, sa_type=Text, description="Why the shard failed, if it did.")
     updated_at: datetime = Field(
         default_factory=utcnow, sa_type=UTCDateTime, sa_column_kwargs={"onupdate": utcnow}
+    )
+    uploaded_at: datetime | None = Field(
+        default=None, sa_type=UTCDateTime, description="When the shard's parts and manifest reached the object store."
     )
 
 

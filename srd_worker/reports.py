@@ -1,0 +1,451 @@
+"""``srdq report``: tables and plots over runs' result records (pure functions + matplotlib).
+
+What a report holds, per ALGORITHMS.md §0.3 and §1.10 and the SRD paper's layouts:
+
+- **Summary** per run: method, non-default parameters, budget N, items, done, failed, pending,
+  accuracy, mean reward, mean generated tokens, wall time.
+- **Figure 2 layout**: accuracy (or the mean reward when the task has no gold answers, e.g. AlpacaEval)
+  against mean generated tokens per problem; one series per method, one point per run (budget N).
+  One PNG per task and metric.
+- **Table 2 layout**: per run, accuracy, mean time per problem, mean input (prefill) and output
+  (generated) tokens per problem, and for Drafter / Scorer / Editor / Router the mean wall time (s) and
+  mean number of invocations per problem; plus the mean input/output tokens of each component.
+- **Table 6 layout** (runs whose records carry SRD routing statistics): p̂_H, p̂_M, p̂_L = tier
+  frequencies pooled over every routing event of the run (not averages of per-item ratios), ρ̂ =
+  refinements whose result went to KEEP / refinements, gain = 1 + ρ̂·p̂_M/p̂_H.
+
+Definitions (the same as ``srdq run``'s summary): accuracy = correct / graded, over items that did not
+fail (failed items are counted in ``failed``, not as wrong answers); mean reward over items that did not
+fail and have one; token and time means over the items that have a compute ledger (a problem whose
+prompt did not fit the context has none). Wall time = the run's last status change minus its creation.
+Time per component comes from each record's ``timing`` (absent in ``results.jsonl``: shown as n/a).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+COMPONENTS = ("drafter", "scorer", "editor", "router")
+TASK_LABELS = {"gsm8k": "GSM8K", "math500": "MATH500", "gpqa": "GPQA Diamond", "alpacaeval": "AlpacaEval",
+               "hotpotqa": "HotpotQA"}
+
+
+@dataclass
+class RunRecords:
+    """One run as the report sees it: its spec and its result records (dataset order)."""
+
+    run_id: str
+    name: str
+    spec: dict[str, Any]
+    status: str
+    n_items: int
+    wall_s: float | None
+    records: list[dict[str, Any]]
+
+    @property
+    def method(self) -> str:
+        return str(self.spec.get("method", "?"))
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return dict(self.spec.get("params") or {})
+
+    @property
+    def budget(self) -> int | None:
+        n = self.params.get("n")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+# ------------------------------------------------------------------------------------------- numbers
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _ok(record: dict[str, Any]) -> bool:
+    return not record.get("error")
+
+
+def _ledger(record: dict[str, Any]) -> dict[str, Any] | None:
+    ledger = record.get("ledger")
+    return ledger if isinstance(ledger, dict) else None
+
+
+def changed_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters that differ from the method's defaults (all of them for an unknown method)."""
+    try:
+        from srd_worker.methods.registry import METHODS
+
+        defaults = {name: default for name, _, default, _ in METHODS[method].Params.describe()}
+    except (ImportError, KeyError):
+        return dict(params)
+    return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    name: str
+    method: str
+    task: str
+    model: str
+    reward: str | None
+    params: dict[str, Any]  # non-default parameters
+    budget: int | None
+    status: str
+    items: int
+    done: int
+    failed: int
+    pending: int
+    graded: int
+    correct: int
+    accuracy: float | None
+    mean_reward: float | None
+    mean_gen_tokens: float | None
+    wall_s: float | None
+
+
+def summarise(run: RunRecords) -> RunSummary:
+    records = run.records
+    ok = [r for r in records if _ok(r)]
+    graded = [r for r in ok if r.get("correct") is not None]
+    correct = sum(1 for r in graded if r["correct"])
+    rewards = [float(r["reward"]) for r in ok if isinstance(r.get("reward"), int | float)]
+    gen = [float(led.get("gen_tokens", 0)) for r in records if (led := _ledger(r)) is not None]
+    return RunSummary(
+        run_id=run.run_id, name=run.name, method=run.method, task=str(run.spec.get("task", "?")),
+        model=str(run.spec.get("model", "?")), reward=run.spec.get("reward"),
+        params=changed_params(run.method, {k: v for k, v in run.params.items() if k != "n"}),
+        budget=run.budget, status=run.status, items=run.n_items, done=len(ok), failed=len(records) - len(ok),
+        pending=max(run.n_items - len(records), 0), graded=len(graded), correct=correct,
+        accuracy=correct / len(graded) if graded else None, mean_reward=_mean(rewards),
+        mean_gen_tokens=_mean(gen), wall_s=run.wall_s,
+    )
+
+
+@dataclass
+class ComponentStats:
+    """Means per problem for one component."""
+
+    time_s: float | None
+    calls: float
+    in_tokens: float
+    out_tokens: float
+
+
+@dataclass
+class ComponentRow:
+    """One run in the Table 2 layout (means per problem over the problems that have a ledger)."""
+
+    run_id: str
+    method: str
+    budget: int | None
+    problems: int
+    accuracy: float | None
+    time_s: float | None
+    in_tokens: float
+    out_tokens: float
+    components: dict[str, ComponentStats] = field(default_factory=dict)
+
+
+def component_row(run: RunRecords, summary: RunSummary | None = None) -> ComponentRow | None:
+    """Table 2 numbers of one run; None when no record has a compute ledger."""
+    summary = summary or summarise(run)
+    with_ledger = [r for r in run.records if _ledger(r) is not None]
+    if not with_ledger:
+        return None
+    timed = [r["timing"] for r in with_ledger if isinstance(r.get("timing"), dict)]
+    n = len(with_ledger)
+
+    def comp(record: dict[str, Any], name: str) -> dict[str, Any]:
+        return ((_ledger(record) or {}).get("components") or {}).get(name) or {}
+
+    components = {}
+    for name in COMPONENTS:
+        components[name] = ComponentStats(
+            time_s=_mean([float(t.get(name, 0.0)) for t in timed]),
+            calls=sum(comp(r, name).get("calls", 0) for r in with_ledger) / n,
+            in_tokens=sum(comp(r, name).get("in_tokens", 0) for r in with_ledger) / n,
+            out_tokens=sum(comp(r, name).get("out_tokens", 0) for r in with_ledger) / n,
+        )
+    return ComponentRow(
+        run_id=run.run_id, method=run.method, budget=run.budget, problems=n, accuracy=summary.accuracy,
+        time_s=_mean([float(sum(t.values())) for t in timed]),
+        in_tokens=sum(_ledger(r).get("prefill_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
+        out_tokens=sum(_ledger(r).get("gen_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
+        components=components,
+    )
+
+
+@dataclass
+class RoutingRow:
+    """One run in the Table 6 layout: routing statistics pooled over all routing events."""
+
+    run_id: str
+    method: str
+    budget: int | None
+    items: int
+    events: int
+    keep: int
+    refine: int
+    discard: int
+    p_h: float | None
+    p_m: float | None
+    p_l: float | None
+    refinements: int
+    refine_kept: int
+    rho: float | None
+    gain: float | None
+
+
+def routing_row(run: RunRecords) -> RoutingRow | None:
+    """Pooled routing statistics (ALGORITHMS.md §1.10); None when no record carries any."""
+    from srd_worker.methods.srd import efficiency_gain
+
+    routed = [r["extra"] for r in run.records
+              if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get("routing"), dict)]
+    if not routed:
+        return None
+    keep = sum(int(e["routing"].get("keep", 0)) for e in routed)
+    refine = sum(int(e["routing"].get("refine", 0)) for e in routed)
+    discard = sum(int(e["routing"].get("discard", 0)) for e in routed)
+    events = keep + refine + discard
+    refinements = sum(int(e.get("refinements") or 0) for e in routed)
+    kept = sum(int(e.get("refine_kept") or 0) for e in routed)
+    p_h, p_m, p_l = ((x / events) if events else None for x in (keep, refine, discard))
+    rho = kept / refinements if refinements else None
+    return RoutingRow(run_id=run.run_id, method=run.method, budget=run.budget, items=len(routed), events=events,
+                      keep=keep, refine=refine, discard=discard, p_h=p_h, p_m=p_m, p_l=p_l,
+                      refinements=refinements, refine_kept=kept, rho=rho, gain=efficiency_gain(p_h, p_m, rho))
+
+
+@dataclass
+class Point:
+    """One run on the accuracy (or reward) vs generated tokens plane."""
+
+    task: str
+    metric: str  # accuracy | reward
+    method: str
+    budget: int | None
+    run_id: str
+    x: float
+    y: float
+
+    @property
+    def label(self) -> str:
+        return f"N={self.budget}" if self.budget is not None else self.run_id
+
+
+def frontier_points(summaries: Sequence[RunSummary]) -> list[Point]:
+    """Accuracy when the run has graded items, else the mean reward (tasks without gold answers);
+    runs with neither, or without generated tokens, are left out."""
+    points = []
+    for s in summaries:
+        if s.mean_gen_tokens is None:
+            continue
+        if s.accuracy is not None:
+            points.append(Point(s.task, "accuracy", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.accuracy))
+        elif s.mean_reward is not None:
+            points.append(Point(s.task, "reward", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.mean_reward))
+    return points
+
+
+# ---------------------------------------------------------------------------------------------- plot
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
+
+def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subtitle: str = "") -> Path:
+    """Figure 2 layout: one line per method through its runs (sorted by tokens), each point labelled
+    with its budget; x = mean generated tokens per problem (log scale when it spans 10x or more)."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no GUI backend (Agg canvas)
+
+    metric = points[0].metric if points else "accuracy"
+    fig = Figure(figsize=(7.0, 4.6), dpi=150, layout="constrained")
+    ax = fig.add_subplot()
+    methods = sorted({p.method for p in points})
+    colors = [f"C{i % 10}" for i in range(len(methods))]
+    for i, method in enumerate(methods):
+        series = sorted((p for p in points if p.method == method), key=lambda p: (p.x, p.budget or 0))
+        xs, ys = [p.x for p in series], [p.y for p in series]
+        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], markersize=8, linewidth=1.8, color=colors[i],
+                label=method, clip_on=False)  # a point at accuracy 0 or 1 sits on the frame, drawn whole
+        for p in series:
+            ax.annotate(p.label, (p.x, p.y), textcoords="offset points", xytext=(8, 7), fontsize=8,
+                        color=colors[i])
+    xs = [p.x for p in points if p.x > 0]
+    if xs and max(xs) / min(xs) >= 10:
+        ax.set_xscale("log")
+    if points:
+        lo, hi = min(p.y for p in points), max(p.y for p in points)
+        pad = max((hi - lo) * 0.15, 0.05 if metric == "accuracy" else abs(hi) * 0.05 or 0.05)
+        if metric == "accuracy":
+            ax.set_ylim(max(lo - pad, 0.0), min(hi + pad, 1.0))
+        else:
+            ax.set_ylim(lo - pad, hi + pad)
+        xlo, xhi = min(p.x for p in points), max(p.x for p in points)
+        if ax.get_xscale() == "linear":
+            xpad = max((xhi - xlo) * 0.15, xhi * 0.05, 1.0)
+            ax.set_xlim(max(xlo - xpad, 0), xhi + xpad)
+    ax.set_xlabel("Mean generated tokens per problem")
+    ax.set_ylabel("Accuracy" if metric == "accuracy" else "Mean reward")
+    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+    ax.grid(True, alpha=0.3)
+    if methods:
+        ax.legend(title="method", loc="best", frameon=True)
+    path = Path(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ markdown
+def _num(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _seconds(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return "<0.01" if x < 0.01 else f"{x:.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
+    """A GitHub-flavoured Markdown table; ``align`` holds one of l/r per column (default: l then r)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    sep = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "defaults"
+
+
+def _n(budget: int | None) -> str:
+    return "–" if budget is None else str(budget)
+
+
+def summary_table(summaries: Sequence[RunSummary]) -> str:
+    rows = []
+    for s in summaries:
+        acc = "n/a" if s.accuracy is None else f"{s.accuracy:.3f} ({s.correct}/{s.graded})"
+        rows.append([s.run_id, s.method, _params_text(s.params), _n(s.budget), s.model, s.reward or "–",
+                     s.items, s.done, s.failed, s.pending, acc, _num(s.mean_reward), _num(s.mean_gen_tokens, 1),
+                     "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s"])
+    return markdown_table(["run", "method", "params", "N", "model", "reward", "items", "done", "failed",
+                           "pending", "accuracy", "mean reward", "mean gen tokens", "wall time"], rows,
+                          align="lllrllrrrrrrrr")
+
+
+def component_table(rows: Sequence[ComponentRow]) -> str:
+    body = []
+    for r in rows:
+        cells = [f"{_seconds(r.components[c].time_s)} / {r.components[c].calls:.1f}" for c in COMPONENTS]
+        body.append([r.run_id, r.method, _n(r.budget), _pct(r.accuracy), _seconds(r.time_s),
+                     f"{r.in_tokens:.0f}", f"{r.out_tokens:.0f}", *cells])
+    return markdown_table(["run", "method", "N", "Acc", "Time", "In tok", "Out tok", "Drafter", "Scorer",
+                           "Editor", "Router"], body, align="llrrrrrrrrr")
+
+
+def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
+    body = [[r.run_id, r.method, _n(r.budget),
+             *(f"{r.components[c].in_tokens:.0f} / {r.components[c].out_tokens:.0f}" for c in COMPONENTS)]
+            for r in rows]
+    return markdown_table(["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body,
+                          align="llrrrrr")
+
+
+def routing_table(rows: Sequence[RoutingRow]) -> str:
+    body = [[r.run_id, r.method, _n(r.budget), _pct(r.p_h), _pct(r.p_m), _pct(r.p_l), _num(r.rho, 2),
+             "n/a" if r.gain is None else f"{r.gain:.2f}×", r.events, r.refinements, r.items] for r in rows]
+    return markdown_table(["run", "method", "N", "p_H", "p_M", "p_L", "ρ̂", "gain", "routing events",
+                           "refinements", "items"], body, align="llrrrrrrrrr")
+
+
+# -------------------------------------------------------------------------------------------- report
+@dataclass
+class Report:
+    markdown: Path
+    plots: list[Path]
+    summaries: list[RunSummary]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "task"
+
+
+def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: datetime | None = None) -> Report:
+    """Write ``report.md`` and one PNG per (task, metric) into ``out_dir``; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = [summarise(r) for r in runs]
+    comp_rows = [row for r, s in zip(runs, summaries, strict=True) if (row := component_row(r, s)) is not None]
+    route_rows = [row for r in runs if (row := routing_row(r)) is not None]
+    points = frontier_points(summaries)
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
+
+    md = ["# srdq report", "",
+          f"{len(runs)} run(s): " + ", ".join(f"`{r.run_id}` ({r.method})" for r in runs) + f". Generated {stamp}.",
+          "", "## Runs", "", summary_table(summaries), "",
+          "Accuracy = correct / graded over items that did not fail; failed items (with their error) are "
+          "counted in *failed*. *pending* = items without a result yet. Params lists what differs from the "
+          "method's defaults (N is the budget `n`).", ""]
+
+    plots = []
+    groups = sorted({(p.task, p.metric) for p in points})
+    for task, metric in groups:
+        group = [p for p in points if (p.task, p.metric) == (task, metric)]
+        names = [s for s in summaries if s.run_id in {p.run_id for p in group}]
+        label = TASK_LABELS.get(task, task)
+        what = "Accuracy" if metric == "accuracy" else "Mean reward"
+        models = ", ".join(sorted({s.model for s in names}))
+        rewards = ", ".join(sorted({s.reward or "no reward" for s in names}))
+        items = ", ".join(str(i) for i in sorted({s.items for s in names}))
+        subtitle = f"model {models} · reward {rewards} · {items} problems"
+        path = plot_frontier(group, out / f"{metric}_vs_tokens_{_slug(task)}.png",
+                             title=f"{label}: {what.lower()} vs generated tokens", subtitle=subtitle)
+        plots.append(path)
+        md += [f"## {label}: {what.lower()} vs generated tokens", "",
+               f"![{label} {what.lower()} vs mean generated tokens]({path.name})", "",
+               f"One series per method, one point per run (budget N); {subtitle}.", "",
+               markdown_table(["method", "N", "run", "mean gen tokens", what.lower()],
+                              [[p.method, _n(p.budget), p.run_id, f"{p.x:.1f}", f"{p.y:.3f}"]
+                               for p in sorted(group, key=lambda p: (p.method, p.x))], align="lrlrr"), ""]
+    if not groups:
+        md += ["No run has graded items or rewards yet: nothing to plot.", ""]
+
+    md += ["## Compute per component (Table 2 layout)", ""]
+    if comp_rows:
+        md += [component_table(comp_rows), "",
+               "Mean per problem. Time in seconds (*Time* = all components); In tok = prompt/prefix tokens fed "
+               "to the policy model, Out tok = generated tokens; component cells are *time / invocations*.",
+               "", "Tokens per component (mean input / output tokens per problem; the scorer's input is the "
+               "response tokens it scored):", "", component_tokens_table(comp_rows), ""]
+    else:
+        md += ["No compute ledger in these runs.", ""]
+
+    md += ["## Routing statistics (Table 6 layout)", ""]
+    if route_rows:
+        md += [routing_table(route_rows), "",
+               "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "
+               "events; ρ̂ = refinements whose result went to KEEP / refinements; gain = 1 + ρ̂·p̂_M/p̂_H "
+               "(1.00 when p̂_M = 0; n/a when p̂_H = 0 or nothing was refined while p̂_M > 0).", ""]
+    else:
+        md += ["No run here records routing statistics (only SRD-family methods do).", ""]
+
+    path = out / "report.md"
+    path.write_text("\n".join(md), encoding="utf-8")
+    return Report(markdown=path, plots=plots, summaries=summaries)

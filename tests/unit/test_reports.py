@@ -1,0 +1,219 @@
+"""``srdq report``: the tables' numbers on hand-made records, and report.md + PNG from two real embedded
+runs (``srdq run`` with the tiny random Llama, Best-of-N and SRD on the same GSM8K problems)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from srd_worker.reports import (
+    RunRecords,
+    build_report,
+    component_row,
+    frontier_points,
+    routing_row,
+    summarise,
+)
+
+SRDQ = [sys.executable, "-m", "srdq_cli.main"]
+
+
+def ledger(gen: int, prefill: int, comps: dict[str, tuple[int, int, int]]) -> dict:
+    components = {c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in ("drafter", "scorer", "editor", "router")}
+    for name, (calls, tin, tout) in comps.items():
+        components[name] = {"calls": calls, "in_tokens": tin, "out_tokens": tout}
+    return {"gen_tokens": gen, "prefill_tokens": prefill, "lm_calls": 1, "rm_calls": 1, "rm_tokens": 0,
+            "components": components}
+
+
+def record(i: int, *, correct, reward=None, led=None, timing=None, error=None, extra=None) -> dict:
+    return {"item_id": f"q{i}", "position": i, "question": "?", "gold": "1", "method": "m", "response": "r",
+            "answer": "1", "correct": correct, "reward": reward, "finish_reason": "stop", "ledger": led,
+            "error": error, "extra": extra or {}, "timing": timing}
+
+
+def bon_run() -> RunRecords:
+    return RunRecords(
+        run_id="run-bon", name="bon", status="done", n_items=4, wall_s=12.5,
+        spec={"method": "best_of_n", "task": "gsm8k", "model": "tiny", "reward": "arithmetic",
+              "params": {"n": 4, "max_new_tokens": 64, "temperature": 0.8}},
+        records=[
+            record(0, correct=True, reward=0.8, led=ledger(100, 50, {"drafter": (2, 50, 100), "scorer": (1, 100, 0)}),
+                   timing={"drafter": 1.0, "scorer": 0.5, "editor": 0.0, "router": 0.0}),
+            record(1, correct=False, reward=0.4, led=ledger(200, 70, {"drafter": (4, 70, 200), "scorer": (2, 200, 0)}),
+                   timing={"drafter": 2.0, "scorer": 1.5, "editor": 0.0, "router": 0.0}),
+            # the prompt did not fit the context: no ledger, no grade
+            record(2, correct=None, error="prompt of 3000 tokens does not fit the model context of 2048"),
+            # 3 has no result yet (pending)
+        ],
+    )
+
+
+def srd_run() -> RunRecords:
+    def extra(keep, refine, discard, refinements, kept):
+        return {"routing": {"keep": keep, "refine": refine, "discard": discard}, "refinements": refinements,
+                "refine_kept": kept}
+
+    led = ledger(300, 90, {"drafter": (3, 60, 250), "scorer": (3, 300, 0), "editor": (1, 30, 50), "router": (2, 0, 0)})
+    return RunRecords(
+        run_id="run-srd", name="srd", status="done", n_items=2, wall_s=30.0,
+        spec={"method": "srd", "task": "gsm8k", "model": "tiny", "reward": "arithmetic",
+              "params": {"n": 8, "theta_high": 0.5, "policy": "self_compare"}},
+        records=[record(0, correct=True, reward=0.9, led=led, extra=extra(3, 1, 0, 1, 1),
+                        timing={"drafter": 3.0, "scorer": 2.0, "editor": 1.0, "router": 0.001}),
+                 record(1, correct=True, reward=0.7, led=led, extra=extra(2, 1, 3, 2, 1),
+                        timing={"drafter": 1.0, "scorer": 1.0, "editor": 0.5, "router": 0.003})],
+    )
+
+
+def test_summary_counts_failed_and_pending_items_apart() -> None:
+    s = summarise(bon_run())
+    assert (s.items, s.done, s.failed, s.pending) == (4, 2, 1, 1)
+    assert (s.correct, s.graded, s.accuracy) == (1, 2, 0.5)
+    assert s.mean_reward == pytest.approx(0.6)
+    assert s.mean_gen_tokens == 150  # over the items that have a ledger
+    assert s.budget == 4 and s.wall_s == 12.5
+    # params: only what differs from best_of_n's defaults (n is the budget column)
+    assert s.params == {"max_new_tokens": 64}
+
+
+def test_component_table_means_per_problem() -> None:
+    row = component_row(bon_run())
+    assert row is not None and row.problems == 2
+    assert row.time_s == pytest.approx((1.5 + 3.5) / 2)
+    assert (row.in_tokens, row.out_tokens) == (60, 150)
+    drafter, scorer, editor = row.components["drafter"], row.components["scorer"], row.components["editor"]
+    assert drafter.time_s == pytest.approx(1.5) and drafter.calls == 3
+    assert (drafter.in_tokens, drafter.out_tokens) == (60, 150)
+    assert scorer.time_s == pytest.approx(1.0) and scorer.calls == 1.5 and scorer.in_tokens == 150
+    assert editor.calls == 0 and editor.time_s == 0
+
+
+def test_component_time_is_unknown_without_timing() -> None:
+    run = bon_run()
+    for r in run.records:
+        r.pop("timing")
+    row = component_row(run)
+    assert row.time_s is None and row.components["drafter"].time_s is None
+    assert row.components["drafter"].calls == 3
+
+
+def test_routing_statistics_pool_routing_events() -> None:
+    row = routing_row(srd_run())
+    assert row is not None
+    assert (row.events, row.keep, row.refine, row.discard) == (10, 5, 2, 3)
+    # pooled (5/10), not the mean of per-item ratios ((3/4 + 2/6) / 2 = 0.5417)
+    assert (row.p_h, row.p_m, row.p_l) == (pytest.approx(0.5), pytest.approx(0.2), pytest.approx(0.3))
+    assert row.rho == pytest.approx(2 / 3)
+    assert row.gain == pytest.approx(1 + (2 / 3) * 0.2 / 0.5)
+    assert routing_row(bon_run()) is None
+
+
+def test_gain_is_one_without_a_refine_tier_and_unknown_without_keep() -> None:
+    run = srd_run()
+    for r in run.records:
+        r["extra"].update(routing={"keep": 2, "refine": 0, "discard": 2}, refinements=0, refine_kept=0)
+    assert routing_row(run).gain == 1.0 and routing_row(run).rho is None
+    for r in run.records:
+        r["extra"]["routing"] = {"keep": 0, "refine": 0, "discard": 4}
+    assert routing_row(run).gain is None
+
+
+def test_points_use_reward_when_nothing_is_graded() -> None:
+    alpaca = RunRecords(run_id="run-a", name="a", status="done", n_items=1, wall_s=1.0,
+                        spec={"method": "best_of_n", "task": "alpaca_eval", "params": {"n": 2}},
+                        records=[record(0, correct=None, reward=2.5, led=ledger(40, 10, {}))])
+    points = frontier_points([summarise(r) for r in (bon_run(), srd_run(), alpaca)])
+    assert [(p.task, p.metric, p.method, p.budget, p.x, p.y) for p in points] == [
+        ("gsm8k", "accuracy", "best_of_n", 4, 150, 0.5),
+        ("gsm8k", "accuracy", "srd", 8, 300, 1.0),
+        ("alpaca_eval", "reward", "best_of_n", 2, 40, 2.5),
+    ]
+
+
+def test_report_markdown_holds_every_table(tmp_path: Path) -> None:
+    report = build_report([bon_run(), srd_run()], tmp_path)
+    text = report.markdown.read_text()
+    assert [p.name for p in report.plots] == ["accuracy_vs_tokens_gsm8k.png"]
+    assert "![GSM8K accuracy vs mean generated tokens](accuracy_vs_tokens_gsm8k.png)" in text
+    # Table 2 row: Acc, Time, In tok, Out tok, then time / calls per component
+    assert "| run-bon | best_of_n | 4 | 0.500 | 2.50 | 60 | 150 | 1.50 / 3.0 | 1.00 / 1.5 | <0.01 / 0.0 | <0.01 / 0.0 |" in text
+    # Table 6 row: p_H, p_M, p_L, rho, gain, events, refinements, items
+    assert "| run-srd | srd | 8 | 0.500 | 0.200 | 0.300 | 0.67 | 1.27× | 10 | 3 | 2 |" in text
+    assert "| run-bon | best_of_n | max_new_tokens=64 | 4 | tiny | arithmetic | 4 | 2 | 1 | 1 | 0.500 (1/2) |" in text
+    assert "policy=self_compare" in text
+
+
+# ------------------------------------------------------------------------------ real embedded runs
+RUN_ARGS = ["--n", "4", "--reward", "arithmetic", "--model", "tiny-random-llama", "--max-new-tokens", "24",
+            "--set", "chunk_tokens=8", "--seed", "1"]
+
+
+def srdq(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*SRDQ, *args], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, datasets_dir) -> tuple[Path, list[str]]:
+    """Best-of-N and SRD on the same 4 GSM8K problems, in one embedded output folder."""
+    base = tmp_path_factory.mktemp("embedded")
+    data = base / "gsm8k_4.jsonl"
+    rows = (datasets_dir / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines()[:4]
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = base / "out"
+    run_ids = []
+    for method in ("best_of_n", "srd"):
+        proc = srdq("run", str(data), "--method", method, *RUN_ARGS, "--out", str(out))
+        assert proc.returncode == 0, proc.stderr
+        (summary,) = [p for p in out.glob("run-*/summary.json") if json.loads(p.read_text())["method"] == method]
+        run_ids.append(json.loads(summary.read_text())["run_id"])
+    return out, run_ids
+
+
+def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: Path) -> None:
+    from PIL import Image
+
+    out, run_ids = two_runs
+    proc = srdq("report", *run_ids, "--out", str(tmp_path / "rep"), "--db", str(out / "srdq.db"))
+    assert proc.returncode == 0, proc.stderr
+    png = tmp_path / "rep" / "accuracy_vs_tokens_gsm8k.png"
+    assert proc.stdout.split() == [str(tmp_path / "rep" / "report.md"), str(png)]
+    with Image.open(png) as image:
+        image.verify()
+    with Image.open(png) as image:
+        assert image.format == "PNG"
+        assert 800 <= image.width <= 1400 and 500 <= image.height <= 1000, image.size
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colours is not None and len(colours) > 50  # drawn, not a blank canvas
+    text = (tmp_path / "rep" / "report.md").read_text()
+    for run_id in run_ids:
+        assert f"`{run_id}`" in text
+    assert "## Routing statistics (Table 6 layout)" in text
+    routing = text.split("## Routing statistics (Table 6 layout)")[1]
+    assert run_ids[1] in routing and run_ids[0] not in routing  # only SRD records routing statistics
+
+
+def test_export_of_an_embedded_run_equals_its_results_file(two_runs, tmp_path: Path) -> None:
+    out, run_ids = two_runs
+    dest = tmp_path / "bon.jsonl"
+    proc = srdq("export", run_ids[0], "--format", "jsonl", "--out", str(dest), "--db", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"4 rows (0 failed) -> {dest}"
+    exported = [json.loads(line) for line in dest.read_text().splitlines()]
+    stored = [json.loads(line) for line in (out / run_ids[0] / "results.jsonl").read_text().splitlines()]
+    extra = {"run_id", "shard_index", "status", "failed", "timing"}  # results.jsonl keeps timing apart
+    assert [{k: v for k, v in r.items() if k not in extra} for r in exported] == stored
+    assert all(r["status"] == "done" and r["failed"] is False for r in exported)
+
+
+def test_report_of_an_unknown_run_is_one_clear_line(two_runs, tmp_path: Path) -> None:
+    out, _ = two_runs
+    proc = srdq("report", "run-nope", "--out", str(tmp_path), "--db", str(out / "srdq.db"))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "Error: no run 'run-nope' in the database"

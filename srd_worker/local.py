@@ -107,7 +107,7 @@ def run_local(
     on_round: Callable[[RoundReport], None] | None = None,
 ) -> Summary:
     """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results."""
-    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.engines.registry import build_engine
     from srd_worker.methods.registry import check_compatible
     from srd_worker.rewards.registry import build_reward
     from srd_worker.store import crud
@@ -132,8 +132,8 @@ def run_local(
         pending = [s for s in shards if s.status != "done"]
         if pending:
             if engine is None:
-                engine = TransformersEngine.from_name(spec.model, settings=settings)
-            reward = build_reward(spec.reward, engine) if spec.reward else None
+                engine = build_engine(spec.engine, spec.model, settings)
+            reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None
             check_compatible(prepared.method, engine_name=engine.name, capabilities=engine.capabilities,
                              has_reward=reward is not None)
             by_key = {it.id: it for it in prepared.items}

@@ -85,19 +85,24 @@ def prepare_run(
     shard_size: int | None = None,
     fields: dict[str, str] | None = None,
     max_row_bytes: int | None = None,
+    engine: str = "transformers",
 ) -> PreparedRun:
-    """Validate everything (dataset rows, method, params, reward name) before anything is written."""
-    from srd_worker.rewards.registry import REWARDS
+    """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
+    is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded."""
+    from srd_worker.engines.registry import engine_capabilities
+    from srd_worker.methods.registry import check_compatible
+    from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
     from srd_worker.tasks.registry import load_items
 
     built = build_method(method, params)  # unknown method / parameter fails before the dataset is read
-    if reward is not None and reward not in REWARDS:
-        raise ConfigError(f"unknown reward '{reward}'; choose one of: {', '.join(sorted(REWARDS))}")
+    if reward is not None:
+        check_reward_name(reward)
     if reward == "none":
         reward = None
     if built.needs_reward and reward is None:
         raise ConfigError(f"method '{method}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)")
+    check_compatible(built, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     task_obj, items = load_items(dataset, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES)
@@ -116,6 +121,7 @@ def prepare_run(
         method=method,
         params=built.params.to_dict(),
         model=model,
+        engine=engine,
         reward=reward,
         seed=seed,
         limit=limit,

@@ -2,13 +2,27 @@
 
 ``build_reward(name, engine)`` returns a RewardModel, or None for ``"none"`` (methods that use no reward).
 A factory gets the run's engine: model-based rewards (``lm_judge``) score with it, rule-based ones
-ignore it. Left out: separate reward-model checkpoints (HF sequence-classification ORMs/PRMs) and reward
-parameters from the run spec; every reward is built with its defaults.
+ignore it.
+
+Separate reward-model checkpoints are named ``KIND:MODEL`` (``MODEL_REWARDS``):
+
+- ``hf-orm:MODEL`` — HF sequence-classification ORM, scalar logit (``rewards.hf_orm``; AceMath-7B-RM);
+- ``hf-prm:MODEL[:STYLE]`` — HF process RM, last completed step (``rewards.hf_prm``); STYLE is ``qwen``
+  (Qwen2.5-Math-PRM) or ``skywork`` (Skywork-o1-Open-PRM), default ``skywork`` when the model name
+  contains "skywork", else ``qwen``. A MODEL holding ":" is not supported;
+- ``vllm-rm:MODEL`` — a vLLM pooling/reward model (``rewards.vllm_reward``; needs ``srdq[vllm]``).
+
+``check_reward_name`` validates a name at submit time by its prefix only (the checkpoint is not looked
+up). The HF adapters run on ``Settings.device`` in ``Settings.dtype``; the vLLM one takes
+``0.9 - Settings.gpu_memory_utilization`` of the GPU (the generator has the rest). Checkpoint rewards are
+built once per process and reused (a 7B RM is not reloaded for every shard). Left out: reward parameters
+from the run spec (batch budget, step separator, system prompt): every reward is built with its defaults.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from srd_worker.engines.base import Engine
 from srd_worker.errors import ConfigError
@@ -32,10 +46,80 @@ REWARDS: dict[str, RewardFactory] = {
 }
 
 
-def build_reward(name: str, engine: Engine | None) -> RewardModel | None:
-    """The reward model called ``name``; None for ``"none"``. Raises ConfigError for an unknown name."""
-    try:
-        factory = REWARDS[name]
-    except KeyError:
-        raise ConfigError(f"unknown reward '{name}'; choose one of: {', '.join(sorted(REWARDS))}") from None
-    return factory(engine)
+#: ``KIND:MODEL`` rewards backed by a separate checkpoint (see the module docstring).
+MODEL_REWARDS: dict[str, str] = {
+    "hf-orm": "Hugging Face sequence-classification outcome RM (scalar logit), e.g. hf-orm:nvidia/AceMath-7B-RM",
+    "hf-prm": "Hugging Face process RM, last completed step; hf-prm:MODEL[:qwen|skywork]",
+    "vllm-rm": "vLLM pooling/reward model (needs srdq[vllm]), e.g. vllm-rm:nvidia/AceMath-7B-RM",
+}
+PRM_STYLES = ("qwen", "skywork")
+
+_BUILT: dict[tuple[Any, ...], RewardModel] = {}
+
+
+def _choices() -> str:
+    return (f"choose one of: {', '.join(sorted(REWARDS))}; or a checkpoint as "
+            + ", ".join(f"{k}:MODEL" for k in MODEL_REWARDS))
+
+
+def parse_reward_name(name: str) -> tuple[str, str, str | None]:
+    """(kind, model, PRM style or None) of a ``KIND:MODEL[:STYLE]`` name; ConfigError when malformed."""
+    kind, sep, rest = name.partition(":")
+    if not sep or kind not in MODEL_REWARDS:
+        raise ConfigError(f"unknown reward '{name}'; {_choices()}")
+    style = None
+    if kind == "hf-prm" and ":" in rest:
+        rest, _, style = rest.rpartition(":")
+        if style not in PRM_STYLES:
+            raise ConfigError(f"unknown PRM style '{style}' in reward '{name}'; choose one of: {', '.join(PRM_STYLES)}")
+    elif ":" in rest:
+        raise ConfigError(f"reward '{name}': a model name must not contain ':'")
+    if not rest.strip():
+        raise ConfigError(f"reward '{name}' names no model; write {kind}:MODEL (a Hugging Face id or a local folder)")
+    if kind == "hf-prm" and style is None:
+        style = "skywork" if "skywork" in rest.lower() else "qwen"
+    return kind, rest, style
+
+
+def check_reward_name(name: str) -> None:
+    """ConfigError unless ``name`` is a known reward or a well-formed ``KIND:MODEL`` (not looked up)."""
+    if name not in REWARDS:
+        parse_reward_name(name)
+
+
+def _build_model_reward(name: str, settings: Any) -> RewardModel:
+    kind, model, style = parse_reward_name(name)
+    if settings is None:
+        from srd_worker.settings import get_settings
+
+        settings = get_settings()
+    key = (name, settings.device, settings.dtype, settings.tensor_parallel_size, settings.gpu_memory_utilization)
+    if key in _BUILT:
+        return _BUILT[key]
+    if kind == "hf-orm":
+        from srd_worker.rewards.hf_orm import HFOutcomeReward
+
+        reward: RewardModel = HFOutcomeReward(model, device=settings.device, dtype=settings.dtype)
+    elif kind == "hf-prm":
+        from srd_worker.rewards.hf_prm import HFProcessReward
+
+        reward = HFProcessReward(model, style=style or "qwen", device=settings.device, dtype=settings.dtype)
+    else:
+        from srd_worker.rewards.vllm_reward import VLLMReward
+
+        share = round(0.9 - float(settings.gpu_memory_utilization), 3)
+        if share < 0.05:
+            raise ConfigError(f"vllm-rm needs GPU memory beside the generator: SRDQ_GPU_MEMORY_UTILIZATION="
+                              f"{settings.gpu_memory_utilization} leaves {share} of 0.9; lower it (e.g. 0.6)")
+        reward = VLLMReward(model, gpu_memory_utilization=share, dtype=settings.dtype,
+                            tensor_parallel_size=settings.tensor_parallel_size)
+    _BUILT[key] = reward
+    return reward
+
+
+def build_reward(name: str, engine: Engine | None, *, settings: Any = None) -> RewardModel | None:
+    """The reward model called ``name``; None for ``"none"``. Raises ConfigError for an unknown name.
+    ``settings`` (device, dtype, GPU share) is read from the environment when not given."""
+    if name in REWARDS:
+        return REWARDS[name](engine)
+    return _build_model_reward(name, settings)

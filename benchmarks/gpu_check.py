@@ -1,0 +1,225 @@
+"""GPU check: the transformers engine and the HF ORM adapter at 8B scale, with random weights (no downloads).
+
+On a CUDA machine with torch and transformers, builds a randomly initialised model with the shape of
+Llama-3.1-8B (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, vocabulary 128256) in
+bfloat16 directly on the GPU, and measures
+
+1. generation: ``TransformersEngine.generate`` tokens/s and peak GPU memory
+   (``torch.cuda.max_memory_allocated``) at batch sizes 1, 8, 32, 64; each request has a 256-token random
+   prompt and samples exactly 128 new tokens (fixed seeds; Best-of-N's sampling defaults: temperature 0.8,
+   top-k 50, top-p 0.9; EOS is one id among 128256 and is not expected within 128 draws from random weights,
+   and the table reports the tokens actually generated); the time includes the prefill;
+2. reward scoring: ``HFOutcomeReward.score_ids`` (the ``hf-orm`` adapter's batched path, a
+   sequence-classification head with one label on the same 8B shape) in sequences/s and peak memory at a
+   few batch sizes, 512-token inputs, one batch per call.
+
+The generator is freed before the reward model is built, so each peak is one model's. Prints a table and
+writes it into docs/PERFORMANCE.md between the gpu-check markers (``--no-write`` to print only).
+On a machine without CUDA it prints why and exits with status 2, writing nothing.
+
+    python benchmarks/gpu_check.py [--batch-sizes 1,8,32,64] [--reward-batch-sizes 1,8,32] [--no-write]
+
+Takes about 2-4 minutes on one H100/H200-class GPU (most of it building the random 8B weights twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._doc import replace_section  # noqa: E402
+
+LLAMA_31_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                   intermediate_size=14336, vocab_size=128256)
+EOS_ID, PAD_ID = 128001, 128004  # Llama-3.1's <|end_of_text|> and <|finetune_right_pad_id|>
+
+
+class IdTokenizer:
+    """Just enough of a Hugging Face tokenizer for the engine and the RM over raw token ids (no vocabulary
+    files: the benchmark never turns text into ids)."""
+
+    eos_token_id, pad_token_id, bos_token_id, chat_template = EOS_ID, PAD_ID, None, None
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [int(t) for t in text.split()]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return " ".join(str(int(t)) for t in ids)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def build_config(kind: str, shape: dict, max_positions: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**shape, max_position_embeddings=max_positions, rope_theta=500000.0,
+                       bos_token_id=128000, eos_token_id=EOS_ID, pad_token_id=PAD_ID, tie_word_embeddings=False,
+                       num_labels=1 if kind == "rm" else 2)
+
+
+def build_random(auto_cls, config, device: str, dtype):
+    """Random weights made directly on ``device`` in ``dtype`` (no fp32 copy on the host)."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.manual_seed(0)
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = auto_cls.from_config(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch-sizes", default="1,8,32,64")
+    ap.add_argument("--prompt-tokens", type=int, default=256)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--reward-batch-sizes", default="1,8,32")
+    ap.add_argument("--reward-tokens", type=int, default=512)
+    ap.add_argument("--reward-reps", type=int, default=3, help="timed calls per reward batch size")
+    ap.add_argument("--doc", default=str(ROOT / "docs" / "PERFORMANCE.md"))
+    ap.add_argument("--no-write", action="store_true", help="print only; leave the doc alone")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="run a tiny shape on the CPU to check the script itself (never writes the doc)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available() and not args.cpu_smoke:
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing was measured and "
+              f"{args.doc} was left unchanged. Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
+        return 2
+
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from srd_worker.engines.base import GenerationRequest, SamplingParams
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.rewards.hf_orm import HFOutcomeReward
+
+    if args.cpu_smoke:
+        device, dtype, write = "cpu", torch.float32, False
+        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=128, vocab_size=128256)
+        gpu_name, shape_name = f"CPU smoke run ({platform.machine()})", "tiny smoke-test"
+    else:
+        device, dtype, write = "cuda", torch.bfloat16, not args.no_write
+        shape = LLAMA_31_8B
+        gpu_name, shape_name = torch.cuda.get_device_name(0), "Llama-3.1-8B"
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    def reset_peak() -> None:
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_gib() -> str:
+        return f"{torch.cuda.max_memory_allocated() / 2**30:.1f}" if device == "cuda" else "n/a"
+
+    batch_sizes, reward_sizes = _ints(args.batch_sizes), _ints(args.reward_batch_sizes)
+    max_pos = max(args.prompt_tokens + args.new_tokens, args.reward_tokens) + 8
+    gen = torch.Generator().manual_seed(1234)
+    vocab = shape["vocab_size"]
+
+    # ------------------------------------------------------------------ generation
+    t0 = time.perf_counter()
+    model = build_random(AutoModelForCausalLM, build_config("lm", shape, max_pos), device, dtype)
+    build_s = time.perf_counter() - t0
+    n_params = sum(p.numel() for p in model.parameters())
+    engine = TransformersEngine(model, IdTokenizer(), max_batch_size=max(batch_sizes))
+
+    def requests(bs: int, new: int) -> list[GenerationRequest]:
+        out = []
+        for i in range(bs):
+            ids = torch.randint(0, 128000, (args.prompt_tokens,), generator=gen).tolist()
+            out.append(GenerationRequest(tuple(ids), SamplingParams(temperature=0.8, top_k=50, top_p=0.9,
+                                                                     max_new_tokens=new, seed=i)))
+        return out
+
+    engine.generate(requests(2, 4))  # warm-up: kernels, allocator
+    gen_rows = []
+    for bs in batch_sizes:
+        reqs = requests(bs, args.new_tokens)
+        reset_peak()
+        sync()
+        t = time.perf_counter()
+        outs = engine.generate(reqs)
+        sync()
+        dt = time.perf_counter() - t
+        tokens = sum(len(g.token_ids) for g in outs)
+        gen_rows.append((bs, tokens, dt, tokens / dt, dt / args.new_tokens * 1000, peak_gib()))
+        print(f"generate bs={bs}: {tokens} tokens in {dt:.2f}s", file=sys.stderr)
+    del engine, model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+    # ------------------------------------------------------------------ reward scoring
+    rm_model = build_random(AutoModelForSequenceClassification, build_config("rm", shape, max_pos), device, dtype)
+    rm = HFOutcomeReward("random-8b-rm", model=rm_model, tokenizer=IdTokenizer(),
+                         max_tokens_per_batch=max(reward_sizes) * args.reward_tokens)
+    rm.score_ids([list(range(1, 9))] * 2)  # warm-up
+    rm_rows = []
+    for bs in reward_sizes:
+        rm.max_tokens_per_batch = bs * args.reward_tokens  # one batch per call
+        seqs = [torch.randint(0, vocab - 1, (args.reward_tokens,), generator=gen).tolist() for _ in range(bs)]
+        reset_peak()
+        sync()
+        t = time.perf_counter()
+        for _ in range(args.reward_reps):
+            scores = rm.score_ids(seqs)
+        sync()
+        dt = time.perf_counter() - t
+        assert len(scores) == bs
+        rm_rows.append((bs, bs * args.reward_reps / dt, dt / args.reward_reps * 1000, peak_gib()))
+        print(f"reward bs={bs}: {bs * args.reward_reps / dt:.1f} seq/s", file=sys.stderr)
+
+    lines = [
+        f"Measured {time.strftime('%Y-%m-%d')} on {gpu_name}, torch {torch.__version__}, transformers "
+        f"{transformers.__version__}. Random weights in the {shape_name} shape ({n_params / 1e9:.2f}B parameters, "
+        f"{str(dtype).removeprefix('torch.')}, built in {build_s:.0f} s); no real checkpoint, so the text is noise "
+        "and only speed and memory mean anything.",
+        "",
+        f"Generation (transformers engine, one `generate` call per row: {args.prompt_tokens}-token prompts, "
+        f"{args.new_tokens} new tokens each, temperature 0.8, top-k 50, top-p 0.9, fixed seeds; time includes "
+        "the prefill):",
+        "",
+        "| batch | generated tokens | wall s | tokens/s | ms per step | peak GiB |",
+        "|---:|---:|---:|---:|---:|---:|",
+        *[f"| {bs} | {tok} | {dt:.2f} | {tps:.0f} | {ms:.1f} | {pk} |" for bs, tok, dt, tps, ms, pk in gen_rows],
+        "",
+        f"Reward scoring (`hf-orm` adapter path, `HFOutcomeReward.score_ids`, one-label sequence-classification head "
+        f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} calls):",
+        "",
+        "| batch | sequences/s | ms per batch | peak GiB |",
+        "|---:|---:|---:|---:|",
+        *[f"| {bs} | {sps:.1f} | {ms:.0f} | {pk} |" for bs, sps, ms, pk in rm_rows],
+        "",
+        f"Command: `python benchmarks/gpu_check.py --batch-sizes {args.batch_sizes} "
+        f"--reward-batch-sizes {args.reward_batch_sizes}`",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if write:
+        replace_section(Path(args.doc), "gpu-check", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""vLLM engine: the Engine contract over vLLM's offline ``LLM`` (the optional extra ``srdq[vllm]``).
+
+vLLM is imported only when an engine is built (``VLLMEngine(...)`` / ``VLLMEngine.from_name``), never
+when this module is imported, so machines without vLLM (or without a GPU) can submit runs, list methods
+and read status. ALGORITHMS.md §0.4 lists what the offline API gives; this adapter uses:
+
+- ``LLM(model, enable_prefix_caching=True, tensor_parallel_size, gpu_memory_utilization, dtype)``, the
+  two GPU settings from ``Settings`` (``SRDQ_TENSOR_PARALLEL_SIZE``, ``SRDQ_GPU_MEMORY_UTILIZATION``);
+- continuation from token ids: each request is ``TokensPrompt(prompt_token_ids=prompt + kept prefix)``,
+  never re-tokenised text, and repeated prefixes hit the prefix cache;
+- one vLLM ``SamplingParams`` per request: temperature (0 = greedy), top_p, top_k (-1 = off),
+  ``max_tokens``, ``seed`` (vLLM's per-request generator: the same request with the same seed draws the
+  same tokens on the same vLLM version and GPU; draws differ from the transformers engine's), stop strings
+  (``include_stop_str_in_output=True``), ``stop_token_ids`` = the tokenizer's EOS set (chat end-of-turn
+  tokens included, as in the transformers engine), ``logprobs=1`` when asked;
+- EOS handling as in the transformers engine: the EOS token is kept in ``token_ids``; ``finish_reason`` is
+  ``"eos"`` when the last token is in the EOS set (checked first, also when it was the last allowed
+  token), ``"stop"`` for a stop string, else ``"length"``; ``text`` is the tokenizer's decoding of
+  ``token_ids`` with special tokens skipped (vLLM's own text is not used, so both engines decode alike);
+- per-token logprobs are vLLM's default raw logprobs (the model's distribution before temperature and
+  filtering, vLLM >= 0.8 V1), the transformers engine's convention;
+- teacher-forced ``logprobs(pairs)``: each pair is one request over ``prefix + continuation`` with
+  ``prompt_logprobs=1`` and ``max_tokens=1``, reading the logprob of each actual continuation token.
+  This is functionally right but its SPEED IS NOT REPRESENTATIVE of a scoring pass: vLLM builds Python
+  objects per prompt position and samples one token per request (ALGORITHMS.md §0.5).
+
+Processes: a Celery prefork worker child is daemonic and may not start processes, so there vLLM's engine
+core runs in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, see ``prepare_process``) and
+tensor parallelism (which needs worker processes) is refused with a message; ``srdq run`` can use it.
+
+Capabilities: sampling and logprobs. No full next-token distributions (``full_logits``) and no gradients,
+so the speculative-decoding family and gradient-based methods are refused at submit time.
+
+Not verified here: this adapter has only run against a fake ``vllm`` module in the unit tests; the
+contract suite (tests/unit/test_engine_contract.py) runs it on a real vLLM where vLLM and CUDA exist.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from srd_worker.engines.base import CAP_LOGPROBS, CAP_SAMPLING, Generation, GenerationRequest, SamplingParams
+from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
+from srd_worker.errors import EngineError, ModelLoadError
+
+INSTALL_HINT = (
+    "the 'vllm' engine needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
+    "(Linux with an NVIDIA GPU and CUDA), or run with --engine transformers"
+)
+
+_SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+
+def import_vllm() -> Any:
+    """The ``vllm`` module, or EngineError with install instructions when it is missing."""
+    try:
+        return importlib.import_module("vllm")
+    except ImportError as exc:
+        raise EngineError(f"{INSTALL_HINT} ({exc})") from exc
+
+
+def prepare_process(tensor_parallel_size: int) -> None:
+    """Let vLLM start inside a daemonic process (a Celery prefork worker child), which may not have
+    children: vLLM's engine core then runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+    Tensor parallelism needs child processes, so it is refused there with the way out."""
+    import multiprocessing
+
+    if not multiprocessing.current_process().daemon:
+        return
+    if tensor_parallel_size > 1:
+        raise EngineError(
+            f"tensor_parallel_size={tensor_parallel_size} needs vLLM worker processes, which a daemonic process "
+            "(a Celery prefork worker) cannot start; use `srdq run` for tensor parallelism, or one GPU per worker"
+        )
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def tiny_model_dir(cache_dir: Path) -> Path:
+    """``tiny-random-llama`` saved to a folder vLLM can load (vLLM loads models from files only).
+
+    Same byte tokenizer and seed as the transformers engine's tiny model, but hidden size 256 (4 heads
+    of 64): vLLM's attention kernels do not take the 16-wide heads of the 64-wide transformers model.
+    """
+    from srd_worker.engines.loading import build_tiny_llama
+
+    target = Path(cache_dir) / "models" / "tiny-random-llama-vllm"
+    if not (target / "config.json").exists():
+        model, tokenizer = build_tiny_llama(seed=0, hidden_size=256)
+        target.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(target)
+        tokenizer.save_pretrained(target)
+    return target
+
+
+def _logprob_value(entry: Any, token_id: int, where: str) -> float:
+    """The logprob of ``token_id`` in one vLLM position entry ({token id: Logprob})."""
+    try:
+        lp = entry[token_id]
+    except (KeyError, TypeError, IndexError):
+        raise EngineError(f"vLLM returned no logprob for token {token_id} at {where}") from None
+    return float(getattr(lp, "logprob", lp))
+
+
+def _max_model_len(llm: Any) -> int:
+    engine = getattr(llm, "llm_engine", None)
+    for get in (lambda: engine.model_config.max_model_len, lambda: engine.get_model_config().max_model_len):
+        try:
+            return int(get())
+        except AttributeError:
+            continue
+    raise EngineError("cannot read max_model_len from the vLLM engine; pass max_context")
+
+
+class VLLMEngine:
+    name = "vllm"
+    capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS})
+
+    def __init__(self, llm: Any, tokenizer: Any, *, model_name: str = "", max_context: int | None = None) -> None:
+        """Wrap a built ``vllm.LLM`` and the model's Hugging Face tokenizer (``from_name`` builds both)."""
+        vllm = import_vllm()
+        self._sampling_params_cls = vllm.SamplingParams
+        self._tokens_prompt = importlib.import_module("vllm.inputs").TokensPrompt
+        self.llm = llm
+        self.tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else HFTokenizer(tokenizer)
+        self.model_name = model_name
+        self.max_context = int(max_context) if max_context else _max_model_len(llm)
+        self.stats = EngineStats()
+
+    @classmethod
+    def from_name(cls, name: str, *, settings: Any, **llm_kwargs: Any) -> VLLMEngine:
+        """Build ``vllm.LLM`` for a model name (a local folder, a Hugging Face id, ``smollm2`` or
+        ``tiny-random-llama``) with the settings' dtype, tensor_parallel_size and gpu_memory_utilization.
+        Extra keyword arguments go to ``vllm.LLM`` (e.g. ``max_model_len``)."""
+        vllm = import_vllm()
+        from transformers import AutoTokenizer
+
+        from srd_worker.engines.loading import TINY_MODEL, resolve_model_path
+
+        path = str(tiny_model_dir(settings.cache_dir)) if name == TINY_MODEL else resolve_model_path(
+            name, settings.cache_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except OSError as exc:
+            raise ModelLoadError(f"cannot load the tokenizer of '{name}': {exc}") from exc
+        kwargs = dict(
+            model=path, tokenizer=path, dtype=settings.dtype, enable_prefix_caching=True,
+            tensor_parallel_size=int(settings.tensor_parallel_size),
+            gpu_memory_utilization=float(settings.gpu_memory_utilization), seed=0,
+        )
+        kwargs.update(llm_kwargs)
+        prepare_process(int(kwargs["tensor_parallel_size"]))
+        llm = vllm.LLM(**kwargs)
+        return cls(llm, tokenizer, model_name=name)
+
+    # ------------------------------------------------------------------ generation
+    def _sampling_params(self, p: SamplingParams, budget: int) -> Any:
+        return self._sampling_params_cls(
+            n=1,
+            temperature=float(p.temperature),
+            top_p=float(p.top_p),
+            top_k=int(p.top_k) if p.top_k > 0 else -1,
+            max_tokens=int(budget),
+            seed=(int(p.seed) & _SEED_MASK) if p.seed is not None else None,
+            stop=list(p.stop) or None,
+            stop_token_ids=sorted(self.tokenizer.eos_token_ids),
+            include_stop_str_in_output=True,
+            logprobs=1 if p.logprobs else None,
+        )
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        t0 = time.perf_counter()
+        out: list[Generation | None] = [None] * len(requests)
+        todo: list[int] = []
+        prompts: list[Any] = []
+        params: list[Any] = []
+        for i, r in enumerate(requests):
+            if not r.prompt_ids:
+                raise EngineError(f"request {i} has an empty prompt")
+            room = self.max_context - len(r.prompt_ids)
+            if room <= 0:
+                raise EngineError(
+                    f"request {i}: prompt of {len(r.prompt_ids)} tokens does not fit the context of {self.max_context}"
+                )
+            budget = min(r.params.max_new_tokens, room)
+            if budget == 0:  # vLLM refuses max_tokens=0
+                out[i] = Generation([], "", "length", [] if r.params.logprobs else None)
+                continue
+            todo.append(i)
+            prompts.append(self._tokens_prompt(prompt_token_ids=list(r.prompt_ids)))
+            params.append(self._sampling_params(r.params, budget))
+        results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False) if prompts else []
+        if len(results) != len(todo):
+            raise EngineError(f"vLLM returned {len(results)} outputs for {len(todo)} requests")
+        for i, res in zip(todo, results, strict=True):
+            out[i] = self._to_generation(res, requests[i].params, i)
+            self.stats.generated_tokens += len(out[i].token_ids)
+            self.stats.prefill_tokens += len(requests[i].prompt_ids)
+        self.stats.generate_calls += 1
+        self.stats.generate_seconds += time.perf_counter() - t0
+        return [g for g in out if g is not None]
+
+    def _to_generation(self, res: Any, p: SamplingParams, i: int) -> Generation:
+        comp = res.outputs[0]
+        ids = [int(t) for t in comp.token_ids]
+        vllm_reason = comp.finish_reason
+        if ids and ids[-1] in self.tokenizer.eos_token_ids:
+            reason = "eos"
+        elif vllm_reason == "stop" or (p.stop and self._hit_stop(ids, p.stop)):
+            reason = "stop"
+        elif vllm_reason == "length":
+            reason = "length"
+        else:
+            raise EngineError(f"request {i}: vLLM ended the request with finish_reason {vllm_reason!r}")
+        logps = None
+        if p.logprobs:
+            entries = comp.logprobs
+            if entries is None or len(entries) != len(ids):
+                raise EngineError(f"request {i}: vLLM returned {0 if entries is None else len(entries)} "
+                                  f"logprob entries for {len(ids)} tokens")
+            logps = [_logprob_value(e, t, f"request {i}, token {j}") for j, (e, t) in
+                     enumerate(zip(entries, ids, strict=True))]
+        return Generation(token_ids=ids, text=self.tokenizer.decode(ids), finish_reason=reason, logprobs=logps)
+
+    def _hit_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> bool:
+        longest = max((len(s) for s in stops), default=0)
+        tail = self.tokenizer.decode(token_ids[-(longest + 2):])
+        return any(s and s in tail for s in stops)
+
+    # ------------------------------------------------------------------ scoring
+    def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """Teacher-forced logprobs via ``prompt_logprobs=1`` (functional; speed not representative)."""
+        out: list[list[float]] = [[] for _ in pairs]
+        todo: list[int] = []
+        prompts: list[Any] = []
+        for i, (p, c) in enumerate(pairs):
+            if not p:
+                raise EngineError(f"pair {i}: teacher-forced scoring needs a non-empty prefix")
+            n = len(p) + len(c)
+            if n >= self.max_context:  # vLLM also samples one token, which needs a free position
+                raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
+            if c:
+                todo.append(i)
+                prompts.append(self._tokens_prompt(prompt_token_ids=[int(t) for t in p] + [int(t) for t in c]))
+        if not prompts:
+            return out
+        params = self._sampling_params_cls(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=1)
+        results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        if len(results) != len(todo):
+            raise EngineError(f"vLLM returned {len(results)} outputs for {len(todo)} scoring requests")
+        for i, res in zip(todo, results, strict=True):
+            prefix, cont = pairs[i]
+            entries = res.prompt_logprobs
+            if entries is None or len(entries) != len(prefix) + len(cont):
+                raise EngineError(f"pair {i}: vLLM returned no prompt logprobs for the whole sequence")
+            out[i] = [_logprob_value(entries[len(prefix) + j], int(t), f"pair {i}, token {j}")
+                      for j, t in enumerate(cont)]
+        return out

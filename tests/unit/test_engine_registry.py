@@ -1,0 +1,330 @@
+"""Engine registry and the GPU-only adapters on a machine without vLLM or a GPU.
+
+- static capabilities equal the engine classes' and refuse incompatible methods at prepare_run, before the
+  dataset is read or anything stored (CLI too);
+- importing the vLLM adapters (and the CLI) does not import vllm; srdq methods / submit --dry-run /
+  status --help work with vllm unimportable; building a vLLM engine or reward without it names the fix;
+- the vLLM engine's translation of requests and outputs (through tests/unit/fake_vllm.py: what is sent to
+  vLLM and how its outputs map to the Engine contract, including EOS on the last allowed token);
+- the vLLM reward adapter's pooled-output handling and GPU share;
+- benchmarks/gpu_check.py exits non-zero and writes nothing without CUDA.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from srd_worker.engines.base import (
+    CAP_FULL_LOGITS,
+    CAP_GRADIENTS,
+    CAP_LOGPROBS,
+    CAP_SAMPLING,
+    GenerationRequest,
+    SamplingParams,
+)
+from srd_worker.engines.registry import ENGINES, build_engine, engine_capabilities
+from srd_worker.errors import CapabilityError, ConfigError, EngineError, RewardError
+from tests.unit import fake_vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+GSM8K_ROWS = ('{"question": "Janet has 3 eggs and buys 2. How many?", "answer": "3 + 2 = 5\\n#### 5"}\n'
+              '{"question": "What is 6 times 7?", "answer": "6 * 7 = 42\\n#### 42"}\n')
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Path:
+    path = tmp_path / "gsm8k_2.jsonl"
+    path.write_text(GSM8K_ROWS, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def no_vllm(monkeypatch):
+    """``import vllm`` raises ImportError, whether or not vLLM is installed."""
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", None)
+
+
+@pytest.fixture
+def needy_methods(monkeypatch):
+    """Two registered methods that need capabilities only some engines have."""
+    from srd_worker.methods.registry import METHODS
+    from srd_worker.methods.sampling import Sampling
+
+    logits = type("NeedsLogits", (Sampling,), {"name": "needs_full_logits",
+                                                "needs_capabilities": frozenset({CAP_SAMPLING, CAP_FULL_LOGITS})})
+    grads = type("NeedsGrads", (Sampling,), {"name": "needs_gradients",
+                                              "needs_capabilities": frozenset({CAP_SAMPLING, CAP_GRADIENTS})})
+    monkeypatch.setitem(METHODS, logits.name, logits)
+    monkeypatch.setitem(METHODS, grads.name, grads)
+
+
+# ------------------------------------------------------------------------------------- registry
+
+
+def test_static_capabilities_equal_the_engine_classes():
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.engines.vllm_engine import VLLMEngine
+
+    assert set(ENGINES) == {"transformers", "vllm"}
+    assert engine_capabilities("transformers") == TransformersEngine.capabilities
+    assert engine_capabilities("vllm") == VLLMEngine.capabilities == frozenset({CAP_SAMPLING, CAP_LOGPROBS})
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'; choose one of: transformers, vllm"):
+        engine_capabilities("tgi")
+
+
+def test_prepare_run_refuses_missing_capability_before_reading_the_dataset(needy_methods, dataset, tmp_path):
+    from srd_worker.spec import prepare_run
+
+    missing = tmp_path / "not-there.jsonl"
+    with pytest.raises(CapabilityError, match="needs engine capabilities full_logits.*'vllm' engine"):
+        prepare_run(dataset=missing, method="needs_full_logits", params={}, model="m", reward=None, engine="vllm")
+    with pytest.raises(CapabilityError, match="gradients.*'transformers' engine"):
+        prepare_run(dataset=missing, method="needs_gradients", params={}, model="m", reward=None)
+    with pytest.raises(ConfigError, match="unknown engine"):
+        prepare_run(dataset=dataset, method="sampling", params={}, model="m", reward=None, engine="tgi")
+    ok = prepare_run(dataset=dataset, method="needs_full_logits", params={}, model="m", reward=None)
+    assert ok.spec.engine == "transformers"
+    on_vllm = prepare_run(dataset=dataset, method="best_of_n", params={}, model="m",
+                          reward="hf-orm:nvidia/AceMath-7B-RM", engine="vllm")
+    assert on_vllm.spec.engine == "vllm" and on_vllm.spec.reward == "hf-orm:nvidia/AceMath-7B-RM"
+    assert on_vllm.spec.run_id() != prepare_run(dataset=dataset, method="best_of_n", params={}, model="m",
+                                                reward="hf-orm:nvidia/AceMath-7B-RM").spec.run_id()
+
+
+# ------------------------------------------------------------------------------------- without vLLM
+
+
+def test_importing_the_vllm_adapters_and_cli_does_not_import_vllm():
+    code = ("import sys\n"
+            "import srd_worker.engines.vllm_engine, srd_worker.engines.registry, srd_worker.rewards.vllm_reward\n"
+            "import srd_worker.rewards.registry, srd_worker.spec, srdq_cli.main\n"
+            "assert 'vllm' not in sys.modules, 'vllm was imported'\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_cli_works_without_vllm(no_vllm, needy_methods, dataset, tmp_path):
+    from srdq_cli.main import cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["methods"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(cli, ["submit", "dataset", str(dataset), "--method", "best_of_n", "--n", "2",
+                              "--engine", "vllm", "--reward", "hf-prm:Skywork/Skywork-o1-Open-PRM-Qwen-2.5-7B:skywork",
+                              "--dry-run"])
+    assert res.exit_code == 0, res.output
+    assert "dry run, nothing stored" in res.output
+    res = runner.invoke(cli, ["status", "--help"])
+    assert res.exit_code == 0 and "RUN_ID" in res.output
+    # a method needing what the engine lacks: one clear error, nothing written
+    out = tmp_path / "out"
+    res = runner.invoke(cli, ["run", str(dataset), "--method", "needs_full_logits", "--engine", "vllm",
+                              "--out", str(out)])
+    assert res.exit_code != 0 and "does not provide" in res.output and not out.exists()
+    res = runner.invoke(cli, ["submit", "dataset", str(dataset), "--method", "needs_full_logits",
+                              "--engine", "vllm", "--dry-run"])
+    assert res.exit_code != 0 and "full_logits" in res.output
+    res = runner.invoke(cli, ["run", str(dataset), "--method", "sampling", "--engine", "gpu-magic"])
+    assert res.exit_code != 0 and "gpu-magic" in res.output
+
+
+def test_building_vllm_things_without_vllm_names_the_fix(no_vllm, tmp_path):
+    from srd_worker.rewards.vllm_reward import VLLMReward
+    from srd_worker.settings import Settings
+
+    with pytest.raises(EngineError, match=r"pip install 'srdq\[vllm\]'"):
+        build_engine("vllm", "tiny-random-llama", Settings(cache_dir=tmp_path))
+    with pytest.raises(RewardError, match=r"pip install 'srdq\[vllm\]'"):
+        VLLMReward("nvidia/AceMath-7B-RM")
+
+
+# ------------------------------------------------------------------------------------- vLLM engine adapter
+
+
+@pytest.fixture
+def shim(tiny_engine):
+    from srd_worker.engines.vllm_engine import VLLMEngine
+
+    with fake_vllm.installed(backend=tiny_engine) as vllm:
+        yield VLLMEngine(vllm.LLM(model="tiny"), tiny_engine.tokenizer)
+
+
+def test_vllm_requests_are_token_ids_with_translated_sampling_params(shim):
+    prompt = tuple(shim.tokenizer.chat_prompt_ids([{"role": "user", "content": "hi"}]))
+    sp = SamplingParams(temperature=0.5, top_p=0.8, top_k=0, max_new_tokens=7, stop=("zz",), seed=-1, logprobs=True)
+    shim.generate([GenerationRequest(prompt, sp), GenerationRequest(prompt, SamplingParams(top_k=12, seed=3))])
+    prompts, params = shim.llm.calls[-1]
+    assert prompts[0] == {"prompt_token_ids": list(prompt)}
+    a, b = params
+    assert (a.temperature, a.top_p, a.top_k, a.max_tokens, a.seed) == (0.5, 0.8, -1, 7, 2**64 - 1)
+    assert a.stop == ["zz"] and a.include_stop_str_in_output and a.logprobs == 1
+    assert sorted(a.stop_token_ids) == sorted(shim.tokenizer.eos_token_ids)
+    assert (b.top_k, b.seed, b.stop, b.logprobs) == (12, 3, None, None)
+    # the budget is cut to the room left in the context; a zero budget never reaches vLLM
+    near = tuple([65] * (shim.max_context - 3))
+    shim.generate([GenerationRequest(near, SamplingParams(max_new_tokens=50))])
+    assert shim.llm.calls[-1][1][0].max_tokens == 3
+    n_calls = len(shim.llm.calls)
+    assert shim.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=0, logprobs=True))])[0].logprobs == []
+    assert len(shim.llm.calls) == n_calls
+
+
+def test_vllm_llm_built_with_prefix_caching_and_gpu_settings(tiny_engine, tmp_path):
+    from srd_worker.engines.vllm_engine import VLLMEngine
+    from srd_worker.settings import Settings
+
+    settings = Settings(cache_dir=tmp_path, dtype="float16", tensor_parallel_size=2, gpu_memory_utilization=0.55)
+    with fake_vllm.installed(backend=tiny_engine) as vllm:
+        engine = build_engine("vllm", "tiny-random-llama", settings)
+        (llm,) = vllm.LLM.instances
+    assert isinstance(engine, VLLMEngine) and engine.max_context == tiny_engine.max_context
+    kw = llm.kwargs
+    assert kw["enable_prefix_caching"] is True and kw["tensor_parallel_size"] == 2
+    assert kw["gpu_memory_utilization"] == 0.55 and kw["dtype"] == "float16"
+    saved = Path(kw["model"])
+    assert (saved / "config.json").exists() and '"hidden_size": 256' in (saved / "config.json").read_text()
+
+
+class _Canned:
+    """A vLLM ``LLM`` that returns prepared outputs."""
+
+    def __init__(self, outputs):
+        self.outputs = outputs
+        self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=64))
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=True):
+        return self.outputs[: len(prompts)]
+
+
+def _canned_engine(tiny_engine, outputs):
+    from srd_worker.engines.vllm_engine import VLLMEngine
+
+    with fake_vllm.installed():
+        return VLLMEngine(_Canned(outputs), tiny_engine.tokenizer)
+
+
+def _out(ids, reason, logprobs=None, why=None):
+    return fake_vllm.RequestOutput([1], None, [fake_vllm.CompletionOutput(0, "ignored", ids, logprobs, reason, why)])
+
+
+def test_vllm_outputs_map_to_the_engine_contract(tiny_engine):
+    tok = tiny_engine.tokenizer
+    eos = next(iter(tok.eos_token_ids))
+    (a_id,), (b_id,) = tok.encode("A"), tok.encode("B")
+    lp = [{a_id: fake_vllm.Logprob(-1.5)}, {eos: fake_vllm.Logprob(-0.25)}]
+    engine = _canned_engine(tiny_engine, [
+        _out([a_id, eos], "length", lp),         # EOS sampled on the last allowed token: still "eos"
+        _out([a_id, b_id], "stop", None, "B"),   # a stop string
+        _out([a_id, b_id], "length"),
+    ])
+    reqs = [GenerationRequest((1, 2), SamplingParams(max_new_tokens=2, logprobs=True)),
+            GenerationRequest((1, 2), SamplingParams(max_new_tokens=5, stop=("B",))),
+            GenerationRequest((1, 2), SamplingParams(max_new_tokens=2))]
+    a, b, c = engine.generate(reqs)
+    assert (a.finish_reason, a.token_ids, a.logprobs, a.finished) == ("eos", [a_id, eos], [-1.5, -0.25], True)
+    assert a.text == "A"  # decoded by the adapter, EOS skipped; vLLM's own text is not used
+    assert (b.finish_reason, b.text) == ("stop", "AB")
+    assert (c.finish_reason, c.logprobs) == ("length", None)
+
+
+def test_vllm_bad_outputs_raise_engine_errors(tiny_engine):
+    req = [GenerationRequest((1, 2), SamplingParams(max_new_tokens=2, logprobs=True))]
+    with pytest.raises(EngineError, match="finish_reason 'abort'"):
+        _canned_engine(tiny_engine, [_out([65], "abort", [{65: fake_vllm.Logprob(-1.0)}])]).generate(req)
+    with pytest.raises(EngineError, match="0 logprob entries for 1 tokens"):
+        _canned_engine(tiny_engine, [_out([65], "length")]).generate(req)
+    with pytest.raises(EngineError, match="no logprob for token 65"):
+        _canned_engine(tiny_engine, [_out([65], "length", [{7: fake_vllm.Logprob(-1.0)}])]).generate(req)
+    with pytest.raises(EngineError, match="1 outputs for 2 requests"):
+        _canned_engine(tiny_engine, [_out([65], "length")]).generate(
+            [GenerationRequest((1,), SamplingParams(max_new_tokens=1))] * 2)
+    with pytest.raises(EngineError, match="no room"):
+        _canned_engine(tiny_engine, []).logprobs([([1] * 60, [2] * 4)])
+
+
+# ------------------------------------------------------------------------------------- vLLM reward adapter
+
+
+def _vllm_reward(tiny_engine, pooler, **kw):
+    from srd_worker.rewards.vllm_reward import VLLMReward
+
+    with fake_vllm.installed(pooler=pooler, reject_runner=kw.pop("reject_runner", False)) as vllm:
+        rm = VLLMReward("some/rm", tokenizer=tiny_engine.tokenizer.hf, **kw)
+        return rm, vllm.LLM.instances
+
+
+def test_vllm_reward_takes_the_last_scalar_in_input_order(tiny_engine):
+    import torch
+
+    rm, (llm,) = _vllm_reward(tiny_engine, lambda ids: torch.arange(len(ids), dtype=torch.float32),
+                              max_tokens_per_batch=100, stop=("\nQ:",))
+    assert llm.kwargs["runner"] == "pooling" and llm.kwargs["gpu_memory_utilization"] == 0.3
+    qs, rs = ["a", "a much longer question here", "b"], ["x" * 40, "y", "z\nQ: dropped"]
+    scores = rm.score(qs, rs)
+    assert scores == [float(len(rm.input_ids(q, r)) - 1) for q, r in zip(qs, rs, strict=True)]
+    assert len(llm.calls) > 1  # packed under the 100-token budget
+    assert rm.input_ids("b", "z\nQ: dropped") == rm.input_ids("b", "z")
+    rm2, (llm2,) = _vllm_reward(tiny_engine, lambda ids: torch.tensor([2.5]), reject_runner=True)
+    assert llm2.kwargs["task"] == "reward" and rm2.score(["q"], ["r"]) == [2.5]
+    rm3, _ = _vllm_reward(tiny_engine, lambda ids: torch.zeros(len(ids), 2))
+    with pytest.raises(RewardError, match="hf-prm"):
+        rm3.score(["q"], ["r"])
+
+
+def test_vllm_reward_gpu_share_from_settings(monkeypatch, tmp_path):
+    from srd_worker.rewards import registry
+    from srd_worker.settings import Settings
+
+    seen = {}
+
+    class Recorder:
+        def __init__(self, model, **kw):
+            seen.update(kw, model=model)
+
+    monkeypatch.setattr("srd_worker.rewards.vllm_reward.VLLMReward", Recorder)
+    registry.build_reward("vllm-rm:org/rm", None, settings=Settings(gpu_memory_utilization=0.55, cache_dir=tmp_path))
+    assert seen["model"] == "org/rm" and seen["gpu_memory_utilization"] == pytest.approx(0.35)
+    with pytest.raises(ConfigError, match="SRDQ_GPU_MEMORY_UTILIZATION"):
+        registry.build_reward("vllm-rm:org/rm2", None, settings=Settings(gpu_memory_utilization=0.88))
+
+
+# ------------------------------------------------------------------------------------- GPU check script
+
+
+def test_gpu_check_without_cuda_exits_nonzero_and_writes_nothing(monkeypatch, tmp_path, capsys):
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    doc = tmp_path / "PERFORMANCE.md"
+    doc.write_text("## GPU\n\n<!-- gpu-check:start -->\nNot run on a GPU yet.\n<!-- gpu-check:end -->\n")
+    before = doc.read_text()
+    assert gpu_check.main(["--doc", str(doc)]) == 2
+    assert doc.read_text() == before
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_vllm_in_a_daemonic_worker_runs_in_process(monkeypatch):
+    import multiprocessing
+    import os
+
+    from srd_worker.engines.vllm_engine import prepare_process
+
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    prepare_process(2)  # not daemonic: nothing to do
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    monkeypatch.setattr(multiprocessing, "current_process", lambda: types.SimpleNamespace(daemon=True))
+    prepare_process(1)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    with pytest.raises(EngineError, match="srdq run"):
+        prepare_process(2)

@@ -8,70 +8,20 @@ Skips only when the ``moto_server`` command is not installed.
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from srd_worker.errors import ObjectStoreError
 from srd_worker.objects import S3ObjectStore, open_store, read_shard, write_shard
 from srd_worker.settings import Settings
+from tests.integration.fleet import free_port
 from tests.object_store_cases import SPEC, VERSIONS, ObjectStoreCases, make_records
 
 pytestmark = pytest.mark.integration
 
 CREDENTIALS = {"access_key": "testing", "secret_key": "testing"}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _moto_server_command() -> str | None:
-    beside = Path(sys.executable).parent / "moto_server"
-    return str(beside) if beside.exists() else shutil.which("moto_server")
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a moto_server process that lives as long as this module's tests."""
-    command = _moto_server_command()
-    if command is None:
-        pytest.skip("moto_server not installed (pip install 'moto[server]')")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([command, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"moto_server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not answer on {url} within 60 s")
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def new_store(endpoint: str, prefix: str = "results/test", **kwargs) -> S3ObjectStore:
@@ -145,7 +95,7 @@ def test_open_store_uses_the_settings(endpoint: str) -> None:
 def test_an_unreachable_endpoint_fails_fast_with_the_key(
     endpoint: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    closed = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     store = S3ObjectStore(
         "srdq-test-nowhere",
         "p",

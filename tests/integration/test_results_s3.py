@@ -16,101 +16,37 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import text
 
 from srd_worker.errors import ObjectStoreError
 from srd_worker.objects import S3ObjectStore, read_run, run_manifest_key, shard_key, verify_shard
+from tests.integration.fleet import (
+    CLI,
+    fleet,
+    free_port,
+    kill,
+    start_worker,
+    unreachable,
+    worker_log,
+)
 
 pytestmark = pytest.mark.integration
 
-PG_URL = os.environ.get("SRDQ_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-CLI = [sys.executable, "-m", "srdq_cli.main"]
-BASE_ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 CREDENTIALS = {"access_key": "testing", "secret_key": "testing"}
 PREFIX = "results"
 
 
-# ------------------------------------------------------------------------------------------ servers
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _moto_server_command() -> str | None:
-    beside = Path(sys.executable).parent / "moto_server"
-    return str(beside) if beside.exists() else shutil.which("moto_server")
-
-
-@pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """URL of a moto_server process that lives as long as this module's tests."""
-    command = _moto_server_command()
-    if command is None:
-        pytest.skip("moto_server not installed (pip install 'moto[server]')")
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([command, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"moto_server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(url + "/", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not answer on {url} within 60 s")
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _unreachable() -> str | None:
-    try:
-        eng = create_engine(PG_URL)
-        with eng.connect():
-            pass
-        eng.dispose()
-    except Exception as exc:  # noqa: BLE001
-        return f"PostgreSQL at {PG_URL} unreachable: {exc}"
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except Exception as exc:  # noqa: BLE001
-        return f"Redis at {REDIS_URL} unreachable: {exc}"
-    return None
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _servers():
-    reason = _unreachable()
+    reason = unreachable()
     if reason:
         pytest.skip(reason)
 
@@ -118,58 +54,19 @@ def _servers():
 @pytest.fixture
 def env(tmp_path: Path, endpoint: str) -> Iterator[dict[str, Any]]:
     """A fresh migrated database, a Redis database number, a fresh bucket; torn down after."""
-    import redis
-
     from srd_worker.store.db import make_engine
 
-    name = f"srdq_res_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    db_url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    redis_db = 1 + uuid.uuid4().int % 15
-    broker = REDIS_URL.rsplit("/", 1)[0] + f"/{redis_db}"
-    redis.Redis.from_url(broker).flushdb()
     store = S3ObjectStore(f"srdq-res-{uuid.uuid4().hex[:12]}", PREFIX, endpoint_url=endpoint, **CREDENTIALS)
     store.ensure_bucket()
-    e = {**os.environ, **BASE_ENV, "SRDQ_DATABASE_URL": db_url, "SRDQ_BROKER_URL": broker,
-         "SRDQ_QUEUE": f"q-{uuid.uuid4().hex[:8]}", "SRDQ_LEASE_TTL_S": "4", "SRDQ_SLICE_ROUNDS": "3",
-         "SRDQ_REAP_INTERVAL_S": "1", "SRDQ_PENDING_GRACE_S": "3",
-         "SRDQ_OBJECT_STORE_URL": f"s3://{store.bucket}/{PREFIX}", "SRDQ_S3_ENDPOINT_URL": endpoint,
-         "SRDQ_AWS_ACCESS_KEY_ID": "testing", "SRDQ_AWS_SECRET_ACCESS_KEY": "testing"}
-    proc = subprocess.run([*CLI, "db", "upgrade"], env=e, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    db = make_engine(db_url)
-    workers: list[subprocess.Popen] = []
-    yield {"env": e, "db_url": db_url, "db": db, "store": store, "workers": workers, "tmp": tmp_path}
-    for w in workers:
-        _kill(w)
-    db.dispose()
-    redis.Redis.from_url(broker).flushdb()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+    with fleet(tmp_path, "srdq_res", SRDQ_OBJECT_STORE_URL=f"s3://{store.bucket}/{PREFIX}",
+               SRDQ_S3_ENDPOINT_URL=endpoint, SRDQ_AWS_ACCESS_KEY_ID="testing",
+               SRDQ_AWS_SECRET_ACCESS_KEY="testing") as ctx:
+        db = make_engine(ctx["db_url"])
+        ctx.update(db=db, store=store)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-
-def start_worker(ctx: dict, name: str, **env: str) -> subprocess.Popen:
-    log = open(ctx["tmp"] / f"{name}.log", "w")  # noqa: SIM115 - closed when the process is reaped
-    proc = subprocess.Popen([*CLI, "worker", "--loglevel", "INFO"], env={**ctx["env"], **env}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    ctx["workers"].append(proc)
-    return proc
-
-
-def worker_log(ctx: dict, name: str) -> str:
-    return (ctx["tmp"] / f"{name}.log").read_text()
+            yield ctx
+        finally:
+            db.dispose()
 
 
 def srdq(ctx: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -342,7 +239,7 @@ def test_sync_with_the_store_down_marks_nothing_uploaded(env) -> None:
     db, run_id = env["db"], make_run(env["db"])
     for i in range(3):
         finish_shard(db, run_id, i)
-    down = S3ObjectStore(env["store"].bucket, PREFIX, endpoint_url=f"http://127.0.0.1:{_free_port()}",
+    down = S3ObjectStore(env["store"].bucket, PREFIX, endpoint_url=f"http://127.0.0.1:{free_port()}",
                          **CREDENTIALS, max_attempts=1, retry_attempts=1, connect_timeout=1.0)
     with pytest.raises(ObjectStoreError, match="failed"):
         sync_run(db, down, run_id)
@@ -386,7 +283,7 @@ def run_done(ctx: dict, run_id: str) -> bool:
 
 
 def closed_endpoint() -> str:
-    return f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def unflatten(row: dict) -> dict:
@@ -515,7 +412,7 @@ def test_a_workers_reaper_uploads_what_could_not_be_uploaded(env, dataset) -> No
     run_id = submit(env, dataset)
     a = start_worker(env, "a", SRDQ_S3_ENDPOINT_URL=closed_endpoint())
     wait_for(lambda: run_done(env, run_id), 300, "run to finish with S3 down")
-    _kill(a)
+    kill(a)
     assert upload_marks(env, run_id)[1] is None
     start_worker(env, "b")  # the store is reachable again: no command, the reaper catches up
     wait_for(lambda: upload_marks(env, run_id)[1] is not None, 120, "reaper to upload the run")

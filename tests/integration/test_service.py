@@ -19,41 +19,19 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from tests.integration.fleet import BASE_ENV, CLI, PG_URL, fleet, start_worker, unreachable, worker_log
+
 pytestmark = pytest.mark.integration
-
-PG_URL = os.environ.get("SRDQ_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
-CLI = [sys.executable, "-m", "srdq_cli.main"]
-BASE_ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def _reachable() -> str | None:
-    try:
-        eng = create_engine(PG_URL)
-        with eng.connect():
-            pass
-        eng.dispose()
-    except Exception as exc:  # noqa: BLE001
-        return f"PostgreSQL at {PG_URL} unreachable: {exc}"
-    import redis
-
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except Exception as exc:  # noqa: BLE001
-        return f"Redis at {REDIS_URL} unreachable: {exc}"
-    return None
-
 
 @pytest.fixture(scope="module", autouse=True)
 def _servers():
-    reason = _reachable()
+    reason = unreachable()
     if reason:
         pytest.skip(reason)
 
@@ -61,50 +39,8 @@ def _servers():
 @pytest.fixture
 def env(tmp_path):
     """A fresh database (migrated) and a Redis database number of its own; torn down after."""
-    import redis
-
-    name = f"srdq_svc_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT", pool_pre_ping=True)  # survives a restart
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    db_url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
-    redis_db = 1 + uuid.uuid4().int % 15
-    broker = str(make_url(REDIS_URL.replace("redis://", "postgresql://")).set(database=str(redis_db))).replace(
-        "postgresql://", "redis://")
-    redis.Redis.from_url(broker).flushdb()
-    e = {**os.environ, **BASE_ENV, "SRDQ_DATABASE_URL": db_url, "SRDQ_BROKER_URL": broker,
-         "SRDQ_QUEUE": f"q-{uuid.uuid4().hex[:8]}", "SRDQ_LEASE_TTL_S": "4", "SRDQ_SLICE_ROUNDS": "3",
-         "SRDQ_REAP_INTERVAL_S": "1", "SRDQ_PENDING_GRACE_S": "3"}
-    assert subprocess.run([*CLI, "db", "upgrade"], env=e, capture_output=True, text=True).returncode == 0
-    workers: list[subprocess.Popen] = []
-    yield {"env": e, "db_url": db_url, "broker": broker, "workers": workers, "tmp": tmp_path}
-    for w in workers:
-        _kill(w)
-    redis.Redis.from_url(broker).flushdb()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-
-
-def start_worker(ctx: dict, name: str) -> subprocess.Popen:
-    log = open(ctx["tmp"] / f"{name}.log", "w")  # noqa: SIM115 - closed when the process is reaped
-    proc = subprocess.Popen([*CLI, "worker", "--loglevel", "INFO"], env=ctx["env"], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    ctx["workers"].append(proc)
-    return proc
-
-
-def worker_log(ctx: dict, name: str) -> str:
-    return (ctx["tmp"] / f"{name}.log").read_text()
+    with fleet(tmp_path, "srdq_svc") as ctx:
+        yield ctx
 
 
 DATA_ROWS = 6

@@ -100,8 +100,6 @@ def prepare_run(
         check_reward_name(reward)
     if reward == "none":
         reward = None
-    if built.needs_reward and reward is None:
-        raise ConfigError(f"method '{method}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)")
     check_compatible(built, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import raw_messages
 
 #: No grader: recorded so results still say which (absent) grading they went through.
@@ -37,18 +37,13 @@ class AlpacaEvalTask:
         self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
-        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
-        items: list[Item] = []
-        ids: list[tuple[int, str]] = []
-        for at, row in rows:
-            rows.require(at, row, self.required_fields)
-            item_id = rows.row_id(at, row, "id")
-            meta: dict[str, Any] = {rows.unit: at}
-            meta.update({k: row[k] for k in META_FIELDS if k in row})
-            ids.append((at, item_id))
-            items.append(Item(id=item_id, question=row["instruction"], gold="", meta=meta))
-        rows.check_unique_ids(ids)
-        return items
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
+        rows.require(at, row, self.required_fields)
+        meta: dict[str, Any] = {rows.unit: at}
+        meta.update({k: row[k] for k in META_FIELDS if k in row})
+        return Item(id=rows.row_id(at, row, "id"), question=row["instruction"], gold="", meta=meta)
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return raw_messages(item.question)

@@ -31,7 +31,7 @@ from srd_worker.tasks.grading import (
 from srd_worker.tasks.grading import (
     GRADER_VERSION as MATH_GRADER_VERSION,
 )
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import generic_boxed_messages, raw_messages
 
 #: The keys ``--field`` accepts, and whether each must be given.
@@ -106,25 +106,20 @@ class GenericTask:
         return MATH_GRADER_VERSION if self.graded else UNGRADED_VERSION
 
     def load(self, path: str | Path) -> list[Item]:
-        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
         prompt_col, answer_col, id_col = self.fields["prompt"], self.fields.get("answer"), self.fields.get("id")
-        items: list[Item] = []
-        ids: list[tuple[int, str]] = []
-        for at, row in rows:
-            rows.require(at, row, (prompt_col,))
-            gold = ""
-            if answer_col is not None:
-                gold = gold_answer(rows.text(at, row, answer_col, numbers=True))
-                if not gold:
-                    raise rows.error("has an empty \\boxed{} or '####' answer", at, answer_col)
-            if id_col is not None and row.get(id_col) is None:
-                raise rows.error("missing required field", at, id_col)
-            item_id = rows.row_id(at, row, id_col) if id_col is not None else f"{rows.unit}-{at}"
-            ids.append((at, item_id))
-            meta: dict[str, Any] = {rows.unit: at}
-            items.append(Item(id=item_id, question=row[prompt_col], gold=gold, meta=meta))
-        rows.check_unique_ids(ids)
-        return items
+        rows.require(at, row, (prompt_col,))
+        gold = ""
+        if answer_col is not None:
+            gold = gold_answer(rows.text(at, row, answer_col, numbers=True))
+            if not gold:
+                raise rows.error("has an empty \\boxed{} or '####' answer", at, answer_col)
+        if id_col is not None and row.get(id_col) is None:
+            raise rows.error("missing required field", at, id_col)
+        item_id = rows.row_id(at, row, id_col) if id_col is not None else f"{rows.unit}-{at}"
+        return Item(id=item_id, question=row[prompt_col], gold=gold, meta={rows.unit: at})
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return generic_boxed_messages(item.question) if self.graded else raw_messages(item.question)

@@ -28,7 +28,7 @@ from typing import Any
 
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import extract_boxed, strip_latex_text
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import GPQA_LETTERS, format_gpqa_question, gpqa_messages
 
 #: Changing the salt changes every item's choice order: bump GRADER_VERSION / the prompt version with it.
@@ -89,23 +89,19 @@ class GPQATask:
         self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
-        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
-        items: list[Item] = []
-        ids: list[tuple[int, str]] = []
-        for at, row in rows:
-            question = rows.text(at, row, QUESTION)
-            original = [rows.text(at, row, CORRECT)] + [rows.text(at, row, f) for f in INCORRECT]
-            item_id = rows.row_id(at, row, ID_FIELD)
-            order = permutation_for(item_id)
-            choices = [original[k] for k in order]
-            meta: dict[str, Any] = {rows.unit: at, "permutation": list(order), "choices": choices,
-                                    "shuffle_salt": SHUFFLE_SALT}
-            meta.update({k: row[k] for k in META_FIELDS if row.get(k) not in (None, "")})
-            ids.append((at, item_id))
-            items.append(Item(id=item_id, question=format_gpqa_question(question, choices),
-                              gold=GPQA_LETTERS[order.index(0)], meta=meta))
-        rows.check_unique_ids(ids)
-        return items
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
+        question = rows.text(at, row, QUESTION)
+        original = [rows.text(at, row, CORRECT)] + [rows.text(at, row, f) for f in INCORRECT]
+        item_id = rows.row_id(at, row, ID_FIELD)
+        order = permutation_for(item_id)
+        choices = [original[k] for k in order]
+        meta: dict[str, Any] = {rows.unit: at, "permutation": list(order), "choices": choices,
+                                "shuffle_salt": SHUFFLE_SALT}
+        meta.update({k: row[k] for k in META_FIELDS if row.get(k) not in (None, "")})
+        return Item(id=item_id, question=format_gpqa_question(question, choices),
+                    gold=GPQA_LETTERS[order.index(0)], meta=meta)
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return gpqa_messages(item.question)

@@ -12,6 +12,7 @@ item), few-shot prompting, and the train split (any file with this layout loads 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import (
@@ -21,7 +22,7 @@ from srd_worker.tasks.grading import (
     math_equal,
     strip_number_commas,
 )
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import math_messages
 
 
@@ -46,19 +47,14 @@ class GSM8KTask:
         self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
-        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
-        items: list[Item] = []
-        lines: list[tuple[int, str]] = []
-        for line, row in rows:
-            rows.require(line, row, self.required_fields)
-            gold = gsm8k_gold(row["answer"])
-            if gold is None:
-                raise rows.error("has no final '#### <answer>' line", line, "answer")
-            item_id = rows.row_id(line, row, "id")
-            lines.append((line, item_id))
-            items.append(Item(id=item_id, question=row["question"], gold=gold, meta={rows.unit: line}))
-        rows.check_unique_ids(lines)
-        return items
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, line: int, row: dict[str, Any]) -> Item:
+        rows.require(line, row, self.required_fields)
+        gold = gsm8k_gold(row["answer"])
+        if gold is None:
+            raise rows.error("has no final '#### <answer>' line", line, "answer")
+        return Item(id=rows.row_id(line, row, "id"), question=row["question"], gold=gold, meta={rows.unit: line})
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return math_messages(item.question)

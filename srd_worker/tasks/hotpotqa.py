@@ -112,20 +112,16 @@ class HotpotQATask:
         self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
-        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
-        items: list[Item] = []
-        ids: list[tuple[int, str]] = []
-        for at, row in rows:
-            rows.require(at, row, ("question", "answer"))
-            passages = _passages(rows, at, row)
-            item_id = rows.row_id(at, row, "id" if "id" in row else "_id")
-            meta: dict[str, Any] = {rows.unit: at, "titles": [t for t, _ in passages]}
-            meta.update({k: row[k] for k in META_FIELDS if k in row})
-            ids.append((at, item_id))
-            items.append(Item(id=item_id, question=format_hotpotqa_question(row["question"], passages),
-                              gold=row["answer"].strip(), meta=meta))
-        rows.check_unique_ids(ids)
-        return items
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
+        rows.require(at, row, ("question", "answer"))
+        passages = _passages(rows, at, row)
+        item_id = rows.row_id(at, row, "id" if "id" in row else "_id")
+        meta: dict[str, Any] = {rows.unit: at, "titles": [t for t, _ in passages]}
+        meta.update({k: row[k] for k in META_FIELDS if k in row})
+        return Item(id=item_id, question=format_hotpotqa_question(row["question"], passages),
+                    gold=row["answer"].strip(), meta=meta)
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return hotpotqa_messages(item.question)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,6 +271,13 @@ class Rows:
 
     def check_unique_ids(self, items_with_lines: Sequence[tuple[int, str | Item]]) -> None:
         check_unique_ids(self.path, items_with_lines, unit=self.unit)
+
+    def items(self, make_item: Callable[[Rows, int, dict[str, Any]], Item]) -> list[Item]:
+        """One ``Item`` per row from ``make_item(rows, at, row)`` (which validates the row), then the
+        check that no two rows share an id. Every task's ``load`` is this loop."""
+        items = [make_item(self, at, row) for at, row in self.rows]
+        self.check_unique_ids([(at, item.id) for (at, _row), item in zip(self.rows, items, strict=True)])
+        return items
 
 
 def read_rows(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, fmt: str | None = None) -> Rows:

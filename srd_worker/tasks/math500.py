@@ -16,7 +16,7 @@ from typing import Any
 
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, GRADER_VERSION, extract_answer, math_equal
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, read_rows
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import math_messages
 
 #: Optional fields copied into ``Item.meta`` when present.
@@ -36,18 +36,14 @@ class Math500Task:
         self.max_row_bytes = max_row_bytes
 
     def load(self, path: str | Path) -> list[Item]:
-        rows = read_rows(path, max_row_bytes=self.max_row_bytes)
-        items: list[Item] = []
-        lines: list[tuple[int, str]] = []
-        for line, row in rows:
-            rows.require(line, row, self.required_fields)
-            item_id = rows.row_id(line, row, "unique_id")
-            meta: dict[str, Any] = {rows.unit: line}
-            meta.update({k: row[k] for k in META_FIELDS if k in row})
-            lines.append((line, item_id))
-            items.append(Item(id=item_id, question=row["problem"], gold=row["answer"].strip(), meta=meta))
-        rows.check_unique_ids(lines)
-        return items
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, line: int, row: dict[str, Any]) -> Item:
+        rows.require(line, row, self.required_fields)
+        meta: dict[str, Any] = {rows.unit: line}
+        meta.update({k: row[k] for k in META_FIELDS if k in row})
+        return Item(id=rows.row_id(line, row, "unique_id"), question=row["problem"], gold=row["answer"].strip(),
+                    meta=meta)
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return math_messages(item.question)

@@ -11,19 +11,12 @@ item), few-shot prompting, and the train split (any file with this layout loads 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.grading import (
-    DEFAULT_TIMEOUT_S,
-    GRADER_VERSION,
-    extract_answer,
-    math_equal,
-    strip_number_commas,
-)
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
-from srd_worker.tasks.prompts import math_messages
+from srd_worker.tasks.grading import extract_answer, strip_number_commas
+from srd_worker.tasks.loading import Rows
+from srd_worker.tasks.math500 import Math500Task
 
 
 def gsm8k_gold(solution: str) -> str | None:
@@ -34,20 +27,12 @@ def gsm8k_gold(solution: str) -> str | None:
     return gold or None
 
 
-class GSM8KTask:
-    """The GSM8K task. ``grade_timeout_s`` bounds each answer comparison (a timeout grades as wrong)."""
+class GSM8KTask(Math500Task):
+    """The GSM8K task: the MATH-500 prompt, extraction and math-verify grading, with GSM8K's gold format
+    (``#### n``) and a last-number fallback when the response has no ``\\boxed{}`` answer."""
 
     name: str = "gsm8k"
     required_fields: tuple[str, ...] = ("question", "answer")
-    grader_version: str = GRADER_VERSION
-
-    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
-        self.grade_timeout_s = grade_timeout_s
-        self.max_row_bytes = max_row_bytes
-
-    def load(self, path: str | Path) -> list[Item]:
-        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
 
     def _item(self, rows: Rows, line: int, row: dict[str, Any]) -> Item:
         rows.require(line, row, self.required_fields)
@@ -56,18 +41,6 @@ class GSM8KTask:
             raise rows.error("has no final '#### <answer>' line", line, "answer")
         return Item(id=rows.row_id(line, row, "id"), question=row["question"], gold=gold, meta={rows.unit: line})
 
-    def messages(self, item: Item) -> list[dict[str, str]]:
-        return math_messages(item.question)
-
     def extract_answer(self, response: str) -> str | None:
         answer = extract_answer(response, fallback_last_number=True)
         return None if answer is None else strip_number_commas(answer)
-
-    def grade(self, response: str, item: Item) -> bool:
-        pred = self.extract_answer(response)
-        if pred is None:
-            return False
-        return math_equal(pred, item.gold, timeout_s=self.grade_timeout_s)
-
-    def metrics(self, response: str, item: Item) -> dict[str, float]:
-        return {}

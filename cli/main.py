@@ -6,7 +6,6 @@ command needs a model.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -14,27 +13,13 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-
-from srd_worker.errors import SrdqError
+from srdq_cli.common import friendly_errors, open_db
 
 DEFAULT_MODEL = "smollm2"
 
 
 def _console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
-
-
-def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors into ``click.ClickException`` (message, exit 1, no traceback)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except SrdqError as exc:
-            raise click.ClickException(str(exc)) from exc
-
-    return wrapper
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -159,27 +144,6 @@ def _print_summary(summary: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------ service mode
-def _db():
-    """The service database (PostgreSQL) from settings, with a clear error if it is unreachable."""
-    from sqlalchemy import text
-
-    from srd_worker.settings import get_settings
-    from srd_worker.store.db import make_engine
-
-    url = get_settings().database_url
-    db = make_engine(url)
-    try:
-        with db.connect() as conn:
-            conn.execute(text("select 1 from run limit 1"))
-    except Exception as exc:  # noqa: BLE001 - any failure here is the user's setup
-        db.dispose()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        hint = "run `srdq db upgrade` first" if "run" in first and ("exist" in first or "no such table" in first) \
-            else "check SRDQ_DATABASE_URL"
-        raise click.ClickException(f"database {db.url.render_as_string(hide_password=True)}: {first} ({hint})") from None
-    return db
-
-
 @cli.group()
 def submit() -> None:
     """Submit work to the fleet (PostgreSQL + Redis + workers)."""
@@ -216,7 +180,7 @@ def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: i
     from srd_worker.queue import enqueue
     from srd_worker.service import submit as submit_run
 
-    db = _db()
+    db = open_db()
     try:
         done = submit_run(prepared, db=db, enqueue=enqueue, name=name, new=new, versions=versions())
     finally:
@@ -285,7 +249,7 @@ def status(run_id: str | None, watch: bool, as_json: bool, interval: float) -> N
     """Progress of RUN_ID (or a table of recent runs), read from PostgreSQL."""
     from srd_worker import service
 
-    db = _db()
+    db = open_db()
     try:
         if run_id is None:
             runs = service.recent_runs(db=db)
@@ -347,7 +311,7 @@ def cancel(run_id: str) -> None:
     """Cancel RUN_ID: unfinished shards stop at their next checkpoint and are not picked up again."""
     from srd_worker import service
 
-    db = _db()
+    db = open_db()
     try:
         n = service.cancel(db=db, run_id=run_id)
     finally:
@@ -363,7 +327,7 @@ def resume(run_id: str) -> None:
     from srd_worker import service
     from srd_worker.queue import enqueue
 
-    db = _db()
+    db = open_db()
     try:
         todo = service.resume(db=db, run_id=run_id, enqueue=enqueue)
     finally:

@@ -7,59 +7,8 @@ SQLite file such as ``srdq-out/srdq.db``), by default ``SRDQ_DATABASE_URL``.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
 import click
-
-
-def _friendly(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``srdq_cli.main.friendly_errors``, looked up when the command runs: ``main`` imports this module
-    at its end, so importing ``main`` here at import time would be circular (under ``python -m``)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from srdq_cli.main import friendly_errors
-
-        return friendly_errors(fn)(*args, **kwargs)
-
-    return wrapper
-
-
-def _db_url(db: str | None) -> str:
-    from srd_worker.settings import get_settings
-    from srd_worker.store.db import sqlite_url
-
-    if not db:
-        return get_settings().database_url
-    if "://" in db:
-        return db
-    path = Path(db)
-    if path.is_dir():
-        path = path / "srdq.db"
-    if not path.is_file():
-        raise click.ClickException(f"--db {db}: no such database file (give a SQLAlchemy URL or a SQLite file)")
-    return sqlite_url(path)
-
-
-def _open_db(db: str | None):
-    """An engine for ``--db``, checked with one query (clear message if unreachable or empty)."""
-    from sqlalchemy import text
-
-    from srd_worker.store.db import make_engine
-
-    engine = make_engine(_db_url(db))
-    try:
-        with engine.connect() as conn:
-            conn.execute(text("select 1 from run limit 1"))
-    except Exception as exc:  # noqa: BLE001 - any failure here is the user's setup
-        engine.dispose()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise click.ClickException(
-            f"database {engine.url.render_as_string(hide_password=True)}: {first}") from None
-    return engine
+from srdq_cli.common import db_option, friendly_errors, open_db
 
 
 def _store(url: str | None):
@@ -70,11 +19,6 @@ def _store(url: str | None):
     return open_store(url or settings.object_store_url, settings)
 
 
-db_option = click.option("--db", default=None, metavar="URL|PATH",
-                         help="Database: a SQLAlchemy URL, or an embedded run's SQLite file (srdq-out/srdq.db). "
-                         "Default: SRDQ_DATABASE_URL.")
-
-
 @click.command()
 @click.argument("run_id")
 @click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl", "csv"]), default="parquet",
@@ -82,7 +26,7 @@ db_option = click.option("--db", default=None, metavar="URL|PATH",
 @click.option("--out", "out", required=True, metavar="PATH|s3://BUCKET/KEY",
               help="Destination file (a folder gets RUN_ID.FORMAT inside it), or an S3 object.")
 @db_option
-@_friendly
+@friendly_errors
 def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     """Export RUN_ID's results from the database: one row per item in dataset order, failed items
     included (failed=true, with their error).
@@ -92,7 +36,7 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     from srd_worker.results import export_run
     from srd_worker.settings import get_settings
 
-    engine = _open_db(db)
+    engine = open_db(db)
     try:
         where, rows = export_run(engine, run_id, fmt, out, settings=get_settings())
     finally:
@@ -108,7 +52,7 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Folder for report.md and the PNG plots.")
 @db_option
-@_friendly
+@friendly_errors
 def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
     """Write report.md and PNG plots for RUN_IDS: accuracy (or reward) vs generated tokens per method
     and budget, per-component time/calls (Table 2 layout), routing statistics (Table 6 layout) and a
@@ -119,7 +63,7 @@ def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
     from srd_worker.reports import build_report
     from srd_worker.results import load_report_runs
 
-    engine = _open_db(db)
+    engine = open_db(db)
     try:
         runs = load_report_runs(engine, list(dict.fromkeys(run_ids)))
     finally:
@@ -137,7 +81,7 @@ def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
 @click.option("--verify", is_flag=True, help="Also check uploaded parts (sha256) and upload broken ones again.")
 @click.option("--force", is_flag=True, help="Upload every done shard and the run manifest again (e.g. a new store).")
 @db_option
-@_friendly
+@friendly_errors
 def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str | None) -> None:
     """Upload RUN_ID's finished shards that are not in the object store yet, then its manifest (last,
     once every shard is done). Workers do this themselves; this is for when the store was down.
@@ -147,7 +91,7 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
     from srd_worker.results import sync_run
 
     store = _store(store_url)
-    engine = _open_db(db)
+    engine = open_db(db)
     try:
         done = sync_run(engine, store, run_id, verify=verify, force=force, wait=True)
     finally:
@@ -174,7 +118,56 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
         click.echo("run manifest: waiting for every shard to finish")
 
 
+@click.command()
+@click.argument("srd_run")
+@click.argument("rs_run")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly_errors
+def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
+    """Coupled comparison of an SRD run with its rejection-sampling ablation run on the same items and
+    seed (identical seeded drafts): mean R_max, wins / ties / losses, Δ_n (SRD paper Table 7 layout).
+
+    Example: srdq compare run-srd0123abcd run-rs0123abcd0 --db srdq-out
+    """
+    import json
+
+    from srd_worker.coupled import compare as coupled_compare
+    from srd_worker.store import crud
+    from srd_worker.store.db import session_scope
+
+    engine = open_db(db)
+    try:
+        with session_scope(engine) as session:
+            runs = {rid: crud.get_run(session=session, run_id=rid) for rid in (srd_run, rs_run)}
+            records = {rid: crud.load_results(session=session, run_id=rid) for rid in (srd_run, rs_run)}
+    finally:
+        engine.dispose()
+    for rid, want in ((srd_run, "srd"), (rs_run, "rejection_sampling")):
+        if runs[rid].spec.get("method") != want:
+            raise click.ClickException(f"{rid} is a {runs[rid].spec.get('method')} run, not {want}")
+    if runs[srd_run].spec.get("seed") != runs[rs_run].spec.get("seed"):
+        raise click.ClickException("the two runs used different seeds: their drafts are not coupled")
+    try:
+        result = coupled_compare(records[srd_run], records[rs_run])
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+        return
+
+    def f3(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.4f}"
+
+    click.echo(f"items compared          {result.items}")
+    click.echo(f"mean R_max  SRD / RS    {f3(result.mean_rmax_srd)} / {f3(result.mean_rmax_rs)}")
+    click.echo(f"Δ_n (mean R_max gain)   {f3(result.delta_n)}")
+    click.echo(f"wins / ties / losses    {result.wins} / {result.ties} / {result.losses}")
+    click.echo(f"refinements (improved)  {result.refinements} ({f3(result.refinements_improved)})")
+    click.echo(f"reward before → after   {f3(result.reward_before_refine)} → {f3(result.reward_after_refine)}")
+
+
 def register(cli: click.Group) -> None:
-    """Add ``export``, ``report`` and ``sync`` to the ``srdq`` group."""
-    for command in (export, report, sync):
+    """Add ``export``, ``report``, ``sync`` and ``compare`` to the ``srdq`` group."""
+    for command in (export, report, sync, compare):
         cli.add_command(command)

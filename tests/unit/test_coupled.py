@@ -35,3 +35,31 @@ def test_items_must_match():
 def test_no_refinements_gives_none():
     c = compare([rec("a", 1.0)], [rec("a", 1.0)])
     assert c.refinements == 0 and c.refinements_improved is None and c.reward_before_refine is None
+
+
+def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
+    import json
+
+    from click.testing import CliRunner
+
+    from srd_worker.local import run_local
+    from srd_worker.settings import Settings
+    from srd_worker.spec import prepare_run
+    from srdq_cli.main import cli
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(3)))
+    ids = {}
+    for method in ("srd", "rejection_sampling", "best_of_n"):
+        prepared = prepare_run(dataset=data, method=method, params={"n": 6, "max_new_tokens": 24, "chunk_tokens": 8},
+                               model="tiny-random-llama", reward="arithmetic", seed=4)
+        ids[method] = run_local(prepared, out_dir=tmp_path / "out", settings=Settings(), engine=tiny_engine).run_id
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["compare", ids["srd"], ids["rejection_sampling"], "--db", str(tmp_path / "out"),
+                             "--json"])
+    assert ok.exit_code == 0, ok.output
+    data = json.loads(ok.output)
+    assert data["items"] == 3 and data["wins"] + data["ties"] + data["losses"] == 3
+    wrong = runner.invoke(cli, ["compare", ids["srd"], ids["best_of_n"], "--db", str(tmp_path / "out")])
+    assert wrong.exit_code == 1 and "is a best_of_n run, not rejection_sampling" in wrong.output

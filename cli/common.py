@@ -1,0 +1,70 @@
+"""What the `srdq` commands share: error translation and opening the database a command reads."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from srd_worker.errors import SrdqError
+
+
+def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn library errors into ``click.ClickException`` (message, exit 1, no traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SrdqError as exc:
+            raise click.ClickException(str(exc)) from exc
+
+    return wrapper
+
+
+db_option = click.option(
+    "--db", default=None, metavar="URL|PATH",
+    help="Database: a SQLAlchemy URL, an embedded run's SQLite file (srdq-out/srdq.db) or its --out folder. "
+    "Default: SRDQ_DATABASE_URL.",
+)
+
+
+def db_url(db: str | None) -> str:
+    """``--db`` as a SQLAlchemy URL (default: the settings' database)."""
+    from srd_worker.settings import get_settings
+    from srd_worker.store.db import sqlite_url
+
+    if not db:
+        return get_settings().database_url
+    if "://" in db:
+        return db
+    path = Path(db)
+    if path.is_dir():
+        path = path / "srdq.db"
+    if not path.is_file():
+        raise click.ClickException(f"--db {db}: no such database file (give a SQLAlchemy URL or a SQLite file)")
+    return sqlite_url(path)
+
+
+def open_db(db: str | None = None):
+    """An engine for ``--db``, checked with one query: a clear message if the database is unreachable or
+    was never migrated."""
+    from sqlalchemy import text
+
+    from srd_worker.store.db import make_engine
+
+    engine = make_engine(db_url(db))
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("select 1 from run limit 1"))
+    except Exception as exc:  # noqa: BLE001 - any failure here is the user's setup
+        engine.dispose()
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        missing = "run" in first and ("exist" in first or "no such table" in first)
+        hint = "run `srdq db upgrade` first" if missing else "check the URL (SRDQ_DATABASE_URL or --db)"
+        raise click.ClickException(
+            f"database {engine.url.render_as_string(hide_password=True)}: {first} ({hint})") from None
+    return engine

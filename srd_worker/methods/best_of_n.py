@@ -12,19 +12,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from srd_worker.errors import ConfigError
-from srd_worker.methods.base import Method, ScoreCall, StepContext, new_state, param
-from srd_worker.methods.drafting import DraftParams, draft_round, is_finished, new_candidate
+from srd_worker.methods.base import Method, ScoreCall, StepContext, new_state
+from srd_worker.methods.drafting import PoolParams, draft_round, is_finished, new_candidate
 
 
 @dataclasses.dataclass(frozen=True)
-class BestOfNParams(DraftParams):
-    n: int = param(4, "number of candidates drafted per problem")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.n < 1:
-            raise ConfigError(f"n must be >= 1, got {self.n}")
+class BestOfNParams(PoolParams):
+    pass
 
 
 def argmax_first(values: Sequence[float]) -> int:

@@ -34,6 +34,18 @@ class DraftParams(MethodParams):
             raise ConfigError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolParams(DraftParams):
+    """Drafting parameters plus the pool size n (methods redeclare n to set their own default/help)."""
+
+    n: int = param(4, "number of candidates drafted per problem")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+
+
 def new_candidate() -> dict[str, Any]:
     return {"tokens": [], "text": "", "finish": None, "reward": None}
 

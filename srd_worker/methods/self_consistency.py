@@ -12,19 +12,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, new_state, param
-from srd_worker.methods.drafting import DraftParams, draft_round, is_finished, new_candidate
+from srd_worker.methods.drafting import PoolParams, draft_round, is_finished, new_candidate
 
 
 @dataclasses.dataclass(frozen=True)
-class SelfConsistencyParams(DraftParams):
+class SelfConsistencyParams(PoolParams):
     n: int = param(5, "number of candidates that vote")
-
-    def validate(self) -> None:
-        super().validate()
-        if self.n < 1:
-            raise ConfigError(f"n must be >= 1, got {self.n}")
 
 
 def majority(answers: Sequence[str | None]) -> int | None:

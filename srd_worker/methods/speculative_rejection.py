@@ -31,7 +31,7 @@ from typing import Any
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, new_state, param
-from srd_worker.methods.drafting import DraftParams
+from srd_worker.methods.drafting import PoolParams
 from srd_worker.methods.srd import (
     apply_generation,
     archive_entry,
@@ -49,7 +49,7 @@ def keep_count(alpha: float, pool_size: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class SpeculativeRejectionParams(DraftParams):
+class SpeculativeRejectionParams(PoolParams):
     max_new_tokens: int = param(
         500, "maximum generated tokens per candidate (SRD paper setting: 500 on MATH500)"
     )
@@ -58,8 +58,6 @@ class SpeculativeRejectionParams(DraftParams):
 
     def validate(self) -> None:
         super().validate()
-        if self.n < 1:
-            raise ConfigError(f"n must be >= 1, got {self.n}")
         if not 0 <= self.alpha < 1:
             raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,33 +61,40 @@ def main() -> None:
     for label, method, params in configs(args.max_new_tokens, args.chunk_tokens):
         prepared = prepare_run(dataset=args.dataset, method=method, params=params, model="smollm2",
                                reward="arithmetic", seed=args.seed, limit=args.items)
-        t0 = time.perf_counter()
         summary = run_local(prepared, out_dir=args.work, settings=settings, engine=engine)
-        elapsed = time.perf_counter() - t0
         import json
 
         recs = [json.loads(line) for line in Path(summary.results_path).read_text().splitlines()]
         records[label] = recs
+        # compute time as the runs measured it (per item, per component), so a re-run that only
+        # re-reports finished runs shows the same figure
+        timings = Path(summary.results_path).with_name("timings.jsonl").read_text().splitlines()
+        compute_s = sum(sum((json.loads(t)["timing"] or {}).values()) for t in timings)
         rewards = [r["reward"] for r in recs if r["reward"] is not None]
         rows.append({
             "label": label, "method": method, "n": params.get("n", 1), "accuracy": summary.accuracy or 0.0,
             "correct": summary.correct, "items": summary.items, "tokens": summary.mean_gen_tokens,
-            "reward": sum(rewards) / len(rewards) if rewards else None, "seconds": elapsed,
+            "reward": sum(rewards) / len(rewards) if rewards else None, "seconds": compute_s,
         })
         print(f"{label:28s} acc {rows[-1]['accuracy']:.3f}  tokens {summary.mean_gen_tokens:7.1f}  "
-              f"reward {rows[-1]['reward'] if rows[-1]['reward'] is not None else float('nan'):.3f}  {elapsed:6.1f}s",
+              f"reward {rows[-1]['reward'] if rows[-1]['reward'] is not None else float('nan'):.3f}  {compute_s:6.1f}s",
               flush=True)
 
     # ---- plot: accuracy and chosen-answer reward vs mean generated tokens, one series per method
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method in ("sampling", "best_of_n", "speculative_rejection", "srd", "rejection_sampling"):
+    # distinct markers and line styles: methods with identical points (e.g. Speculative Rejection with
+    # alpha 0.5 and rank rejection sampling share seeds and survivors) stay visible on top of each other
+    styles = {"sampling": ("o", "-"), "best_of_n": ("s", "-"), "speculative_rejection": ("^", "--"),
+              "srd": ("D", "-"), "rejection_sampling": ("x", ":")}
+    for method, (marker, line) in styles.items():
         pts = sorted((r for r in rows if r["method"] == method), key=lambda r: r["tokens"])
         if not pts:
             continue
         xs = [p["tokens"] for p in pts]
-        axes[0].plot(xs, [100 * p["accuracy"] for p in pts], marker="o", label=method)
-        axes[1].plot(xs, [p["reward"] if p["reward"] is not None else float("nan") for p in pts], marker="o",
-                     label=method)
+        axes[0].plot(xs, [100 * p["accuracy"] for p in pts], marker=marker, linestyle=line, label=method,
+                     markersize=7, markerfacecolor="none")
+        axes[1].plot(xs, [p["reward"] if p["reward"] is not None else float("nan") for p in pts], marker=marker,
+                     linestyle=line, label=method, markersize=7, markerfacecolor="none")
         for p in pts:
             axes[0].annotate(f"n={p['n']}", (p["tokens"], 100 * p["accuracy"]), fontsize=7,
                              textcoords="offset points", xytext=(3, 3))
@@ -96,6 +102,7 @@ def main() -> None:
                 title=f"GSM8K, {args.items} problems, SmolLM2-135M")
     axes[1].set(xlabel="mean generated tokens per problem", ylabel="arithmetic reward of the answer",
                 title="reward of the chosen response")
+    axes[0].set_ylim(bottom=0, top=max(5.0, 1.2 * max(100 * r["accuracy"] for r in rows)))
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
@@ -110,7 +117,7 @@ def main() -> None:
                f"θ_high 0.5, θ_low 0.3, m 10, L_max 30, N_refine 2, editor T 1.0, reroute_global, eager scoring.")
     table = [
         setting, "", "![accuracy vs tokens](accuracy_vs_tokens.png)", "",
-        "| method | n | accuracy | correct/items | mean gen tokens | mean reward of answer | wall s |",
+        "| method | n | accuracy | correct/items | mean gen tokens | mean reward of answer | model + reward s |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *[f"| {r['method']} | {r['n']} | {100 * r['accuracy']:.1f}% | {r['correct']}/{r['items']} | {r['tokens']:.1f} "
           f"| {r['reward'] if r['reward'] is not None else float('nan'):.3f} | {r['seconds']:.0f} |" for r in rows],

@@ -41,11 +41,11 @@ def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     import json
 
     from click.testing import CliRunner
+    from srdq_cli.main import cli
 
     from srd_worker.local import run_local
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
-    from srdq_cli.main import cli
 
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"

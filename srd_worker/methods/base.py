@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from srd_worker.engines.base import CAP_SAMPLING, Engine, Generation, GenerationRequest, SamplingParams
 from srd_worker.errors import ConfigError
-from srd_worker.rewards.base import RewardModel
+from srd_worker.rewards.base import RewardModel, accepts_finished
 
 COMPONENTS = ("drafter", "scorer", "editor", "router")
 
@@ -155,6 +155,7 @@ class ScoreCall:
     response: str
     n_tokens: int
     component: str = "scorer"
+    finished: bool = False  # the response is complete (EOS / stop string), not a prefix
 
 
 class StepContext:
@@ -166,6 +167,7 @@ class StepContext:
         self.reward = reward
         self.run_seed = run_seed
         self.extract_answer = extract_answer or (lambda text: None)
+        self._reward_takes_finished = reward is not None and accepts_finished(reward)
 
     def seed(self, state: dict[str, Any], candidate: int, kind: str) -> int:
         return derive_seed(self.run_seed, state["item_id"], candidate, state["round"], kind)
@@ -202,7 +204,11 @@ class StepContext:
         if self.reward is None:
             raise ConfigError("this method needs a reward model; pass --reward")
         t0 = time.perf_counter()
-        scores = self.reward.score([c.state["question"] for c in calls], [c.response for c in calls])
+        prompts, responses = [c.state["question"] for c in calls], [c.response for c in calls]
+        if self._reward_takes_finished:
+            scores = self.reward.score(prompts, responses, finished=[c.finished for c in calls])
+        else:
+            scores = self.reward.score(prompts, responses)
         elapsed = time.perf_counter() - t0
         if len(scores) != len(calls):
             raise RuntimeError(f"reward returned {len(scores)} scores for {len(calls)} responses")

@@ -303,7 +303,8 @@ def score_positions(
     for state, cand, positions in jobs:
         for j in sorted(set(positions)):
             text = cand["text"] if j == len(cand["tokens"]) else ctx.decode(cand["tokens"][:j])
-            calls.append(ScoreCall(state, text, j, "scorer"))
+            complete = j == len(cand["tokens"]) and cand["finish"] in ("eos", "stop")
+            calls.append(ScoreCall(state, text, j, "scorer", finished=complete))
             where.append((cand, j))
     for (cand, j), r in zip(where, ctx.score(calls), strict=True):
         cand["S"][str(j)] = r

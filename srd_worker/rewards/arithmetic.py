@@ -501,17 +501,22 @@ class ArithmeticReward:
         self.accept_rounding = accept_rounding
         self.complete = complete
 
-    def check(self, response: str) -> list[Claim]:
-        """The claims :meth:`score` counts for ``response``."""
-        return check_claims(response, complete=self.complete, rel_tol=self.rel_tol,
+    def check(self, response: str, *, finished: bool = False) -> list[Claim]:
+        """The claims :meth:`score` counts for ``response`` (a finished response is judged to its end)."""
+        return check_claims(response, complete=self.complete or finished, rel_tol=self.rel_tol,
                             accept_rounding=self.accept_rounding)
 
-    def score_one(self, response: str) -> float:
-        claims = self.check(response)
+    def score_one(self, response: str, *, finished: bool = False) -> float:
+        claims = self.check(response, finished=finished)
         correct = sum(c.ok for c in claims)
         return (correct + self.prior_correct) / (len(claims) + self.prior_correct + self.prior_wrong)
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
+    def score(self, prompts: Sequence[str], responses: Sequence[str], *,
+              finished: Sequence[bool] | None = None) -> list[float]:
+        """``finished[i]`` True: response i is complete, so a claim at its very end is judged too."""
         if len(prompts) != len(responses):
             raise RewardError(f"got {len(prompts)} prompts but {len(responses)} responses")
-        return [self.score_one(r) for r in responses]
+        if finished is not None and len(finished) != len(responses):
+            raise RewardError(f"got {len(finished)} finished flags for {len(responses)} responses")
+        flags = list(finished) if finished is not None else [False] * len(responses)
+        return [self.score_one(r, finished=bool(f)) for r, f in zip(responses, flags, strict=True)]

@@ -267,3 +267,14 @@ def test_true_result_scores_above_a_wrong_one(a, b, op, delta, commas):
     # the same inside a partial response that goes on
     right, wrong = ArithmeticReward().score(["q", "q"], [right_text + " so", wrong_text + " so"])
     assert right > wrong
+
+
+def test_finished_response_is_judged_to_its_end():
+    # SmolLM2's real greedy answer to "What is 13*17?": the wrong claim is the last thing it wrote
+    text = "13*17 = 256."
+    reward = ArithmeticReward()
+    assert reward.score(["q"], [text]) == [0.5]  # as a prefix, "256." may still grow: not judged
+    assert reward.score(["q"], [text], finished=[True]) == [pytest.approx(1 / 3)]
+    assert reward.score(["q", "q"], [text, text], finished=[False, True]) == [0.5, pytest.approx(1 / 3)]
+    with pytest.raises(RewardError, match="finished flags"):
+        reward.score(["q"], [text], finished=[True, False])

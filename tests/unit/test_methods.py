@@ -119,3 +119,29 @@ def test_bad_parameter_values():
     with pytest.raises(ConfigError, match="unknown method 'nope'; choose one of: best_of_n"):
         build_method("nope", {})
     assert build_method("best_of_n", {"n": "8", "temperature": "0.5"}).params.n == 8
+
+
+def test_step_context_passes_finished_only_to_rewards_that_take_it(tiny_engine):
+    from srd_worker.methods.base import ScoreCall, new_state
+
+    seen = {}
+
+    class Plain:
+        name = "plain"
+
+        def score(self, prompts, responses):
+            seen["plain"] = len(responses)
+            return [0.0] * len(responses)
+
+    class Aware:
+        name = "aware"
+
+        def score(self, prompts, responses, *, finished=None):
+            seen["aware"] = list(finished)
+            return [1.0] * len(responses)
+
+    state = new_state("q", "question", [1, 2])
+    calls = [ScoreCall(state, "a", 1, finished=True), ScoreCall(state, "b", 1)]
+    assert StepContext(tiny_engine, Plain(), 0).score(calls) == [0.0, 0.0]
+    assert StepContext(tiny_engine, Aware(), 0).score(calls) == [1.0, 1.0]
+    assert seen == {"plain": 2, "aware": [True, False]}

@@ -117,11 +117,10 @@ def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, 
 
     def on_start(run_id: str, total: int, pending: int) -> None:
         err.print(f"run {run_id}: {total} items, {pending} to go (model {model}, method {method})")
-        bar["offset"] = total - pending  # items finished by an earlier, interrupted invocation
         bar["id"] = progress.add_task("items", total=total, completed=total - pending, round=0, tokens=0)
 
     def on_round(report: Any) -> None:
-        progress.update(bar["id"], completed=bar["offset"] + report.items_done, round=report.round,
+        progress.update(bar["id"], completed=report.items_done, round=report.round,
                         tokens=report.gen_tokens)
 
     with progress:

@@ -61,6 +61,21 @@ class Generation:
         return self.finish_reason in ("eos", "stop")
 
 
+def token_budget(index: int, request: GenerationRequest, max_context: int) -> int:
+    """How many tokens request ``index`` may generate: its ``max_new_tokens``, cut to what the context has
+    left. An empty prompt, or one that fills the context, is an ``EngineError`` naming the request."""
+    from srd_worker.errors import EngineError
+
+    if not request.prompt_ids:
+        raise EngineError(f"request {index} has an empty prompt")
+    room = max_context - len(request.prompt_ids)
+    if room <= 0:
+        raise EngineError(
+            f"request {index}: prompt of {len(request.prompt_ids)} tokens does not fit the context of {max_context}"
+        )
+    return min(request.params.max_new_tokens, room)
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     eos_token_ids: frozenset[int]

@@ -26,6 +26,7 @@ from srd_worker.engines.base import (
     CAP_SAMPLING,
     Generation,
     GenerationRequest,
+    token_budget,
 )
 from srd_worker.errors import EngineError
 
@@ -132,16 +133,7 @@ class TransformersEngine:
         results: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         reasons: list[str] = ["length"] * n
-        budgets = []
-        for i, r in enumerate(requests):
-            if not r.prompt_ids:
-                raise EngineError(f"request {i} has an empty prompt")
-            room = self.max_context - len(r.prompt_ids)
-            if room <= 0:
-                raise EngineError(
-                    f"request {i}: prompt of {len(r.prompt_ids)} tokens does not fit the context of {self.max_context}"
-                )
-            budgets.append(min(r.params.max_new_tokens, room))
+        budgets = [token_budget(i, r, self.max_context) for i, r in enumerate(requests)]
         active = [i for i in range(n) if budgets[i] > 0]
         if not active:
             return [Generation([], "", "length", [] if r.params.logprobs else None) for r in requests]

@@ -44,7 +44,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from srd_worker.engines.base import CAP_LOGPROBS, CAP_SAMPLING, Generation, GenerationRequest, SamplingParams
+from srd_worker.engines.base import (
+    CAP_LOGPROBS,
+    CAP_SAMPLING,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    token_budget,
+)
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import EngineError, ModelLoadError
 
@@ -179,14 +186,7 @@ class VLLMEngine:
         prompts: list[Any] = []
         params: list[Any] = []
         for i, r in enumerate(requests):
-            if not r.prompt_ids:
-                raise EngineError(f"request {i} has an empty prompt")
-            room = self.max_context - len(r.prompt_ids)
-            if room <= 0:
-                raise EngineError(
-                    f"request {i}: prompt of {len(r.prompt_ids)} tokens does not fit the context of {self.max_context}"
-                )
-            budget = min(r.params.max_new_tokens, room)
+            budget = token_budget(i, r, self.max_context)
             if budget == 0:  # vLLM refuses max_tokens=0
                 out[i] = Generation([], "", "length", [] if r.params.logprobs else None)
                 continue

@@ -414,7 +414,8 @@ def flatten_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     return sorted(seen, key=rank), flat, json_columns
 
 
-def _csv_cell(value: Any) -> str:
+def csv_cell(value: Any) -> str:
+    """How one value is written in a CSV export."""
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -432,7 +433,7 @@ def encode_csv(rows: list[dict[str, Any]]) -> bytes:
     writer = csv.writer(buffer, lineterminator="\r\n")
     writer.writerow(columns)
     for r in flat:
-        writer.writerow([_csv_cell(r.get(c)) for c in columns])
+        writer.writerow([csv_cell(r.get(c)) for c in columns])
     return buffer.getvalue().encode("utf-8")
 
 

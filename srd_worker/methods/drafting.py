@@ -20,7 +20,9 @@ class DraftParams(MethodParams):
     temperature: float = param(0.8, "drafter sampling temperature (0 = greedy)")
     top_p: float = param(0.9, "drafter nucleus (top-p) mass")
     top_k: int = param(50, "drafter top-k (0 = off)")
-    max_new_tokens: int = param(500, "maximum generated tokens per candidate (SRD paper: 500 on MATH500)")
+    max_new_tokens: int = param(
+        500, "maximum generated tokens per candidate (paper: 500 MATH500/HotpotQA, 1000 GPQA/AlpacaEval)"
+    )
     chunk_tokens: int = param(100, "tokens drafted per round (the drafting interval; a checkpoint per round)")
 
     def validate(self) -> None:

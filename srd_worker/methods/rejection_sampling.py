@@ -27,15 +27,14 @@ from typing import Any
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, param
-from srd_worker.methods.drafting import DraftParams
+from srd_worker.methods.drafting import PoolParams
 from srd_worker.methods.srd import DISCARD, KEEP, SRD, SRDParams, rank_order
 
 VARIANTS = ("rank", "absolute")
 
 
 @dataclasses.dataclass(frozen=True)
-class RejectionSamplingParams(DraftParams):
-    max_new_tokens: int = param(500, "maximum generated tokens per candidate (SRD paper: 500 on MATH500)")
+class RejectionSamplingParams(PoolParams):
     n: int = param(10, "initial candidates N")
     variant: str = param(
         "rank",
@@ -51,8 +50,6 @@ class RejectionSamplingParams(DraftParams):
 
     def validate(self) -> None:
         super().validate()
-        if self.n < 1:
-            raise ConfigError(f"n must be >= 1, got {self.n}")
         if self.variant not in VARIANTS:
             raise ConfigError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         if not 0 <= self.theta <= 1:

@@ -50,9 +50,6 @@ def keep_count(alpha: float, pool_size: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeRejectionParams(PoolParams):
-    max_new_tokens: int = param(
-        500, "maximum generated tokens per candidate (SRD paper setting: 500 on MATH500)"
-    )
     n: int = param(10, "initial candidates (the reference code's memory-driven batch, here explicit)")
     alpha: float = param(0.5, "fraction of the ranked pool rejected at each decision point, 0 <= alpha < 1")
 

@@ -78,7 +78,7 @@ from typing import Any
 from srd_worker.engines.base import Generation, SamplingParams
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import GenCall, Method, ScoreCall, StepContext, new_state, param
-from srd_worker.methods.drafting import DraftParams
+from srd_worker.methods.drafting import DraftParams, PoolParams
 
 #: Tolerance of ``route`` at θ equality (documented in the module docstring).
 ROUTE_EPS = 1e-9
@@ -352,10 +352,7 @@ def _int_scores(cand: dict[str, Any]) -> dict[int, float]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SRDParams(DraftParams):
-    max_new_tokens: int = param(
-        500, "maximum generated tokens per candidate (paper: 500 MATH500/HotpotQA, 1000 GPQA/AlpacaEval)"
-    )
+class SRDParams(PoolParams):
     n: int = param(10, "initial candidates N")
     theta_high: float = param(0.5, "KEEP if rank-normalised score u >= theta_high")
     theta_low: float = param(0.3, "DISCARD if u <= theta_low; REFINE in between")
@@ -393,7 +390,6 @@ class SRDParams(DraftParams):
 
     def validate(self) -> None:
         super().validate()
-        _check(self.n >= 1, f"n must be >= 1, got {self.n}")
         _check(
             0 <= self.theta_low <= self.theta_high <= 1,
             f"need 0 <= theta_low <= theta_high <= 1, got theta_low={self.theta_low}, "

@@ -28,6 +28,7 @@ from sqlalchemy import text
 
 from srd_worker.errors import ObjectStoreError
 from srd_worker.objects import S3ObjectStore, read_run, run_manifest_key, shard_key, verify_shard
+from srd_worker.results import csv_cell
 from tests.integration.fleet import (
     CLI,
     fleet,
@@ -311,16 +312,6 @@ def unflatten(row: dict) -> dict:
     record["timing"] = timing if any(v is not None for v in timing.values()) else None
     record["extra"] = extra
     return record
-
-
-def csv_cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return json.dumps(value)
-    return value if isinstance(value, str) else str(value)
 
 
 def check_exports(ctx: dict, run_id: str) -> None:

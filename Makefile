@@ -28,6 +28,7 @@ demo: install
 ## The whole suite (unit, integration against real PostgreSQL/Redis, slow tier with SmolLM2).
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	scripts/with-services $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint:

@@ -59,8 +59,15 @@ def main() -> None:
     rows = []
     records: dict[str, list[dict]] = {}
     for label, method, params in configs(args.max_new_tokens, args.chunk_tokens):
-        prepared = prepare_run(dataset=args.dataset, method=method, params=params, model="smollm2",
-                               reward="arithmetic", seed=args.seed, limit=args.items)
+        prepared = prepare_run(
+            dataset=args.dataset,
+            method=method,
+            params=params,
+            model="smollm2",
+            reward="arithmetic",
+            seed=args.seed,
+            limit=args.items,
+        )
         summary = run_local(prepared, out_dir=args.work, settings=settings, engine=engine)
         import json
 
@@ -71,37 +78,77 @@ def main() -> None:
         timings = Path(summary.results_path).with_name("timings.jsonl").read_text().splitlines()
         compute_s = sum(sum((json.loads(t)["timing"] or {}).values()) for t in timings)
         rewards = [r["reward"] for r in recs if r["reward"] is not None]
-        rows.append({
-            "label": label, "method": method, "n": params.get("n", 1), "accuracy": summary.accuracy or 0.0,
-            "correct": summary.correct, "items": summary.items, "tokens": summary.mean_gen_tokens,
-            "reward": sum(rewards) / len(rewards) if rewards else None, "seconds": compute_s,
-        })
-        print(f"{label:28s} acc {rows[-1]['accuracy']:.3f}  tokens {summary.mean_gen_tokens:7.1f}  "
-              f"reward {rows[-1]['reward'] if rows[-1]['reward'] is not None else float('nan'):.3f}  {compute_s:6.1f}s",
-              flush=True)
+        rows.append(
+            {
+                "label": label,
+                "method": method,
+                "n": params.get("n", 1),
+                "accuracy": summary.accuracy or 0.0,
+                "correct": summary.correct,
+                "items": summary.items,
+                "tokens": summary.mean_gen_tokens,
+                "reward": sum(rewards) / len(rewards) if rewards else None,
+                "seconds": compute_s,
+            }
+        )
+        print(
+            f"{label:28s} acc {rows[-1]['accuracy']:.3f}  tokens {summary.mean_gen_tokens:7.1f}  "
+            f"reward {rows[-1]['reward'] if rows[-1]['reward'] is not None else float('nan'):.3f}  {compute_s:6.1f}s",
+            flush=True,
+        )
 
     # ---- plot: accuracy and chosen-answer reward vs mean generated tokens, one series per method
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     # distinct markers and line styles: methods with identical points (e.g. Speculative Rejection with
     # alpha 0.5 and rank rejection sampling share seeds and survivors) stay visible on top of each other
-    styles = {"sampling": ("o", "-"), "best_of_n": ("s", "-"), "speculative_rejection": ("^", "--"),
-              "srd": ("D", "-"), "rejection_sampling": ("x", ":")}
+    styles = {
+        "sampling": ("o", "-"),
+        "best_of_n": ("s", "-"),
+        "speculative_rejection": ("^", "--"),
+        "srd": ("D", "-"),
+        "rejection_sampling": ("x", ":"),
+    }
     for method, (marker, line) in styles.items():
         pts = sorted((r for r in rows if r["method"] == method), key=lambda r: r["tokens"])
         if not pts:
             continue
         xs = [p["tokens"] for p in pts]
-        axes[0].plot(xs, [100 * p["accuracy"] for p in pts], marker=marker, linestyle=line, label=method,
-                     markersize=7, markerfacecolor="none")
-        axes[1].plot(xs, [p["reward"] if p["reward"] is not None else float("nan") for p in pts], marker=marker,
-                     linestyle=line, label=method, markersize=7, markerfacecolor="none")
+        axes[0].plot(
+            xs,
+            [100 * p["accuracy"] for p in pts],
+            marker=marker,
+            linestyle=line,
+            label=method,
+            markersize=7,
+            markerfacecolor="none",
+        )
+        axes[1].plot(
+            xs,
+            [p["reward"] if p["reward"] is not None else float("nan") for p in pts],
+            marker=marker,
+            linestyle=line,
+            label=method,
+            markersize=7,
+            markerfacecolor="none",
+        )
         for p in pts:
-            axes[0].annotate(f"n={p['n']}", (p["tokens"], 100 * p["accuracy"]), fontsize=7,
-                             textcoords="offset points", xytext=(3, 3))
-    axes[0].set(xlabel="mean generated tokens per problem", ylabel="accuracy (%)",
-                title=f"GSM8K, {args.items} problems, SmolLM2-135M")
-    axes[1].set(xlabel="mean generated tokens per problem", ylabel="arithmetic reward of the answer",
-                title="reward of the chosen response")
+            axes[0].annotate(
+                f"n={p['n']}",
+                (p["tokens"], 100 * p["accuracy"]),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(3, 3),
+            )
+    axes[0].set(
+        xlabel="mean generated tokens per problem",
+        ylabel="accuracy (%)",
+        title=f"GSM8K, {args.items} problems, SmolLM2-135M",
+    )
+    axes[1].set(
+        xlabel="mean generated tokens per problem",
+        ylabel="arithmetic reward of the answer",
+        title="reward of the chosen response",
+    )
     axes[0].set_ylim(bottom=0, top=max(5.0, 1.2 * max(100 * r["accuracy"] for r in rows)))
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -111,22 +158,34 @@ def main() -> None:
     if not args.no_write:
         fig.savefig(png, dpi=110)
 
-    setting = (f"{args.items} GSM8K test problems (the first {args.items} rows), 1 seed ({args.seed}), "
-               f"SmolLM2-135M-Instruct bf16 on CPU, arithmetic reward, max_new_tokens={args.max_new_tokens}, "
-               f"Δ = chunk_tokens = {args.chunk_tokens}, drafter T=0.8 / top-p 0.9 / top-k 50; SRD defaults "
-               f"θ_high 0.5, θ_low 0.3, m 10, L_max 30, N_refine 2, editor T 1.0, reroute_global, eager scoring.")
+    setting = (
+        f"{args.items} GSM8K test problems (the first {args.items} rows), 1 seed ({args.seed}), "
+        f"SmolLM2-135M-Instruct bf16 on CPU, arithmetic reward, max_new_tokens={args.max_new_tokens}, "
+        f"Δ = chunk_tokens = {args.chunk_tokens}, drafter T=0.8 / top-p 0.9 / top-k 50; SRD defaults "
+        f"θ_high 0.5, θ_low 0.3, m 10, L_max 30, N_refine 2, editor T 1.0, reroute_global, eager scoring."
+    )
     table = [
-        setting, "", "![accuracy vs tokens](accuracy_vs_tokens.png)", "",
+        setting,
+        "",
+        "![accuracy vs tokens](accuracy_vs_tokens.png)",
+        "",
         "| method | n | accuracy | correct/items | mean gen tokens | mean reward of answer | model + reward s |",
         "|---|---:|---:|---:|---:|---:|---:|",
-        *[f"| {r['method']} | {r['n']} | {100 * r['accuracy']:.1f}% | {r['correct']}/{r['items']} | {r['tokens']:.1f} "
-          f"| {r['reward'] if r['reward'] is not None else float('nan'):.3f} | {r['seconds']:.0f} |" for r in rows],
-        "", f"Command: `.venv/bin/python benchmarks/accuracy_vs_tokens.py --items {args.items} "
+        *[
+            f"| {r['method']} | {r['n']} | {100 * r['accuracy']:.1f}% | {r['correct']}/{r['items']} | {r['tokens']:.1f} "
+            f"| {r['reward'] if r['reward'] is not None else float('nan'):.3f} | {r['seconds']:.0f} |"
+            for r in rows
+        ],
+        "",
+        f"Command: `.venv/bin/python benchmarks/accuracy_vs_tokens.py --items {args.items} "
         f"--max-new-tokens {args.max_new_tokens} --chunk-tokens {args.chunk_tokens} --seed {args.seed}`",
     ]
 
     # ---- routing statistics, pooled over routing events (Table 6 layout)
-    routing = ["| run | p̂_H | p̂_M | p̂_L | ρ̂ | gain 1 + ρ̂·p̂_M/p̂_H | refinements |", "|---|---:|---:|---:|---:|---:|---:|"]
+    routing = [
+        "| run | p̂_H | p̂_M | p̂_L | ρ̂ | gain 1 + ρ̂·p̂_M/p̂_H | refinements |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for label, recs in records.items():
         if not label.startswith("srd"):
             continue
@@ -149,17 +208,22 @@ def main() -> None:
         routing.append(f"| {label} | {ph:.3f} | {pm:.3f} | {pl:.3f} | {fmt(rho)} | {fmt(gain)} | {refs} |")
 
     # ---- coupled comparison (Table 7 layout)
-    coupled = ["| n | items | mean R_max SRD | mean R_max RS | Δ_n | wins / ties / losses | refinements improved "
-               "| reward before → after refine |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    coupled = [
+        "| n | items | mean R_max SRD | mean R_max RS | Δ_n | wins / ties / losses | refinements improved "
+        "| reward before → after refine |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n in (4, 8):
         c = compare(records[f"srd n={n}"], records[f"rejection_sampling n={n}"])
 
         def f3(v):
             return "n/a" if v is None else f"{v:.3f}"
 
-        coupled.append(f"| {n} | {c.items} | {f3(c.mean_rmax_srd)} | {f3(c.mean_rmax_rs)} | {f3(c.delta_n)} | "
-                       f"{c.wins} / {c.ties} / {c.losses} | {f3(c.refinements_improved)} | "
-                       f"{f3(c.reward_before_refine)} → {f3(c.reward_after_refine)} |")
+        coupled.append(
+            f"| {n} | {c.items} | {f3(c.mean_rmax_srd)} | {f3(c.mean_rmax_rs)} | {f3(c.delta_n)} | "
+            f"{c.wins} / {c.ties} / {c.losses} | {f3(c.refinements_improved)} | "
+            f"{f3(c.reward_before_refine)} → {f3(c.reward_after_refine)} |"
+        )
 
     text = "\n".join(table)
     print(text, "\n", "\n".join(routing), "\n", "\n".join(coupled), sep="\n")

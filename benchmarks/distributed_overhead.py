@@ -59,8 +59,20 @@ def main() -> None:
     from srd_worker.store.shard_store import SqlShardStore
 
     params = {"n": args.n, "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens}
-    common = ["--method", "best_of_n", "--n", str(args.n), "--reward", "arithmetic", "--model", args.model,
-              "--max-new-tokens", str(args.max_new_tokens), "--set", f"chunk_tokens={args.chunk_tokens}"]
+    common = [
+        "--method",
+        "best_of_n",
+        "--n",
+        str(args.n),
+        "--reward",
+        "arithmetic",
+        "--model",
+        args.model,
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--set",
+        f"chunk_tokens={args.chunk_tokens}",
+    ]
     db_name = f"srdq_bench_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -69,26 +81,51 @@ def main() -> None:
     redis_db = 14
     broker = REDIS_URL.rsplit("/", 1)[0] + f"/{redis_db}"
     redis.Redis.from_url(broker).flushdb()
-    env = {**os.environ, "SRDQ_DATABASE_URL": db_url, "SRDQ_BROKER_URL": broker, "SRDQ_QUEUE": "bench",
-           "SRDQ_DEVICE": "cpu", "SRDQ_SLICE_ROUNDS": "1000"}
+    env = {
+        **os.environ,
+        "SRDQ_DATABASE_URL": db_url,
+        "SRDQ_BROKER_URL": broker,
+        "SRDQ_QUEUE": "bench",
+        "SRDQ_DEVICE": "cpu",
+        "SRDQ_SLICE_ROUNDS": "1000",
+    }
     worker = None
     rows: list[str] = []
     try:
         subprocess.run([*CLI, "db", "upgrade"], env=env, check=True, capture_output=True)
         log = open(Path(tempfile.gettempdir()) / "srdq-bench-worker.log", "w")  # noqa: SIM115
-        worker = subprocess.Popen([*CLI, "worker"], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+        worker = subprocess.Popen(
+            [*CLI, "worker"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         pg = create_engine(db_url)
 
         def submit_and_wait(seed: int) -> float:
             t0 = time.perf_counter()
-            out = subprocess.run([*CLI, "submit", "dataset", args.dataset, *common, "--limit", str(args.items),
-                                  "--shard-size", str(args.items), "--seed", str(seed)],
-                                 env=env, check=True, capture_output=True, text=True)
+            out = subprocess.run(
+                [
+                    *CLI,
+                    "submit",
+                    "dataset",
+                    args.dataset,
+                    *common,
+                    "--limit",
+                    str(args.items),
+                    "--shard-size",
+                    str(args.items),
+                    "--seed",
+                    str(seed),
+                ],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             run_id = out.stdout.strip()
             while True:
                 with pg.connect() as conn:
-                    status = conn.execute(text("select status from run where id = :r"), {"r": run_id}).scalar()
+                    status = conn.execute(
+                        text("select status from run where id = :r"), {"r": run_id}
+                    ).scalar()
                 if status == "done":
                     return time.perf_counter() - t0
                 if status in ("failed", "cancelled"):
@@ -101,8 +138,15 @@ def main() -> None:
         # the embedded runner on the same shard and spec, engine loaded beforehand
         settings = Settings(device="cpu")
         engine = TransformersEngine.from_name(args.model, settings=settings)
-        prepared = prepare_run(dataset=args.dataset, method="best_of_n", params=params, model=args.model,
-                               reward="arithmetic", seed=2, limit=args.items)
+        prepared = prepare_run(
+            dataset=args.dataset,
+            method="best_of_n",
+            params=params,
+            model=args.model,
+            reward="arithmetic",
+            seed=2,
+            limit=args.items,
+        )
         reward = build_reward("arithmetic", engine)
 
         def embedded(url: str) -> tuple[float, float, float, int]:
@@ -110,12 +154,27 @@ def main() -> None:
             db = make_engine(url)
             run_id = prepared.spec.run_id() + uuid.uuid4().hex[:6]
             with session_scope(db) as session:
-                crud.create_run(session=session, run_id=run_id, name="bench", spec=prepared.spec.model_dump(),
-                                config_hash="", versions={}, items=prepared.items, shard_size=len(prepared.items))
+                crud.create_run(
+                    session=session,
+                    run_id=run_id,
+                    name="bench",
+                    spec=prepared.spec.model_dump(),
+                    config_hash="",
+                    versions={},
+                    items=prepared.items,
+                    shard_size=len(prepared.items),
+                )
             t0 = time.perf_counter()
-            outcome = run_shard(items=prepared.items, positions=list(range(len(prepared.items))),
-                                method=build_method("best_of_n", params), task=prepared.task, engine=engine,
-                                reward=reward, run_seed=2, store=SqlShardStore(db, run_id, 0))
+            outcome = run_shard(
+                items=prepared.items,
+                positions=list(range(len(prepared.items))),
+                method=build_method("best_of_n", params),
+                task=prepared.task,
+                engine=engine,
+                reward=reward,
+                run_seed=2,
+                store=SqlShardStore(db, run_id, 0),
+            )
             wall = time.perf_counter() - t0
             db.dispose()
             return wall, outcome.checkpoint_seconds, outcome.round_seconds, outcome.rounds

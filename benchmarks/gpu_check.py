@@ -35,8 +35,14 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
 
-LLAMA_31_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                   intermediate_size=14336, vocab_size=128256)
+LLAMA_31_8B = dict(
+    hidden_size=4096,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=14336,
+    vocab_size=128256,
+)
 EOS_ID, PAD_ID = 128001, 128004  # Llama-3.1's <|end_of_text|> and <|finetune_right_pad_id|>
 
 
@@ -63,9 +69,16 @@ def _ints(text: str) -> list[int]:
 def build_config(kind: str, shape: dict, max_positions: int):
     from transformers import LlamaConfig
 
-    return LlamaConfig(**shape, max_position_embeddings=max_positions, rope_theta=500000.0,
-                       bos_token_id=128000, eos_token_id=EOS_ID, pad_token_id=PAD_ID, tie_word_embeddings=False,
-                       num_labels=1 if kind == "rm" else 2)
+    return LlamaConfig(
+        **shape,
+        max_position_embeddings=max_positions,
+        rope_theta=500000.0,
+        bos_token_id=128000,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        num_labels=1 if kind == "rm" else 2,
+    )
 
 
 def build_random(auto_cls, config, device: str, dtype):
@@ -93,15 +106,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reward-reps", type=int, default=3, help="timed calls per reward batch size")
     ap.add_argument("--doc", default=str(ROOT / "docs" / "PERFORMANCE.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave the doc alone")
-    ap.add_argument("--cpu-smoke", action="store_true",
-                    help="run a tiny shape on the CPU to check the script itself (never writes the doc)")
+    ap.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="run a tiny shape on the CPU to check the script itself (never writes the doc)",
+    )
     args = ap.parse_args(argv)
 
     import torch
 
     if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing was measured and "
-              f"{args.doc} was left unchanged. Run it on a machine with an NVIDIA GPU.", file=sys.stderr)
+        print(
+            "gpu_check: no CUDA device here (torch.cuda.is_available() is False); nothing was measured and "
+            f"{args.doc} was left unchanged. Run it on a machine with an NVIDIA GPU.",
+            file=sys.stderr,
+        )
         return 2
 
     import transformers
@@ -113,8 +132,14 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cpu_smoke:
         device, dtype, write = "cpu", torch.float32, False
-        shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     intermediate_size=128, vocab_size=128256)
+        shape = dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+            vocab_size=128256,
+        )
         gpu_name, shape_name = f"CPU smoke run ({platform.machine()})", "tiny smoke-test"
     else:
         device, dtype, write = "cuda", torch.bfloat16, not args.no_write
@@ -149,8 +174,12 @@ def main(argv: list[str] | None = None) -> int:
         out = []
         for i in range(bs):
             ids = torch.randint(0, 128000, (args.prompt_tokens,), generator=gen).tolist()
-            out.append(GenerationRequest(tuple(ids), SamplingParams(temperature=0.8, top_k=50, top_p=0.9,
-                                                                     max_new_tokens=new, seed=i)))
+            out.append(
+                GenerationRequest(
+                    tuple(ids),
+                    SamplingParams(temperature=0.8, top_k=50, top_p=0.9, max_new_tokens=new, seed=i),
+                )
+            )
         return out
 
     engine.generate(requests(2, 4))  # warm-up: kernels, allocator
@@ -171,9 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ reward scoring
-    rm_model = build_random(AutoModelForSequenceClassification, build_config("rm", shape, max_pos), device, dtype)
-    rm = HFOutcomeReward("random-8b-rm", model=rm_model, tokenizer=IdTokenizer(),
-                         max_tokens_per_batch=max(reward_sizes) * args.reward_tokens)
+    rm_model = build_random(
+        AutoModelForSequenceClassification, build_config("rm", shape, max_pos), device, dtype
+    )
+    rm = HFOutcomeReward(
+        "random-8b-rm",
+        model=rm_model,
+        tokenizer=IdTokenizer(),
+        max_tokens_per_batch=max(reward_sizes) * args.reward_tokens,
+    )
     rm.score_ids([list(range(1, 9))] * 2)  # warm-up
     rm_rows = []
     for bs in reward_sizes:
@@ -202,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "| batch | generated tokens | wall s | tokens/s | ms per step | peak GiB |",
         "|---:|---:|---:|---:|---:|---:|",
-        *[f"| {bs} | {tok} | {dt:.2f} | {tps:.0f} | {ms:.1f} | {pk} |" for bs, tok, dt, tps, ms, pk in gen_rows],
+        *[
+            f"| {bs} | {tok} | {dt:.2f} | {tps:.0f} | {ms:.1f} | {pk} |"
+            for bs, tok, dt, tps, ms, pk in gen_rows
+        ],
         "",
         f"Reward scoring (`hf-orm` adapter path, `HFOutcomeReward.score_ids`, one-label sequence-classification head "
         f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} calls):",

@@ -44,8 +44,14 @@ def main() -> None:
     settings = Settings(device="cpu")
     engine = TransformersEngine.from_name(args.model, settings=settings)
     params = {"n": args.n, "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens}
-    prepared = prepare_run(dataset=args.dataset, method="best_of_n", params=params, model=args.model,
-                           reward="arithmetic", limit=args.items)
+    prepared = prepare_run(
+        dataset=args.dataset,
+        method="best_of_n",
+        params=params,
+        model=args.model,
+        reward="arithmetic",
+        limit=args.items,
+    )
 
     # 1. the runner: a Best-of-N shard, SQLite checkpoints every round, results graded and written
     with tempfile.TemporaryDirectory() as out:
@@ -61,9 +67,18 @@ def main() -> None:
     prompts = [tok.chat_prompt_ids(prepared.task.messages(it)) for it in prepared.items]
     p = prepared.method.params
     reqs = [
-        GenerationRequest(tuple(prompts[i]), SamplingParams(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                                                            max_new_tokens=args.max_new_tokens, seed=1000 * i + c))
-        for i in range(len(prompts)) for c in range(args.n)
+        GenerationRequest(
+            tuple(prompts[i]),
+            SamplingParams(
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
+                max_new_tokens=args.max_new_tokens,
+                seed=1000 * i + c,
+            ),
+        )
+        for i in range(len(prompts))
+        for c in range(args.n)
     ]
     t0 = time.perf_counter()
     gens = engine.generate(reqs)
@@ -73,7 +88,13 @@ def main() -> None:
     runner_tps = runner_tokens / runner_s
     engine_tps = engine_tokens / engine_s
     rows = [
-        ("runner (Best-of-N shard, chunked, reward, checkpoints)", batch, int(runner_tokens), runner_s, runner_tps),
+        (
+            "runner (Best-of-N shard, chunked, reward, checkpoints)",
+            batch,
+            int(runner_tokens),
+            runner_s,
+            runner_tps,
+        ),
         ("engine (one raw batched generate)", batch, engine_tokens, engine_s, engine_tps),
     ]
     lines = [

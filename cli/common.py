@@ -26,7 +26,9 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 db_option = click.option(
-    "--db", default=None, metavar="URL|PATH",
+    "--db",
+    default=None,
+    metavar="URL|PATH",
     help="Database: a SQLAlchemy URL, an embedded run's SQLite file (srdq-out/srdq.db) or its --out folder. "
     "Default: SRDQ_DATABASE_URL.",
 )
@@ -45,7 +47,9 @@ def db_url(db: str | None) -> str:
     if path.is_dir():
         path = path / "srdq.db"
     if not path.is_file():
-        raise click.ClickException(f"--db {db}: no such database file (give a SQLAlchemy URL or a SQLite file)")
+        raise click.ClickException(
+            f"--db {db}: no such database file (give a SQLAlchemy URL or a SQLite file)"
+        )
     return sqlite_url(path)
 
 
@@ -66,5 +70,6 @@ def open_db(db: str | None = None):
         missing = "run" in first and ("exist" in first or "no such table" in first)
         hint = "run `srdq db upgrade` first" if missing else "check the URL (SRDQ_DATABASE_URL or --db)"
         raise click.ClickException(
-            f"database {engine.url.render_as_string(hide_password=True)}: {first} ({hint})") from None
+            f"database {engine.url.render_as_string(hide_password=True)}: {first} ({hint})"
+        ) from None
     return engine

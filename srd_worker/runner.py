@@ -63,8 +63,12 @@ def _prompt_state(method: Method, task: Task, engine: Engine, item: Item) -> dic
     """A fresh state, or an error state when the prompt cannot fit the model's context."""
     prompt_ids = engine.tokenizer.chat_prompt_ids(task.messages(item))
     if len(prompt_ids) >= engine.max_context:
-        return {"item_id": item.id, "done": True, "round": 0,
-                "error": f"prompt of {len(prompt_ids)} tokens does not fit the model context of {engine.max_context}"}
+        return {
+            "item_id": item.id,
+            "done": True,
+            "round": 0,
+            "error": f"prompt of {len(prompt_ids)} tokens does not fit the model context of {engine.max_context}",
+        }
     return method.init_state(item.id, item.question, prompt_ids)
 
 
@@ -72,7 +76,9 @@ def _is_done(method: Method, state: dict[str, Any]) -> bool:
     return bool(state.get("error")) or method.done(state)
 
 
-def build_record(method: Method, task: Task, item: Item, position: int, state: dict[str, Any]) -> dict[str, Any]:
+def build_record(
+    method: Method, task: Task, item: Item, position: int, state: dict[str, Any]
+) -> dict[str, Any]:
     """The stored result of one item. Everything here is deterministic except ``timing``."""
     record: dict[str, Any] = {
         "item_id": item.id,
@@ -161,19 +167,23 @@ def run_shard(
         outcome.round_seconds += t2 - t0
         outcome.checkpoint_seconds += t2 - t1
         if on_round is not None:
-            on_round(RoundReport(
-                round=shard_round,
-                items_done=sum(_is_done(method, s) for s in states),
-                items_total=len(states),
-                gen_tokens=sum(s.get("ledger", {}).get("gen_tokens", 0) for s in states),
-                round_seconds=t2 - t0,
-                checkpoint_seconds=t2 - t1,
-            ))
+            on_round(
+                RoundReport(
+                    round=shard_round,
+                    items_done=sum(_is_done(method, s) for s in states),
+                    items_total=len(states),
+                    gen_tokens=sum(s.get("ledger", {}).get("gen_tokens", 0) for s in states),
+                    round_seconds=t2 - t0,
+                    checkpoint_seconds=t2 - t1,
+                )
+            )
         if crash_after and shard_round == crash_after:
             os._exit(86)
 
-    outcome.records = [build_record(method, task, item, pos, state)
-                       for item, pos, state in zip(items, positions, states, strict=True)]
+    outcome.records = [
+        build_record(method, task, item, pos, state)
+        for item, pos, state in zip(items, positions, states, strict=True)
+    ]
     store.save_results(outcome.records)
     outcome.finished = True
     return outcome

@@ -47,8 +47,15 @@ class Submitted:
     enqueued: int
 
 
-def submit(prepared: PreparedRun, *, db: Engine, enqueue: Enqueue, name: str | None = None,
-           new: bool = False, versions: dict[str, Any] | None = None) -> Submitted:
+def submit(
+    prepared: PreparedRun,
+    *,
+    db: Engine,
+    enqueue: Enqueue,
+    name: str | None = None,
+    new: bool = False,
+    versions: dict[str, Any] | None = None,
+) -> Submitted:
     """Store the run, its shards and items (one transaction), then enqueue every shard.
 
     The same dataset and spec give the same run id, so a second submit returns the existing run and
@@ -62,9 +69,14 @@ def submit(prepared: PreparedRun, *, db: Engine, enqueue: Enqueue, name: str | N
     with session_scope(db) as session:
         existed = session.get(Run, run_id) is not None
         run = crud.create_run(
-            session=session, run_id=run_id, name=name or f"{spec.method}-{Path(spec.dataset).stem}",
-            spec=spec.model_dump(), config_hash=spec.config_hash(), versions=versions or {},
-            items=prepared.items, shard_size=spec.shard_size,
+            session=session,
+            run_id=run_id,
+            name=name or f"{spec.method}-{Path(spec.dataset).stem}",
+            spec=spec.model_dump(),
+            config_hash=spec.config_hash(),
+            versions=versions or {},
+            items=prepared.items,
+            shard_size=spec.shard_size,
         )
         n_shards = run.n_shards
     enqueued = 0
@@ -136,12 +148,22 @@ class SliceConfig:
 
 
 def _items(rows: list[Any]) -> tuple[list[Item], list[int]]:
-    return [Item(id=r.item_key, question=r.question, gold=r.gold, meta=dict(r.meta or {})) for r in rows], \
-        [r.position for r in rows]
+    return [Item(id=r.item_key, question=r.question, gold=r.gold, meta=dict(r.meta or {})) for r in rows], [
+        r.position for r in rows
+    ]
 
 
-def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineCache, enqueue: Enqueue,
-                  cfg: SliceConfig, owner: str | None = None, objects: Any = None) -> str:
+def process_shard(
+    run_id: str,
+    shard_index: int,
+    *,
+    db: Engine,
+    engines: EngineCache,
+    enqueue: Enqueue,
+    cfg: SliceConfig,
+    owner: str | None = None,
+    objects: Any = None,
+) -> str:
     """Lease the shard and run one bounded slice of rounds.
 
     Returns what happened: ``skipped`` (no lease: finished, cancelled or held by another worker),
@@ -157,8 +179,14 @@ def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineC
 
     owner = owner or worker_id()
     with session_scope(db) as session:
-        lease = leases.acquire(session=session, run_id=run_id, shard_index=shard_index, owner=owner,
-                               ttl_s=cfg.lease_ttl_s, max_attempts=cfg.max_attempts)
+        lease = leases.acquire(
+            session=session,
+            run_id=run_id,
+            shard_index=shard_index,
+            owner=owner,
+            ttl_s=cfg.lease_ttl_s,
+            max_attempts=cfg.max_attempts,
+        )
         if lease is None:
             return "skipped"
         spec = RunSpec(**crud.get_run(session=session, run_id=run_id).spec)
@@ -170,9 +198,18 @@ def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineC
         reward = build_reward(spec.reward, engine, settings=engines.settings) if spec.reward else None
         store = SqlShardStore(db, run_id, shard_index, lease=lease)
         with Heartbeat(db, lease, cfg.lease_ttl_s):
-            outcome = run_shard(items=items, positions=positions, method=method, task=get_task(spec.task, fields=spec.fields),
-                                engine=engine, reward=reward, run_seed=spec.seed, store=store,
-                                max_rounds=cfg.slice_rounds, max_seconds=cfg.slice_seconds)
+            outcome = run_shard(
+                items=items,
+                positions=positions,
+                method=method,
+                task=get_task(spec.task, fields=spec.fields),
+                engine=engine,
+                reward=reward,
+                run_seed=spec.seed,
+                store=store,
+                max_rounds=cfg.slice_rounds,
+                max_seconds=cfg.slice_seconds,
+            )
     except leases.LeaseLost as exc:
         log.warning("%s", exc)
         return "lost"
@@ -181,7 +218,9 @@ def process_shard(run_id: str, shard_index: int, *, db: Engine, engines: EngineC
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
         try:
             with session_scope(db) as session:
-                leases.release(session=session, lease=lease, status="pending", error=error, reset_attempts=False)
+                leases.release(
+                    session=session, lease=lease, status="pending", error=error, reset_attempts=False
+                )
         except StoreError:
             return "lost"
         enqueue(run_id, shard_index)
@@ -268,9 +307,13 @@ def run_status(*, db: Engine, run_id: str) -> RunStatus:
         run = crud.get_run(session=session, run_id=run_id)
         shards = crud.list_shards(session=session, run_id=run_id)
         results = session.exec(
-            select(Result.item_id, Result.shard_index, Result.error, Result.record).where(Result.run_id == run_id)
+            select(Result.item_id, Result.shard_index, Result.error, Result.record).where(
+                Result.run_id == run_id
+            )
         ).all()
-        ckpts = session.exec(select(Checkpoint.item_id, Checkpoint.state).where(Checkpoint.run_id == run_id)).all()
+        ckpts = session.exec(
+            select(Checkpoint.item_id, Checkpoint.state).where(Checkpoint.run_id == run_id)
+        ).all()
     done_by: dict[int, int] = {}
     failed_by: dict[int, int] = {}
     tokens = 0
@@ -290,12 +333,33 @@ def run_status(*, db: Engine, run_id: str) -> RunStatus:
     remaining = run.n_items - done - failed
     eta = (remaining / rate_items) if rate_items > 0 and remaining > 0 else (0.0 if remaining == 0 else None)
     return RunStatus(
-        run_id=run.id, name=run.name, status=run.status, method=run.spec.get("method", "?"),
-        model=run.spec.get("model", "?"), items=run.n_items, done=done, failed=failed, gen_tokens=tokens,
-        elapsed_s=elapsed, tokens_per_s=tokens / elapsed, eta_s=eta, created_at=run.created_at,
-        shards=[ShardStatus(s.index, s.status, s.stop - s.start, done_by.get(s.index, 0), failed_by.get(s.index, 0),
-                            s.round, s.attempt, s.lease_owner, (s.error or "").splitlines()[0] if s.error else None)
-                for s in shards],
+        run_id=run.id,
+        name=run.name,
+        status=run.status,
+        method=run.spec.get("method", "?"),
+        model=run.spec.get("model", "?"),
+        items=run.n_items,
+        done=done,
+        failed=failed,
+        gen_tokens=tokens,
+        elapsed_s=elapsed,
+        tokens_per_s=tokens / elapsed,
+        eta_s=eta,
+        created_at=run.created_at,
+        shards=[
+            ShardStatus(
+                s.index,
+                s.status,
+                s.stop - s.start,
+                done_by.get(s.index, 0),
+                failed_by.get(s.index, 0),
+                s.round,
+                s.attempt,
+                s.lease_owner,
+                (s.error or "").splitlines()[0] if s.error else None,
+            )
+            for s in shards
+        ],
     )
 
 

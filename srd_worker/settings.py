@@ -36,21 +36,39 @@ class Settings(BaseSettings):
         default_factory=_default_cache_dir,
         description="Local cache: converted model weights (safetensors export of GGUF models).",
     )
-    device: str = Field("auto", description="torch device for the transformers engine: auto, cpu, cuda, cuda:N.")
-    dtype: str = Field("bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32.")
-    tensor_parallel_size: int = Field(1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel).")
+    device: str = Field(
+        "auto", description="torch device for the transformers engine: auto, cpu, cuda, cuda:N."
+    )
+    dtype: str = Field(
+        "bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32."
+    )
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."
+    )
     gpu_memory_utilization: float = Field(
-        0.6, gt=0, le=1, description="vLLM engine: share of each GPU's memory vLLM takes (weights + KV cache); "
-        "the rest is left to a reward model on the same GPU.")
+        0.6,
+        gt=0,
+        le=1,
+        description="vLLM engine: share of each GPU's memory vLLM takes (weights + KV cache); "
+        "the rest is left to a reward model on the same GPU.",
+    )
     queue: str = Field("srdq", description="Celery queue shards are sent to and workers listen on.")
-    lease_ttl_s: float = Field(60.0, gt=0, description="Shard lease lifetime; heartbeats renew it every ttl/3.")
-    slice_rounds: int = Field(8, ge=1, description="Rounds one task runs before re-enqueueing its continuation.")
+    lease_ttl_s: float = Field(
+        60.0, gt=0, description="Shard lease lifetime; heartbeats renew it every ttl/3."
+    )
+    slice_rounds: int = Field(
+        8, ge=1, description="Rounds one task runs before re-enqueueing its continuation."
+    )
     slice_seconds: float = Field(
         600.0, gt=0, description="A task slice also ends after this many seconds (checked between rounds)."
     )
     max_attempts: int = Field(3, ge=1, description="Crashed attempts on a shard before it is marked failed.")
-    reap_interval_s: float = Field(15.0, gt=0, description="How often each worker looks for lost or expired shards.")
-    pending_grace_s: float = Field(120.0, gt=0, description="A shard pending this long is re-enqueued by the reaper.")
+    reap_interval_s: float = Field(
+        15.0, gt=0, description="How often each worker looks for lost or expired shards."
+    )
+    pending_grace_s: float = Field(
+        120.0, gt=0, description="A shard pending this long is re-enqueued by the reaper."
+    )
     max_row_bytes: int = Field(1_000_000, ge=1, description="Largest dataset row accepted, in bytes.")
     visibility_timeout_s: int = Field(
         3600, description="Redis visibility timeout; a task slice must end far below it (see slice_rounds)."

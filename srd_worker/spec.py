@@ -27,7 +27,9 @@ class RunSpec(BaseModel):
     dataset: str = Field(description="dataset path as given by the user (not part of the run id)")
     dataset_sha256: str = Field(description="sha256 of the dataset file's bytes")
     task: str = Field(description="task adapter name (gsm8k, math500, ...)")
-    fields: dict[str, str] = Field(default_factory=dict, description="generic task's --field KEY=COLUMN mapping")
+    fields: dict[str, str] = Field(
+        default_factory=dict, description="generic task's --field KEY=COLUMN mapping"
+    )
     method: str
     params: dict[str, Any] = Field(description="method parameters after validation, defaults filled in")
     model: str = Field(description="policy model name or path")
@@ -100,10 +102,14 @@ def prepare_run(
         check_reward_name(reward)
     if reward == "none":
         reward = None
-    check_compatible(built, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None)
+    check_compatible(
+        built, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None
+    )
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
-    task_obj, items = load_items(dataset, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES)
+    task_obj, items = load_items(
+        dataset, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES
+    )
     if limit is not None:
         items = items[:limit]
     if not items:

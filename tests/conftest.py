@@ -28,7 +28,9 @@ def tiny_engine():
 
     torch.set_num_threads(2)
     model, tokenizer = build_tiny_llama(seed=0)
-    return TransformersEngine(model.to(torch.float32), tokenizer, max_batch_size=64, model_name="tiny-random-llama")
+    return TransformersEngine(
+        model.to(torch.float32), tokenizer, max_batch_size=64, model_name="tiny-random-llama"
+    )
 
 
 @pytest.fixture(scope="session")

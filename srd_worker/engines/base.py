@@ -84,7 +84,9 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def chat_prompt_ids(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt_ids(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         """Token ids of the chat template applied to ``messages``."""
         ...
 

@@ -37,11 +37,13 @@ def _vllm(model: str, settings: Any) -> Engine:
 
 ENGINES: dict[str, EngineEntry] = {
     "transformers": EngineEntry(
-        frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS}), _transformers,
+        frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS}),
+        _transformers,
         "Hugging Face transformers on CPU or one GPU (the default; every method)",
     ),
     "vllm": EngineEntry(
-        frozenset({CAP_SAMPLING, CAP_LOGPROBS}), _vllm,
+        frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
+        _vllm,
         "vLLM offline LLM on GPUs (pip install 'srdq[vllm]'); no full logits, no gradients",
     ),
 }

@@ -54,7 +54,9 @@ class HFTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
-    def chat_prompt_ids(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
+    def chat_prompt_ids(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True
+    ) -> list[int]:
         if not getattr(self.hf, "chat_template", None):
             text = "\n\n".join(m["content"] for m in messages) + "\n\n"
             return self.encode(text)
@@ -168,12 +170,15 @@ class TransformersEngine:
                 kwargs = {self._cache_kw: cache, "use_cache": True}
                 if self._has_logits_to_keep:
                     kwargs["logits_to_keep"] = 1  # prefill: skip the lm_head on every prompt position
-                logits = self.model(
-                    input_ids=step_input, attention_mask=mask, position_ids=step_pos, **kwargs
-                ).logits[:, -1, :].float()
+                logits = (
+                    self.model(input_ids=step_input, attention_mask=mask, position_ids=step_pos, **kwargs)
+                    .logits[:, -1, :]
+                    .float()
+                )
                 self.stats.forward_passes += 1
-                next_tokens, next_logps = self._sample(logits, [requests[i].params for i in active],
-                                                      [gens[i] for i in active])
+                next_tokens, next_logps = self._sample(
+                    logits, [requests[i].params for i in active], [gens[i] for i in active]
+                )
                 keep_rows = []
                 for row, i in enumerate(active):
                     t = int(next_tokens[row])
@@ -193,7 +198,9 @@ class TransformersEngine:
                     break
                 step_input = next_tokens.view(-1, 1)
                 step_pos = step_pos[:, -1:] + 1
-                mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], 1)
+                mask = torch.cat(
+                    [mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], 1
+                )
                 if len(keep_rows) < len(active):
                     sel = torch.tensor(keep_rows, dtype=torch.long, device=self.device)
                     cache.batch_select_indices(sel)
@@ -284,8 +291,10 @@ class TransformersEngine:
         kwargs = {"logits_to_keep": keep} if self._has_logits_to_keep else {}
         with torch.inference_mode():
             logits = self.model(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                position_ids=positions.to(self.device), **kwargs,
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=positions.to(self.device),
+                **kwargs,
             ).logits
             offset = width - logits.shape[1]  # sequence index of logits[:, 0]
             logp = torch.log_softmax(logits.float(), dim=-1).cpu()

@@ -127,7 +127,9 @@ class VLLMEngine:
     name = "vllm"
     capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS})
 
-    def __init__(self, llm: Any, tokenizer: Any, *, model_name: str = "", max_context: int | None = None) -> None:
+    def __init__(
+        self, llm: Any, tokenizer: Any, *, model_name: str = "", max_context: int | None = None
+    ) -> None:
         """Wrap a built ``vllm.LLM`` and the model's Hugging Face tokenizer (``from_name`` builds both)."""
         vllm = import_vllm()
         self._sampling_params_cls = vllm.SamplingParams
@@ -148,16 +150,23 @@ class VLLMEngine:
 
         from srd_worker.engines.loading import TINY_MODEL, resolve_model_path
 
-        path = str(tiny_model_dir(settings.cache_dir)) if name == TINY_MODEL else resolve_model_path(
-            name, settings.cache_dir)
+        path = (
+            str(tiny_model_dir(settings.cache_dir))
+            if name == TINY_MODEL
+            else resolve_model_path(name, settings.cache_dir)
+        )
         try:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except OSError as exc:
             raise ModelLoadError(f"cannot load the tokenizer of '{name}': {exc}") from exc
         kwargs = dict(
-            model=path, tokenizer=path, dtype=settings.dtype, enable_prefix_caching=True,
+            model=path,
+            tokenizer=path,
+            dtype=settings.dtype,
+            enable_prefix_caching=True,
             tensor_parallel_size=int(settings.tensor_parallel_size),
-            gpu_memory_utilization=float(settings.gpu_memory_utilization), seed=0,
+            gpu_memory_utilization=float(settings.gpu_memory_utilization),
+            seed=0,
         )
         kwargs.update(llm_kwargs)
         prepare_process(int(kwargs["tensor_parallel_size"]))
@@ -220,15 +229,21 @@ class VLLMEngine:
         if p.logprobs:
             entries = comp.logprobs
             if entries is None or len(entries) != len(ids):
-                raise EngineError(f"request {i}: vLLM returned {0 if entries is None else len(entries)} "
-                                  f"logprob entries for {len(ids)} tokens")
-            logps = [_logprob_value(e, t, f"request {i}, token {j}") for j, (e, t) in
-                     enumerate(zip(entries, ids, strict=True))]
-        return Generation(token_ids=ids, text=self.tokenizer.decode(ids), finish_reason=reason, logprobs=logps)
+                raise EngineError(
+                    f"request {i}: vLLM returned {0 if entries is None else len(entries)} "
+                    f"logprob entries for {len(ids)} tokens"
+                )
+            logps = [
+                _logprob_value(e, t, f"request {i}, token {j}")
+                for j, (e, t) in enumerate(zip(entries, ids, strict=True))
+            ]
+        return Generation(
+            token_ids=ids, text=self.tokenizer.decode(ids), finish_reason=reason, logprobs=logps
+        )
 
     def _hit_stop(self, token_ids: list[int], stops: tuple[str, ...]) -> bool:
         longest = max((len(s) for s in stops), default=0)
-        tail = self.tokenizer.decode(token_ids[-(longest + 2):])
+        tail = self.tokenizer.decode(token_ids[-(longest + 2) :])
         return any(s and s in tail for s in stops)
 
     # ------------------------------------------------------------------ scoring
@@ -245,7 +260,9 @@ class VLLMEngine:
                 raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
             if c:
                 todo.append(i)
-                prompts.append(self._tokens_prompt(prompt_token_ids=[int(t) for t in p] + [int(t) for t in c]))
+                prompts.append(
+                    self._tokens_prompt(prompt_token_ids=[int(t) for t in p] + [int(t) for t in c])
+                )
         if not prompts:
             return out
         params = self._sampling_params_cls(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=1)
@@ -257,6 +274,8 @@ class VLLMEngine:
             entries = res.prompt_logprobs
             if entries is None or len(entries) != len(prefix) + len(cont):
                 raise EngineError(f"pair {i}: vLLM returned no prompt logprobs for the whole sequence")
-            out[i] = [_logprob_value(entries[len(prefix) + j], int(t), f"pair {i}, token {j}")
-                      for j, t in enumerate(cont)]
+            out[i] = [
+                _logprob_value(entries[len(prefix) + j], int(t), f"pair {i}, token {j}")
+                for j, t in enumerate(cont)
+            ]
         return out

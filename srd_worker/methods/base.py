@@ -53,7 +53,11 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         if typ is int and isinstance(value, float) and not value.is_integer():
             raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}")
         try:
-            return typ(value) if not (typ is int and isinstance(value, str) and "." in value) else int(float(value))
+            return (
+                typ(value)
+                if not (typ is int and isinstance(value, str) and "." in value)
+                else int(float(value))
+            )
         except (TypeError, ValueError):
             raise ConfigError(f"parameter '{name}' expects {typ.__name__}, got {value!r}") from None
     return value
@@ -116,9 +120,7 @@ def new_ledger() -> dict[str, Any]:
         "lm_calls": 0,
         "rm_calls": 0,
         "rm_tokens": 0,
-        "components": {
-            c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in COMPONENTS
-        },
+        "components": {c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in COMPONENTS},
     }
 
 
@@ -161,8 +163,13 @@ class ScoreCall:
 class StepContext:
     """What a method may use during a round: the engine, the reward model, seeds, the ledger."""
 
-    def __init__(self, engine: Engine, reward: RewardModel | None, run_seed: int,
-                 extract_answer: Callable[[str], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        reward: RewardModel | None,
+        run_seed: int,
+        extract_answer: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.engine = engine
         self.reward = reward
         self.run_seed = run_seed

@@ -44,8 +44,11 @@ class BestOfN(Method):
     def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
         draft_round(states, ctx, self.params)
         ready = [s for s in states if all(is_finished(c) for c in s["candidates"])]
-        calls = [ScoreCall(s, c["text"], len(c["tokens"]), finished=c["finish"] in ("eos", "stop"))
-                 for s in ready for c in s["candidates"]]
+        calls = [
+            ScoreCall(s, c["text"], len(c["tokens"]), finished=c["finish"] in ("eos", "stop"))
+            for s in ready
+            for c in s["candidates"]
+        ]
         scores = iter(ctx.score(calls))
         for s in ready:
             for c in s["candidates"]:
@@ -59,5 +62,10 @@ class BestOfN(Method):
         rewards = [c["reward"] for c in state["candidates"]]
         best = argmax_first(rewards)
         cand = state["candidates"][best]
-        return {"response": cand["text"], "reward": cand["reward"], "finish_reason": cand["finish"],
-                "chosen": best, "rewards": rewards}
+        return {
+            "response": cand["text"],
+            "reward": cand["reward"],
+            "finish_reason": cand["finish"],
+            "chosen": best,
+            "rewards": rewards,
+        }

@@ -56,7 +56,9 @@ def is_finished(cand: dict[str, Any]) -> bool:
     return cand["finish"] is not None
 
 
-def draft_round(states: list[dict[str, Any]], ctx: StepContext, p: DraftParams, *, kind: str = "draft") -> None:
+def draft_round(
+    states: list[dict[str, Any]], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
+) -> None:
     """Extend every unfinished candidate of every state by one chunk (one engine batch)."""
     calls: list[GenCall] = []
     targets: list[tuple[dict[str, Any], int]] = []
@@ -66,8 +68,11 @@ def draft_round(states: list[dict[str, Any]], ctx: StepContext, p: DraftParams, 
                 continue
             budget = min(p.chunk_tokens, p.max_new_tokens - len(cand["tokens"]))
             sp = SamplingParams(
-                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                max_new_tokens=budget, seed=ctx.seed(state, ci, kind),
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
+                max_new_tokens=budget,
+                seed=ctx.seed(state, ci, kind),
             )
             calls.append(GenCall(state, state["prompt_ids"] + cand["tokens"], sp, "drafter"))
             targets.append((cand, budget))

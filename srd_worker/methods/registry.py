@@ -30,7 +30,9 @@ def build_method(name: str, params: dict[str, Any]) -> Method:
     return cls(cls.Params.from_dict(params, method=name))
 
 
-def check_compatible(method: Method, *, engine_name: str, capabilities: frozenset[str], has_reward: bool) -> None:
+def check_compatible(
+    method: Method, *, engine_name: str, capabilities: frozenset[str], has_reward: bool
+) -> None:
     """Refuse a method/engine/reward combination that cannot work, before anything runs."""
     missing = sorted(method.needs_capabilities - capabilities)
     if missing:
@@ -39,4 +41,6 @@ def check_compatible(method: Method, *, engine_name: str, capabilities: frozense
             f"which the '{engine_name}' engine does not provide"
         )
     if method.needs_reward and not has_reward:
-        raise ConfigError(f"method '{method.name}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)")
+        raise ConfigError(
+            f"method '{method.name}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)"
+        )

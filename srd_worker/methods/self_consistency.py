@@ -61,6 +61,16 @@ class SelfConsistency(Method):
         chosen = majority(answers)
         chosen = 0 if chosen is None else chosen
         cand = state["candidates"][chosen]
-        votes = sum(1 for a in answers if a is not None and " ".join(a.split()) == " ".join((answers[chosen] or "").split()))
-        return {"response": cand["text"], "reward": None, "finish_reason": cand["finish"], "chosen": chosen,
-                "votes": votes if answers[chosen] is not None else 0, "answers": answers}
+        votes = sum(
+            1
+            for a in answers
+            if a is not None and " ".join(a.split()) == " ".join((answers[chosen] or "").split())
+        )
+        return {
+            "response": cand["text"],
+            "reward": None,
+            "finish_reason": cand["finish"],
+            "chosen": chosen,
+            "votes": votes if answers[chosen] is not None else 0,
+            "answers": answers,
+        }

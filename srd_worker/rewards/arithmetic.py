@@ -73,7 +73,9 @@ _EXPR_KINDS = frozenset({_NUM, _OP, _LP, _RP})
 _CURRENCY_RE = re.compile(r"\\?[$€£]")
 _VULGAR = "¼½¾⅐⅑⅒⅓⅔⅕⅖⅗⅘⅙⅚⅛⅜⅝⅞"
 _VULGAR_RE = re.compile(rf"(\d+)?([{_VULGAR}])")
-_SPACED_THOUSANDS_RE = re.compile(r"\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?![\d,./])")  # only after a currency sign
+_SPACED_THOUSANDS_RE = re.compile(
+    r"\d{1,3}(?:[ \u00a0\u202f]\d{3})+(?![\d,./])"
+)  # only after a currency sign
 _MIXED_RE = re.compile(r"(\d+) (\d+)/(\d+)(?![\d.,/])")
 _FRACTION_RE = re.compile(r"(\d+)/(\d+)(?![\d.,/])")
 _DECIMAL_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+")
@@ -197,7 +199,9 @@ def _number(text: str, i: int) -> _Tok | None:
     decimals: int | None = None
     divisions = 0
     if m := _VULGAR_RE.match(text, i):
-        value = Fraction(int(m.group(1) or 0)) + Fraction(unicodedata.numeric(m.group(2))).limit_denominator(10)
+        value = Fraction(int(m.group(1) or 0)) + Fraction(unicodedata.numeric(m.group(2))).limit_denominator(
+            10
+        )
     elif cur and (m := _SPACED_THOUSANDS_RE.match(text, i)):
         value, decimals = Fraction(re.sub(r"\D", "", m.group())), 0
     elif (m := _MIXED_RE.match(text, i)) and int(m.group(2)) < int(m.group(3)):
@@ -364,8 +368,9 @@ def _whole_right_side(last: _Tok, after: _Tok) -> bool:
     return True
 
 
-def _scan(text: str, toks: list[_Tok], *, complete: bool, source: str, rel_tol: Fraction,
-          accept_rounding: bool) -> list[Claim]:
+def _scan(
+    text: str, toks: list[_Tok], *, complete: bool, source: str, rel_tol: Fraction, accept_rounding: bool
+) -> list[Claim]:
     claims: list[Claim] = []
     for k, eq in enumerate(toks):
         if eq.kind != _EQ:
@@ -392,7 +397,7 @@ def _scan(text: str, toks: list[_Tok], *, complete: bool, source: str, rel_tol: 
             hi += 1
         rhs: tuple[int, list[_Value]] | None = None
         for e in range(hi, k + 1, -1):
-            got = _values(toks[k + 1:e])
+            got = _values(toks[k + 1 : e])
             if got is None:
                 continue
             cands: list[_Value] = []
@@ -424,13 +429,24 @@ def _scan(text: str, toks: list[_Tok], *, complete: bool, source: str, rel_tol: 
         assert best is not None
         ok, _, c, v = best
         start = toks[s].start
-        claims.append(Claim(expression=text[start:eq.start].strip(), claimed=float(v), computed=float(c),
-                            ok=ok, text=text[start:end], source=source, start=start, end=end))
+        claims.append(
+            Claim(
+                expression=text[start : eq.start].strip(),
+                claimed=float(v),
+                computed=float(c),
+                ok=ok,
+                text=text[start:end],
+                source=source,
+                start=start,
+                end=end,
+            )
+        )
     return claims
 
 
-def check_claims(text: str, *, complete: bool = False, rel_tol: float = DEFAULT_REL_TOL,
-                 accept_rounding: bool = True) -> list[Claim]:
+def check_claims(
+    text: str, *, complete: bool = False, rel_tol: float = DEFAULT_REL_TOL, accept_rounding: bool = True
+) -> list[Claim]:
     """Every judged arithmetic claim in ``text``, in order of position.
 
     ``complete=False`` (the default) treats ``text`` as a partial response, so a claim at its very end
@@ -446,34 +462,64 @@ def check_claims(text: str, *, complete: bool = False, rel_tol: float = DEFAULT_
     cut_points: list[tuple[int, list[Claim]]] = []  # (stripped position, claims of that annotation)
     pos = 0
     for m in _ANNOTATION_RE.finditer(text):
-        kept.append(text[pos:m.start()])
+        kept.append(text[pos : m.start()])
         offsets.extend(range(pos, m.start()))
         inner = m.group(1)
         inner_claims = [
-            Claim(expression=c.expression, claimed=c.claimed, computed=c.computed, ok=c.ok,
-                  text=m.group(), source="annotation", start=m.start(), end=m.end())
-            for c in _scan(inner, _tokenize(inner), complete=True, source="annotation", rel_tol=tol,
-                           accept_rounding=accept_rounding)
+            Claim(
+                expression=c.expression,
+                claimed=c.claimed,
+                computed=c.computed,
+                ok=c.ok,
+                text=m.group(),
+                source="annotation",
+                start=m.start(),
+                end=m.end(),
+            )
+            for c in _scan(
+                inner,
+                _tokenize(inner),
+                complete=True,
+                source="annotation",
+                rel_tol=tol,
+                accept_rounding=accept_rounding,
+            )
         ]
         claims.extend(inner_claims)
         cut_points.append((len(offsets), inner_claims))
         pos = m.end()
     tail = text[pos:]
     if not complete and (m := _OPEN_ANNOTATION_RE.search(tail)):
-        tail = tail[:m.start()]
+        tail = tail[: m.start()]
     kept.append(tail)
     offsets.extend(range(pos, pos + len(tail)))
     stripped = "".join(kept)
 
-    for c in _scan(stripped, _tokenize(stripped), complete=complete, source="text", rel_tol=tol,
-                   accept_rounding=accept_rounding):
+    for c in _scan(
+        stripped,
+        _tokenize(stripped),
+        complete=complete,
+        source="text",
+        rel_tol=tol,
+        accept_rounding=accept_rounding,
+    ):
         # The prose restating an annotation's result: same claim (its left side may be cut short by
         # units, "15 pages x 1/3 = <<15*1/3=5>>5"), counted once as the annotation.
         if any(c.start <= at <= c.end and any(a.claimed == c.claimed for a in ann) for at, ann in cut_points):
             continue
         start, end = offsets[c.start], offsets[c.end - 1] + 1
-        claims.append(Claim(expression=c.expression, claimed=c.claimed, computed=c.computed, ok=c.ok,
-                            text=text[start:end], source="text", start=start, end=end))
+        claims.append(
+            Claim(
+                expression=c.expression,
+                claimed=c.claimed,
+                computed=c.computed,
+                ok=c.ok,
+                text=text[start:end],
+                source="text",
+                start=start,
+                end=end,
+            )
+        )
     claims.sort(key=lambda c: (c.start, c.end))
     return claims
 
@@ -488,9 +534,15 @@ class ArithmeticReward:
 
     name = "arithmetic"
 
-    def __init__(self, *, prior_correct: float = 1.0, prior_wrong: float = 1.0,
-                 rel_tol: float = DEFAULT_REL_TOL, accept_rounding: bool = True,
-                 complete: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        prior_correct: float = 1.0,
+        prior_wrong: float = 1.0,
+        rel_tol: float = DEFAULT_REL_TOL,
+        accept_rounding: bool = True,
+        complete: bool = False,
+    ) -> None:
         if not prior_correct > 0 or not prior_wrong > 0:
             raise RewardError(f"prior pseudo-counts must be > 0, got ({prior_correct}, {prior_wrong})")
         if not rel_tol >= 0:
@@ -503,16 +555,21 @@ class ArithmeticReward:
 
     def check(self, response: str, *, finished: bool = False) -> list[Claim]:
         """The claims :meth:`score` counts for ``response`` (a finished response is judged to its end)."""
-        return check_claims(response, complete=self.complete or finished, rel_tol=self.rel_tol,
-                            accept_rounding=self.accept_rounding)
+        return check_claims(
+            response,
+            complete=self.complete or finished,
+            rel_tol=self.rel_tol,
+            accept_rounding=self.accept_rounding,
+        )
 
     def score_one(self, response: str, *, finished: bool = False) -> float:
         claims = self.check(response, finished=finished)
         correct = sum(c.ok for c in claims)
         return (correct + self.prior_correct) / (len(claims) + self.prior_correct + self.prior_wrong)
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], *,
-              finished: Sequence[bool] | None = None) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], *, finished: Sequence[bool] | None = None
+    ) -> list[float]:
         """``finished[i]`` True: response i is complete, so a claim at its very end is judged too."""
         if len(prompts) != len(responses):
             raise RewardError(f"got {len(prompts)} prompts but {len(responses)} responses")

@@ -76,23 +76,34 @@ def checkpoint_tensors(path: str, names: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def load_head_model(auto_cls: Any, path: str, *, num_labels: int, dtype: Any, device: str,
-                    remap: Callable[[Any, str], set[str]] | None = None) -> Any:
+def load_head_model(
+    auto_cls: Any,
+    path: str,
+    *,
+    num_labels: int,
+    dtype: Any,
+    device: str,
+    remap: Callable[[Any, str], set[str]] | None = None,
+) -> Any:
     """``auto_cls.from_pretrained(path, num_labels=...)`` in eval mode on ``device``. RewardError when weights
     are missing from the checkpoint and ``remap(model, path)`` (which returns the parameter names it
     restored from the checkpoint's own tensors) does not restore all of them."""
     try:
-        model, info = auto_cls.from_pretrained(path, num_labels=num_labels, dtype=torch_dtype(dtype),
-                                               output_loading_info=True)
+        model, info = auto_cls.from_pretrained(
+            path, num_labels=num_labels, dtype=torch_dtype(dtype), output_loading_info=True
+        )
     except (OSError, ValueError) as exc:
         raise RewardError(f"cannot load reward model '{path}': {exc}") from exc
     except RuntimeError as exc:  # a head of another shape (transformers refuses mismatched sizes)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RewardError(f"reward model '{path}' has no trained weights for a {num_labels}-label head (the "
-                          f"checkpoint's head has another shape: {first}). Check the reward kind (hf-orm / "
-                          "hf-prm and its style)") from exc
-    missing = set(info.get("missing_keys", ())) | {k if isinstance(k, str) else k[0]
-                                                    for k in info.get("mismatched_keys", ())}
+        raise RewardError(
+            f"reward model '{path}' has no trained weights for a {num_labels}-label head (the "
+            f"checkpoint's head has another shape: {first}). Check the reward kind (hf-orm / "
+            "hf-prm and its style)"
+        ) from exc
+    missing = set(info.get("missing_keys", ())) | {
+        k if isinstance(k, str) else k[0] for k in info.get("mismatched_keys", ())
+    }
     if missing and remap is not None:
         missing -= remap(model, path)
     if missing:
@@ -107,8 +118,9 @@ def load_head_model(auto_cls: Any, path: str, *, num_labels: int, dtype: Any, de
     return model.to(device)
 
 
-def run_batches(lengths: Sequence[int], max_tokens: int,
-                score_batch: Callable[[list[int]], list[float]]) -> list[float]:
+def run_batches(
+    lengths: Sequence[int], max_tokens: int, score_batch: Callable[[list[int]], list[float]]
+) -> list[float]:
     """Score every sequence with ``score_batch(indices)`` over token-budget batches (``pack_batches``);
     the scores come back in input order."""
     out: list[float | None] = [None] * len(lengths)

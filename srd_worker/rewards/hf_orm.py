@@ -59,16 +59,26 @@ def check_pairs(prompts: Sequence[str], responses: Sequence[str]) -> None:
         raise RewardError(f"got {len(prompts)} prompts but {len(responses)} responses")
     for i, (q, r) in enumerate(zip(prompts, responses, strict=True)):
         if not isinstance(q, str) or not isinstance(r, str):
-            raise RewardError(f"item {i}: prompt and response must be text, got "
-                              f"{type(q).__name__} and {type(r).__name__}")
+            raise RewardError(
+                f"item {i}: prompt and response must be text, got {type(q).__name__} and {type(r).__name__}"
+            )
 
 
 class HFOutcomeReward:
     """Scalar logit of a sequence-classification RM on (question, partial response); module docstring."""
 
-    def __init__(self, model_name_or_path: str, *, device: str = "auto", dtype: Any = "bfloat16",
-                 max_tokens_per_batch: int = 16384, system: str | None = "auto", stop: Sequence[str] = (),
-                 model: Any = None, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        model_name_or_path: str,
+        *,
+        device: str = "auto",
+        dtype: Any = "bfloat16",
+        max_tokens_per_batch: int = 16384,
+        system: str | None = "auto",
+        stop: Sequence[str] = (),
+        model: Any = None,
+        tokenizer: Any = None,
+    ) -> None:
         """Load the RM from ``model_name_or_path`` (a local folder or a Hugging Face id), or wrap an already
         built ``model`` + ``tokenizer`` (benchmarks; ``model_name_or_path`` is then only its name)."""
         from transformers import AutoModelForSequenceClassification
@@ -88,8 +98,13 @@ class HFOutcomeReward:
         else:
             self.device = resolve_device(device)
             self.tokenizer = load_tokenizer(self.model_name)
-            self.model = load_head_model(AutoModelForSequenceClassification, self.model_name, num_labels=1,
-                                         dtype=dtype, device=self.device)
+            self.model = load_head_model(
+                AutoModelForSequenceClassification,
+                self.model_name,
+                num_labels=1,
+                dtype=dtype,
+                device=self.device,
+            )
         self.pad_id = pad_id_of(self.tokenizer)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
         # Take the last token's hidden state ourselves when the head is the usual ``score`` linear layer
@@ -113,10 +128,15 @@ class HFOutcomeReward:
             if not s:
                 raise RewardError(f"item {i}: the reward input is empty")
             if self.max_context and len(s) > self.max_context:
-                raise RewardError(f"item {i}: the reward input has {len(s)} tokens, more than the reward "
-                                  f"model's context of {self.max_context}")
-        return run_batches([len(s) for s in ids], self.max_tokens_per_batch,
-                           lambda batch: self._score_batch([ids[i] for i in batch]))
+                raise RewardError(
+                    f"item {i}: the reward input has {len(s)} tokens, more than the reward "
+                    f"model's context of {self.max_context}"
+                )
+        return run_batches(
+            [len(s) for s in ids],
+            self.max_tokens_per_batch,
+            lambda batch: self._score_batch([ids[i] for i in batch]),
+        )
 
     def _score_batch(self, seqs: list[list[int]]) -> list[float]:
         import torch

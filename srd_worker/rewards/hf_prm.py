@@ -72,7 +72,9 @@ def _skywork_remap(model: Any, path: str) -> set[str]:
     import torch
 
     t = checkpoint_tensors(path, ["v_head.summary.weight", "v_head.summary.bias"])
-    if "v_head.summary.weight" not in t or tuple(t["v_head.summary.weight"].shape) != tuple(model.score.weight.shape):
+    if "v_head.summary.weight" not in t or tuple(t["v_head.summary.weight"].shape) != tuple(
+        model.score.weight.shape
+    ):
         return set()
     with torch.no_grad():
         model.score.weight.copy_(t["v_head.summary.weight"])
@@ -104,9 +106,19 @@ def _qwen_remap(model: Any, path: str) -> set[str]:
 class HFProcessReward:
     """Score of the last completed step under a PRM (module docstring for the two styles)."""
 
-    def __init__(self, model_name_or_path: str, *, style: str = "qwen", device: str = "auto",
-                 dtype: Any = "bfloat16", max_tokens_per_batch: int = 16384, step_separator: str | None = None,
-                 step_token: str | None = None, system: str | None = "auto", stop: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        model_name_or_path: str,
+        *,
+        style: str = "qwen",
+        device: str = "auto",
+        dtype: Any = "bfloat16",
+        max_tokens_per_batch: int = 16384,
+        step_separator: str | None = None,
+        step_token: str | None = None,
+        system: str | None = "auto",
+        stop: Sequence[str] = (),
+    ) -> None:
         from transformers import AutoModelForTokenClassification
 
         if style not in STYLES:
@@ -128,8 +140,10 @@ class HFProcessReward:
             self.step_token = step_token or QWEN_STEP_TOKEN
             ids = self.tokenizer.encode(self.step_token, add_special_tokens=False)
             if len(ids) != 1:
-                raise RewardError(f"the tokenizer of '{self.model_name}' does not have '{self.step_token}' as one "
-                                  f"token (got {len(ids)} tokens); a qwen-style PRM needs its step token")
+                raise RewardError(
+                    f"the tokenizer of '{self.model_name}' does not have '{self.step_token}' as one "
+                    f"token (got {len(ids)} tokens); a qwen-style PRM needs its step token"
+                )
             self.step_token_id = int(ids[0])
         else:
             self.system = None
@@ -139,8 +153,12 @@ class HFProcessReward:
                 raise RewardError(f"the step token {self.step_token!r} encodes to no token")
             self.step_token_id = int(ids[-1])
         self.model = load_head_model(
-            AutoModelForTokenClassification, self.model_name, num_labels=2 if style == "qwen" else 1,
-            dtype=dtype, device=self.device, remap=_qwen_remap if style == "qwen" else _skywork_remap,
+            AutoModelForTokenClassification,
+            self.model_name,
+            num_labels=2 if style == "qwen" else 1,
+            dtype=dtype,
+            device=self.device,
+            remap=_qwen_remap if style == "qwen" else _skywork_remap,
         )
         self.pad_id = pad_id_of(self.tokenizer)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
@@ -163,19 +181,27 @@ class HFProcessReward:
             ids.append(self.step_token_id)
         return ids, len(ids) - 1
 
-    def score(self, prompts: Sequence[str], responses: Sequence[str], *,
-              finished: Sequence[bool] | None = None) -> list[float]:
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], *, finished: Sequence[bool] | None = None
+    ) -> list[float]:
         check_pairs(prompts, responses)
         if finished is not None and len(finished) != len(responses):
             raise RewardError(f"got {len(finished)} finished flags for {len(responses)} responses")
         flags = list(finished) if finished is not None else [False] * len(responses)
-        items = [self.input_ids(q, r, finished=bool(f)) for q, r, f in zip(prompts, responses, flags, strict=True)]
+        items = [
+            self.input_ids(q, r, finished=bool(f)) for q, r, f in zip(prompts, responses, flags, strict=True)
+        ]
         for i, (ids, _pos) in enumerate(items):
             if self.max_context and len(ids) > self.max_context:
-                raise RewardError(f"item {i}: the reward input has {len(ids)} tokens, more than the reward "
-                                  f"model's context of {self.max_context}")
-        return run_batches([len(ids) for ids, _ in items], self.max_tokens_per_batch,
-                           lambda batch: self._score_batch([items[i] for i in batch]))
+                raise RewardError(
+                    f"item {i}: the reward input has {len(ids)} tokens, more than the reward "
+                    f"model's context of {self.max_context}"
+                )
+        return run_batches(
+            [len(ids) for ids, _ in items],
+            self.max_tokens_per_batch,
+            lambda batch: self._score_batch([items[i] for i in batch]),
+        )
 
     def _score_batch(self, items: list[tuple[list[int], int]]) -> list[float]:
         import torch

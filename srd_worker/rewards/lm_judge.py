@@ -52,8 +52,9 @@ def judge_messages(question: str, response: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": content}]
 
 
-def answer_token_ids(tokenizer, yes: Sequence[str] = YES_VARIANTS,
-                     no: Sequence[str] = NO_VARIANTS) -> tuple[list[int], list[int]]:
+def answer_token_ids(
+    tokenizer, yes: Sequence[str] = YES_VARIANTS, no: Sequence[str] = NO_VARIANTS
+) -> tuple[list[int], list[int]]:
     """Distinct first tokens of the Yes spellings and of the No spellings (paired in order), each token
     taken where the two spellings of a pair first differ. Raises RewardError when a token would count
     for both answers or a spelling encodes to nothing distinctive."""
@@ -109,15 +110,20 @@ class LMJudgeReward:
         if batch_size < 1:
             raise RewardError(f"batch_size must be >= 1, got {batch_size}")
         if CAP_LOGPROBS not in engine.capabilities:
-            raise CapabilityError(f"the lm_judge reward needs an engine with '{CAP_LOGPROBS}'; "
-                                  f"engine '{engine.name}' has {sorted(engine.capabilities)}")
+            raise CapabilityError(
+                f"the lm_judge reward needs an engine with '{CAP_LOGPROBS}'; "
+                f"engine '{engine.name}' has {sorted(engine.capabilities)}"
+            )
         self.engine = engine
         self.batch_size = batch_size
         self.yes_ids, self.no_ids = answer_token_ids(engine.tokenizer)
 
     def prompt_ids(self, question: str, response: str) -> list[int]:
-        return list(self.engine.tokenizer.chat_prompt_ids(judge_messages(question, response),
-                                                          add_generation_prompt=True))
+        return list(
+            self.engine.tokenizer.chat_prompt_ids(
+                judge_messages(question, response), add_generation_prompt=True
+            )
+        )
 
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         if len(prompts) != len(responses):
@@ -127,20 +133,24 @@ class LMJudgeReward:
         for i, (q, r) in enumerate(zip(prompts, responses, strict=True)):
             prefix = self.prompt_ids(q, r)
             if len(prefix) + 1 > self.engine.max_context:
-                raise RewardError(f"item {i}: the judge prompt has {len(prefix)} tokens, more than the "
-                                  f"engine's context of {self.engine.max_context}")
+                raise RewardError(
+                    f"item {i}: the judge prompt has {len(prefix)} tokens, more than the "
+                    f"engine's context of {self.engine.max_context}"
+                )
             pairs.extend((prefix, [t]) for t in candidates)
         logps: list[float] = []
         for start in range(0, len(pairs), self.batch_size):
-            chunk = pairs[start:start + self.batch_size]
+            chunk = pairs[start : start + self.batch_size]
             out = self.engine.logprobs(chunk)
             if len(out) != len(chunk) or any(len(o) != 1 for o in out):
-                raise RewardError(f"engine returned {[len(o) for o in out]} logprobs for {len(chunk)} "
-                                  "one-token continuations")
+                raise RewardError(
+                    f"engine returned {[len(o) for o in out]} logprobs for {len(chunk)} "
+                    "one-token continuations"
+                )
             logps.extend(o[0] for o in out)
         n_yes, per_item = len(self.yes_ids), len(candidates)
         scores = []
         for i in range(len(prompts)):
-            row = logps[i * per_item:(i + 1) * per_item]
+            row = logps[i * per_item : (i + 1) * per_item]
             scores.append(yes_probability(row[:n_yes], row[n_yes:]))
         return scores

@@ -58,8 +58,9 @@ _BUILT: dict[tuple[Any, ...], RewardModel] = {}
 
 
 def _choices() -> str:
-    return (f"choose one of: {', '.join(sorted(REWARDS))}; or a checkpoint as "
-            + ", ".join(f"{k}:MODEL" for k in MODEL_REWARDS))
+    return f"choose one of: {', '.join(sorted(REWARDS))}; or a checkpoint as " + ", ".join(
+        f"{k}:MODEL" for k in MODEL_REWARDS
+    )
 
 
 def parse_reward_name(name: str) -> tuple[str, str, str | None]:
@@ -71,11 +72,15 @@ def parse_reward_name(name: str) -> tuple[str, str, str | None]:
     if kind == "hf-prm" and ":" in rest:
         rest, _, style = rest.rpartition(":")
         if style not in PRM_STYLES:
-            raise ConfigError(f"unknown PRM style '{style}' in reward '{name}'; choose one of: {', '.join(PRM_STYLES)}")
+            raise ConfigError(
+                f"unknown PRM style '{style}' in reward '{name}'; choose one of: {', '.join(PRM_STYLES)}"
+            )
     elif ":" in rest:
         raise ConfigError(f"reward '{name}': a model name must not contain ':'")
     if not rest.strip():
-        raise ConfigError(f"reward '{name}' names no model; write {kind}:MODEL (a Hugging Face id or a local folder)")
+        raise ConfigError(
+            f"reward '{name}' names no model; write {kind}:MODEL (a Hugging Face id or a local folder)"
+        )
     if kind == "hf-prm" and style is None:
         style = "skywork" if "skywork" in rest.lower() else "qwen"
     return kind, rest, style
@@ -93,7 +98,13 @@ def _build_model_reward(name: str, settings: Any) -> RewardModel:
         from srd_worker.settings import get_settings
 
         settings = get_settings()
-    key = (name, settings.device, settings.dtype, settings.tensor_parallel_size, settings.gpu_memory_utilization)
+    key = (
+        name,
+        settings.device,
+        settings.dtype,
+        settings.tensor_parallel_size,
+        settings.gpu_memory_utilization,
+    )
     if key in _BUILT:
         return _BUILT[key]
     if kind == "hf-orm":
@@ -109,10 +120,16 @@ def _build_model_reward(name: str, settings: Any) -> RewardModel:
 
         share = round(0.9 - float(settings.gpu_memory_utilization), 3)
         if share < 0.05:
-            raise ConfigError(f"vllm-rm needs GPU memory beside the generator: SRDQ_GPU_MEMORY_UTILIZATION="
-                              f"{settings.gpu_memory_utilization} leaves {share} of 0.9; lower it (e.g. 0.6)")
-        reward = VLLMReward(model, gpu_memory_utilization=share, dtype=settings.dtype,
-                            tensor_parallel_size=settings.tensor_parallel_size)
+            raise ConfigError(
+                f"vllm-rm needs GPU memory beside the generator: SRDQ_GPU_MEMORY_UTILIZATION="
+                f"{settings.gpu_memory_utilization} leaves {share} of 0.9; lower it (e.g. 0.6)"
+            )
+        reward = VLLMReward(
+            model,
+            gpu_memory_utilization=share,
+            dtype=settings.dtype,
+            tensor_parallel_size=settings.tensor_parallel_size,
+        )
     _BUILT[key] = reward
     return reward
 

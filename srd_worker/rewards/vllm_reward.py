@@ -28,8 +28,10 @@ from srd_worker.errors import RewardError
 from srd_worker.rewards.batching import cut_at_stop, pack_batches
 from srd_worker.rewards.hf_orm import check_pairs, default_system, rm_chat_ids
 
-INSTALL_HINT = ("the 'vllm-rm' reward needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
-                "(Linux with an NVIDIA GPU and CUDA); or use hf-orm:MODEL")
+INSTALL_HINT = (
+    "the 'vllm-rm' reward needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
+    "(Linux with an NVIDIA GPU and CUDA); or use hf-orm:MODEL"
+)
 
 
 def _import_vllm() -> Any:
@@ -49,17 +51,29 @@ def _last_scalar(data: Any, n_tokens: int, i: int) -> float:
         return float(t[-1])
     if t.ndim == 2 and t.shape[0] == n_tokens and t.shape[1] == 1:
         return float(t[-1, 0])
-    raise RewardError(f"item {i}: vLLM returned a pooled output of shape {tuple(t.shape)} for {n_tokens} tokens; "
-                      "vllm-rm takes one scalar per sequence or per token (use hf-prm for process reward models)")
+    raise RewardError(
+        f"item {i}: vLLM returned a pooled output of shape {tuple(t.shape)} for {n_tokens} tokens; "
+        "vllm-rm takes one scalar per sequence or per token (use hf-prm for process reward models)"
+    )
 
 
 class VLLMReward:
     """Scalar reward of a vLLM pooling model on (question, partial response); module docstring."""
 
-    def __init__(self, model_name_or_path: str, *, gpu_memory_utilization: float = 0.3,
-                 tensor_parallel_size: int = 1, dtype: str = "bfloat16", max_tokens_per_batch: int = 65536,
-                 system: str | None = "auto", stop: Sequence[str] = (), llm: Any = None,
-                 tokenizer: Any = None, **llm_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model_name_or_path: str,
+        *,
+        gpu_memory_utilization: float = 0.3,
+        tensor_parallel_size: int = 1,
+        dtype: str = "bfloat16",
+        max_tokens_per_batch: int = 65536,
+        system: str | None = "auto",
+        stop: Sequence[str] = (),
+        llm: Any = None,
+        tokenizer: Any = None,
+        **llm_kwargs: Any,
+    ) -> None:
         vllm = _import_vllm()
         if max_tokens_per_batch < 1:
             raise RewardError(f"max_tokens_per_batch must be >= 1, got {max_tokens_per_batch}")
@@ -78,8 +92,13 @@ class VLLMReward:
             from srd_worker.engines.vllm_engine import prepare_process
 
             prepare_process(int(tensor_parallel_size))
-            common = dict(model=self.model_name, dtype=dtype, tensor_parallel_size=int(tensor_parallel_size),
-                          gpu_memory_utilization=float(gpu_memory_utilization), **llm_kwargs)
+            common = dict(
+                model=self.model_name,
+                dtype=dtype,
+                tensor_parallel_size=int(tensor_parallel_size),
+                gpu_memory_utilization=float(gpu_memory_utilization),
+                **llm_kwargs,
+            )
             try:
                 llm = vllm.LLM(runner="pooling", **common)
             except TypeError:  # vLLM < 0.10 has no `runner`

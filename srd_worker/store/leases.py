@@ -42,8 +42,16 @@ class LeaseLost(StoreError):
     """The lease was taken over (or the shard cancelled): the holder must stop writing."""
 
 
-def acquire(*, session: Session, run_id: str, shard_index: int, owner: str, ttl_s: float,
-            max_attempts: int, now: datetime | None = None) -> Lease | None:
+def acquire(
+    *,
+    session: Session,
+    run_id: str,
+    shard_index: int,
+    owner: str,
+    ttl_s: float,
+    max_attempts: int,
+    now: datetime | None = None,
+) -> Lease | None:
     """Take the shard's lease, or return None if someone else holds it or there is nothing to do."""
     now = now or utcnow()
     stmt = select(Shard).where(Shard.run_id == run_id, Shard.index == shard_index)
@@ -55,7 +63,9 @@ def acquire(*, session: Session, run_id: str, shard_index: int, owner: str, ttl_
     run = session.get(Run, run_id)
     if run is None or run.status == Status.CANCELLED.value:
         return None
-    held = shard.lease_owner is not None and shard.lease_expires_at is not None and shard.lease_expires_at > now
+    held = (
+        shard.lease_owner is not None and shard.lease_expires_at is not None and shard.lease_expires_at > now
+    )
     # the same owner may take its own lease again (a task retried after the database came back)
     if shard.status == Status.RUNNING.value and held and shard.lease_owner != owner:
         return None
@@ -105,15 +115,23 @@ def heartbeat(*, session: Session, lease: Lease, ttl_s: float, now: datetime | N
     """Extend the lease; False if it was lost."""
     now = now or utcnow()
     n = session.exec(
-        update(Shard).where(*_fenced(lease)).values(lease_expires_at=now + timedelta(seconds=ttl_s), heartbeat_at=now)
+        update(Shard)
+        .where(*_fenced(lease))
+        .values(lease_expires_at=now + timedelta(seconds=ttl_s), heartbeat_at=now)
     ).rowcount
     return n == 1
 
 
-def release(*, session: Session, lease: Lease, status: str, error: str | None = None,
-            reset_attempts: bool = True) -> None:
+def release(
+    *, session: Session, lease: Lease, status: str, error: str | None = None, reset_attempts: bool = True
+) -> None:
     """Give the lease back, setting the shard's status (pending to continue later, done, failed)."""
-    values: dict = {"status": Status(status).value, "lease_owner": None, "lease_expires_at": None, "error": error}
+    values: dict = {
+        "status": Status(status).value,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "error": error,
+    }
     if reset_attempts:
         values["attempt"] = 0
     n = session.exec(update(Shard).where(*_fenced(lease)).values(**values)).rowcount
@@ -197,10 +215,16 @@ def reopen_run(*, session: Session, run_id: str) -> list[int]:
     run = session.get(Run, run_id)
     if run is None:
         raise StoreError(f"no run {run_id!r}")
-    shards = session.exec(select(Shard).where(Shard.run_id == run_id, Shard.status != Status.DONE.value)).all()
+    shards = session.exec(
+        select(Shard).where(Shard.run_id == run_id, Shard.status != Status.DONE.value)
+    ).all()
     todo = []
     for shard in shards:
-        if shard.status == Status.RUNNING.value and shard.lease_expires_at and shard.lease_expires_at > utcnow():
+        if (
+            shard.status == Status.RUNNING.value
+            and shard.lease_expires_at
+            and shard.lease_expires_at > utcnow()
+        ):
             continue  # someone is working on it
         shard.status = Status.PENDING.value
         shard.attempt = 0

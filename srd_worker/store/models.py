@@ -82,7 +82,9 @@ class Run(SQLModel, table=True):
         default_factory=utcnow, sa_type=UTCDateTime, sa_column_kwargs={"onupdate": utcnow}
     )
     manifest_at: datetime | None = Field(
-        default=None, sa_type=UTCDateTime, description="When the run manifest was written to the object store."
+        default=None,
+        sa_type=UTCDateTime,
+        description="When the run manifest was written to the object store.",
     )
 
 
@@ -112,7 +114,9 @@ class Shard(SQLModel, table=True):
         default_factory=utcnow, sa_type=UTCDateTime, sa_column_kwargs={"onupdate": utcnow}
     )
     uploaded_at: datetime | None = Field(
-        default=None, sa_type=UTCDateTime, description="When the shard's parts and manifest reached the object store."
+        default=None,
+        sa_type=UTCDateTime,
+        description="When the shard's parts and manifest reached the object store.",
     )
 
 

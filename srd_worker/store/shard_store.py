@@ -30,20 +30,27 @@ class SqlShardStore:
         with session_scope(self.engine) as session:
             if self.lease is not None:
                 leases.check(session=session, lease=self.lease)
-            crud.save_checkpoints(session=session, run_id=self.run_id, shard_index=self.shard_index,
-                                  round=round_, states=states,
-                                  expected_version=self.lease.version if self.lease else None)
+            crud.save_checkpoints(
+                session=session,
+                run_id=self.run_id,
+                shard_index=self.shard_index,
+                round=round_,
+                states=states,
+                expected_version=self.lease.version if self.lease else None,
+            )
 
     def save_results(self, records: list[dict[str, Any]]) -> int:
         """Insert the shard's results and mark it done, in one transaction."""
         with session_scope(self.engine) as session:
             if self.lease is not None:
                 leases.check(session=session, lease=self.lease)
-            n = crud.save_results(session=session, run_id=self.run_id, shard_index=self.shard_index,
-                                  records=records)
+            n = crud.save_results(
+                session=session, run_id=self.run_id, shard_index=self.shard_index, records=records
+            )
             if self.lease is not None:
                 leases.release(session=session, lease=self.lease, status="done")
             else:
-                crud.set_shard_status(session=session, run_id=self.run_id, shard_index=self.shard_index,
-                                      status="done")
+                crud.set_shard_status(
+                    session=session, run_id=self.run_id, shard_index=self.shard_index, status="done"
+                )
             return n

@@ -87,8 +87,13 @@ class GenericTask:
 
     name: str = "generic"
 
-    def __init__(self, fields: Mapping[str, str] | None = None, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
-                 grade_timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        fields: Mapping[str, str] | None = None,
+        *,
+        max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+        grade_timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> None:
         self.fields = {**DEFAULT_FIELDS, **check_fields(fields or {})}
         self.max_row_bytes = max_row_bytes
         self.grade_timeout_s = grade_timeout_s
@@ -109,7 +114,11 @@ class GenericTask:
         return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
 
     def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
-        prompt_col, answer_col, id_col = self.fields["prompt"], self.fields.get("answer"), self.fields.get("id")
+        prompt_col, answer_col, id_col = (
+            self.fields["prompt"],
+            self.fields.get("answer"),
+            self.fields.get("id"),
+        )
         rows.require(at, row, (prompt_col,))
         gold = ""
         if answer_col is not None:

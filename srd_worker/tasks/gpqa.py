@@ -97,11 +97,19 @@ class GPQATask:
         item_id = rows.row_id(at, row, ID_FIELD)
         order = permutation_for(item_id)
         choices = [original[k] for k in order]
-        meta: dict[str, Any] = {rows.unit: at, "permutation": list(order), "choices": choices,
-                                "shuffle_salt": SHUFFLE_SALT}
+        meta: dict[str, Any] = {
+            rows.unit: at,
+            "permutation": list(order),
+            "choices": choices,
+            "shuffle_salt": SHUFFLE_SALT,
+        }
         meta.update({k: row[k] for k in META_FIELDS if row.get(k) not in (None, "")})
-        return Item(id=item_id, question=format_gpqa_question(question, choices),
-                    gold=GPQA_LETTERS[order.index(0)], meta=meta)
+        return Item(
+            id=item_id,
+            question=format_gpqa_question(question, choices),
+            gold=GPQA_LETTERS[order.index(0)],
+            meta=meta,
+        )
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return gpqa_messages(item.question)
@@ -124,6 +132,9 @@ class GPQATask:
         choices = item.meta.get("choices") or []
         if boxed is None or len(choices) != len(GPQA_LETTERS):
             return None
-        hits = [letter for letter, choice in zip(GPQA_LETTERS, choices, strict=True)
-                if _norm(choice) == _norm(boxed)]
+        hits = [
+            letter
+            for letter, choice in zip(GPQA_LETTERS, choices, strict=True)
+            if _norm(choice) == _norm(boxed)
+        ]
         return hits[0] if len(hits) == 1 else None

@@ -184,8 +184,11 @@ class _GraderProcess:
         env["PYTHONUNBUFFERED"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _WORKER_CODE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
-            env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            env=env,
+            close_fds=True,
         )
         self._buf = b""
         try:
@@ -280,7 +283,6 @@ class _GraderPool:
         for worker in idle:
             worker.kill()
 
-
     def forget(self) -> None:
         """In a forked child: drop the parent's graders (closing only this process's pipe copies)."""
         for worker in self._idle:
@@ -327,27 +329,38 @@ def math_equal(pred: str, gold: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bo
         reply = worker.compare(pred, gold, timeout_s)
     except _GraderTimeout:
         _pool.discard(worker)
-        logger.warning("math_equal timed out after %.1fs (graded as wrong): pred=%.200r gold=%.200r",
-                       timeout_s, pred, gold)
+        logger.warning(
+            "math_equal timed out after %.1fs (graded as wrong): pred=%.200r gold=%.200r",
+            timeout_s,
+            pred,
+            gold,
+        )
         return False
     except (OSError, ValueError) as exc:  # the subprocess died (e.g. out of memory) or sent garbage
         _pool.discard(worker)
-        logger.warning("math_equal grader subprocess failed (graded as wrong): %s; pred=%.200r gold=%.200r",
-                       exc, pred, gold)
+        logger.warning(
+            "math_equal grader subprocess failed (graded as wrong): %s; pred=%.200r gold=%.200r",
+            exc,
+            pred,
+            gold,
+        )
         return False
     except BaseException:
         _pool.discard(worker)
         raise
     _pool.release(worker)
     if "error" in reply:
-        logger.warning("math_equal failed (graded as wrong): %s; pred=%.200r gold=%.200r",
-                       reply["error"], pred, gold)
+        logger.warning(
+            "math_equal failed (graded as wrong): %s; pred=%.200r gold=%.200r", reply["error"], pred, gold
+        )
         return False
     return reply.get("equal") is True
 
 
-_TEXT_WRAPPER_RE = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mathrm|mathbf|mathit|mbox|emph)"
-                              r"\s*\{([^{}]*)\}")
+_TEXT_WRAPPER_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textsf|texttt|mathrm|mathbf|mathit|mbox|emph)"
+    r"\s*\{([^{}]*)\}"
+)
 
 
 def strip_latex_text(answer: str) -> str:

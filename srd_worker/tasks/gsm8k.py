@@ -39,7 +39,9 @@ class GSM8KTask(Math500Task):
         gold = gsm8k_gold(row["answer"])
         if gold is None:
             raise rows.error("has no final '#### <answer>' line", line, "answer")
-        return Item(id=rows.row_id(line, row, "id"), question=row["question"], gold=gold, meta={rows.unit: line})
+        return Item(
+            id=rows.row_id(line, row, "id"), question=row["question"], gold=gold, meta={rows.unit: line}
+        )
 
     def extract_answer(self, response: str) -> str | None:
         answer = extract_answer(response, fallback_last_number=True)

@@ -93,8 +93,9 @@ def _passages(rows: Rows, at: int, row: dict[str, Any]) -> list[tuple[str, str]]
             title = passage[0]
             text = "".join(passage[1]) if all(isinstance(s, str) for s in passage[1]) else None
         else:
-            raise rows.error(f"passage {i} must be {{title, paragraph_text}} or [title, [sentences]]",
-                             at, "context")
+            raise rows.error(
+                f"passage {i} must be {{title, paragraph_text}} or [title, [sentences]]", at, "context"
+            )
         if not isinstance(title, str) or not isinstance(text, str):
             raise rows.error(f"passage {i} needs a string title and text", at, "context")
         out.append((title, text))
@@ -120,8 +121,12 @@ class HotpotQATask:
         item_id = rows.row_id(at, row, "id" if "id" in row else "_id")
         meta: dict[str, Any] = {rows.unit: at, "titles": [t for t, _ in passages]}
         meta.update({k: row[k] for k in META_FIELDS if k in row})
-        return Item(id=item_id, question=format_hotpotqa_question(row["question"], passages),
-                    gold=row["answer"].strip(), meta=meta)
+        return Item(
+            id=item_id,
+            question=format_hotpotqa_question(row["question"], passages),
+            gold=row["answer"].strip(),
+            meta=meta,
+        )
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return hotpotqa_messages(item.question)

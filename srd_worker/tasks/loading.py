@@ -48,8 +48,9 @@ class DatasetRowError(DatasetError):
         Exception.__init__(self, f"{', '.join(where)}: {message}")
 
 
-def dataset_error(message: str, *, path: str | Path, at: int | None = None, field: str | None = None,
-                  unit: str = "line") -> DatasetError:
+def dataset_error(
+    message: str, *, path: str | Path, at: int | None = None, field: str | None = None, unit: str = "line"
+) -> DatasetError:
     """A ``DatasetError`` for ``path`` at line ``at`` (``unit="line"``) or data row ``at`` (``unit="row"``)."""
     if unit == "row" and at is not None:
         return DatasetRowError(message, path=str(path), row=at, field=field)
@@ -73,17 +74,26 @@ def _decode_line(raw: bytes, where: str, lineno: int) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DatasetError(f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
-                           path=where, line=lineno) from exc
+        raise DatasetError(
+            f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+            path=where,
+            line=lineno,
+        ) from exc
 
 
 def _check_size(size: int, max_row_bytes: int, where: str, at: int, unit: str = "line") -> None:
     if size > max_row_bytes:
-        raise dataset_error(f"row is {size:,} bytes, more than the limit of {max_row_bytes:,} bytes",
-                            path=where, at=at, unit=unit)
+        raise dataset_error(
+            f"row is {size:,} bytes, more than the limit of {max_row_bytes:,} bytes",
+            path=where,
+            at=at,
+            unit=unit,
+        )
 
 
-def read_jsonl(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[tuple[int, dict[str, Any]]]:
+def read_jsonl(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[tuple[int, dict[str, Any]]]:
     """Read a JSON Lines file into ``(line_number, row)`` pairs; line numbers are 1-based.
 
     Raises ``DatasetError`` (naming the file, and the line where there is one) if the file is missing, is
@@ -102,18 +112,22 @@ def read_jsonl(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) 
         try:
             row = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise DatasetError(f"malformed JSON: {exc.msg} (column {exc.colno})",
-                               path=where, line=lineno) from exc
+            raise DatasetError(
+                f"malformed JSON: {exc.msg} (column {exc.colno})", path=where, line=lineno
+            ) from exc
         if not isinstance(row, dict):
-            raise DatasetError(f"row is a JSON {_json_type(row)}, expected a JSON object",
-                               path=where, line=lineno)
+            raise DatasetError(
+                f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, line=lineno
+            )
         rows.append((lineno, row))
     if not rows:
         raise DatasetError("file is empty (no rows)", path=where)
     return rows
 
 
-def read_csv(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[tuple[int, dict[str, str]]]:
+def read_csv(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[tuple[int, dict[str, str]]]:
     """Read a CSV file with a header line into ``(line_number, row)`` pairs (the line a record starts on).
 
     Raises ``DatasetError`` naming the file and line if the file is missing, unreadable, empty, has a
@@ -143,18 +157,22 @@ def read_csv(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) ->
         except StopIteration:
             break
         except csv.Error as exc:
-            raise DatasetError(f"malformed CSV: {exc} (in the record starting on this line)",
-                               path=where, line=start) from exc
+            raise DatasetError(
+                f"malformed CSV: {exc} (in the record starting on this line)", path=where, line=start
+            ) from exc
         consumed = reader.line_num
         if not record or (len(record) == 1 and not record[0].strip()):
             continue  # blank line
-        _check_size(sum(sizes[start - 1:consumed]) + (consumed - start), max_row_bytes, where, start)
+        _check_size(sum(sizes[start - 1 : consumed]) + (consumed - start), max_row_bytes, where, start)
         if header is None:
             header = _check_header(record, where, start)
             continue
         if len(record) != len(header):
-            raise DatasetError(f"malformed CSV: the row has {len(record)} values, the header has "
-                               f"{len(header)} columns", path=where, line=start)
+            raise DatasetError(
+                f"malformed CSV: the row has {len(record)} values, the header has {len(header)} columns",
+                path=where,
+                line=start,
+            )
         rows.append((start, dict(zip(header, record, strict=True))))
     if header is None:
         raise DatasetError("file is empty (no rows)", path=where)
@@ -170,13 +188,18 @@ def _check_header(record: list[str], where: str, line: int) -> list[str]:
         if not name:
             raise DatasetError(f"malformed CSV header: column {i} has no name", path=where, line=line)
         if name in seen:
-            raise DatasetError(f"malformed CSV header: column name {name!r} is used twice "
-                               f"(columns {seen[name]} and {i})", path=where, line=line)
+            raise DatasetError(
+                f"malformed CSV header: column name {name!r} is used twice (columns {seen[name]} and {i})",
+                path=where,
+                line=line,
+            )
         seen[name] = i
     return header
 
 
-def read_parquet(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[tuple[int, dict[str, Any]]]:
+def read_parquet(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[tuple[int, dict[str, Any]]]:
     """Read a Parquet file into ``(row_number, row)`` pairs (1-based data rows).
 
     Raises ``DatasetError`` naming the file (and row) if the file is missing, not Parquet or damaged, has
@@ -189,7 +212,9 @@ def read_parquet(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise DatasetError("reading Parquet needs the pyarrow package (pip install pyarrow)", path=where) from exc
+        raise DatasetError(
+            "reading Parquet needs the pyarrow package (pip install pyarrow)", path=where
+        ) from exc
     try:
         table = pq.read_table(pa.BufferReader(data))
         records = table.to_pylist()
@@ -206,8 +231,12 @@ def read_parquet(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
                 try:
                     record[name] = bytes(value).decode("utf-8")
                 except UnicodeDecodeError as exc:
-                    raise DatasetRowError(f"not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset "
-                                          f"{exc.start})", path=where, row=n, field=name) from exc
+                    raise DatasetRowError(
+                        f"not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset {exc.start})",
+                        path=where,
+                        row=n,
+                        field=name,
+                    ) from exc
         size = len(json.dumps(record, default=str, ensure_ascii=False).encode("utf-8"))
         _check_size(size, max_row_bytes, where, n, unit="row")
         rows.append((n, record))
@@ -280,15 +309,24 @@ class Rows:
         return items
 
 
-def read_rows(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, fmt: str | None = None) -> Rows:
+def read_rows(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, fmt: str | None = None
+) -> Rows:
     """Read and validate a dataset file in any supported format (see ``file_format``)."""
     fmt = fmt or file_format(path)
     reader = {"jsonl": read_jsonl, "csv": read_csv, "parquet": read_parquet}[fmt]
     return Rows(path=str(path), format=fmt, rows=reader(path, max_row_bytes=max_row_bytes))
 
 
-def require_fields(path: str | Path, line: int, row: dict[str, Any], fields: Iterable[str], *,
-                   unit: str = "line", json_types: bool = True) -> None:
+def require_fields(
+    path: str | Path,
+    line: int,
+    row: dict[str, Any],
+    fields: Iterable[str],
+    *,
+    unit: str = "line",
+    json_types: bool = True,
+) -> None:
     """Raise ``DatasetError`` naming the field if one of ``fields`` is missing, not a string, or blank."""
     for name in fields:
         if name not in row:
@@ -301,8 +339,9 @@ def require_fields(path: str | Path, line: int, row: dict[str, Any], fields: Ite
             raise dataset_error("is empty", path=path, at=line, field=name, unit=unit)
 
 
-def check_unique_ids(path: str | Path, items_with_lines: Sequence[tuple[int, str | Item]], *,
-                     unit: str = "line") -> None:
+def check_unique_ids(
+    path: str | Path, items_with_lines: Sequence[tuple[int, str | Item]], *, unit: str = "line"
+) -> None:
     """Raise ``DatasetError`` naming both lines (or rows) if two rows share an id.
 
     ``items_with_lines`` holds ``(line_number, id)`` pairs in file order. Objects with an ``id`` attribute
@@ -312,13 +351,24 @@ def check_unique_ids(path: str | Path, items_with_lines: Sequence[tuple[int, str
     for line, item in items_with_lines:
         item_id = item if isinstance(item, str) else str(item.id)
         if item_id in first_seen:
-            raise dataset_error(f"duplicate id {item_id!r} (first used on {unit} {first_seen[item_id]})",
-                                path=path, at=line, unit=unit)
+            raise dataset_error(
+                f"duplicate id {item_id!r} (first used on {unit} {first_seen[item_id]})",
+                path=path,
+                at=line,
+                unit=unit,
+            )
         first_seen[item_id] = line
 
 
-def row_id(path: str | Path, line: int, row: dict[str, Any], field: str, *, unit: str = "line",
-           json_types: bool = True) -> str:
+def row_id(
+    path: str | Path,
+    line: int,
+    row: dict[str, Any],
+    field: str,
+    *,
+    unit: str = "line",
+    json_types: bool = True,
+) -> str:
     """The row's id from ``field`` if present (a non-blank string or an integer), else ``line-<N>``
     (``row-<N>`` for Parquet)."""
     if field not in row or row[field] is None:
@@ -326,8 +376,9 @@ def row_id(path: str | Path, line: int, row: dict[str, Any], field: str, *, unit
     value = row[field]
     if isinstance(value, bool) or not isinstance(value, str | int):
         kind = f"JSON {_json_type(value)}" if json_types else _json_type(value)
-        raise dataset_error(f"must be a string or integer id, got {kind}", path=path, at=line, field=field,
-                            unit=unit)
+        raise dataset_error(
+            f"must be a string or integer id, got {kind}", path=path, at=line, field=field, unit=unit
+        )
     text = str(value).strip()
     if not text:
         raise dataset_error("is empty", path=path, at=line, field=field, unit=unit)

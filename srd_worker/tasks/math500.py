@@ -30,8 +30,9 @@ class Math500Task:
     required_fields: tuple[str, ...] = ("problem", "answer")
     grader_version: str = GRADER_VERSION
 
-    def __init__(self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S,
-                 max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
+    def __init__(
+        self, *, grade_timeout_s: float = DEFAULT_TIMEOUT_S, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+    ) -> None:
         self.grade_timeout_s = grade_timeout_s
         self.max_row_bytes = max_row_bytes
 
@@ -42,8 +43,12 @@ class Math500Task:
         rows.require(line, row, self.required_fields)
         meta: dict[str, Any] = {rows.unit: line}
         meta.update({k: row[k] for k in META_FIELDS if k in row})
-        return Item(id=rows.row_id(line, row, "unique_id"), question=row["problem"], gold=row["answer"].strip(),
-                    meta=meta)
+        return Item(
+            id=rows.row_id(line, row, "unique_id"),
+            question=row["problem"],
+            gold=row["answer"].strip(),
+            meta=meta,
+        )
 
     def messages(self, item: Item) -> list[dict[str, str]]:
         return math_messages(item.question)

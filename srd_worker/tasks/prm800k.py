@@ -71,7 +71,9 @@ class RatedStep:
 def is_prm800k_row(row: dict[str, Any]) -> bool:
     """True if ``row`` has the PRM800K layout (``question.problem`` and ``label.steps``)."""
     question, label = row.get("question"), row.get("label")
-    return isinstance(question, dict) and "problem" in question and isinstance(label, dict) and "steps" in label
+    return (
+        isinstance(question, dict) and "problem" in question and isinstance(label, dict) and "steps" in label
+    )
 
 
 def _step_text(rows: Rows, at: int, where: str, obj: Any, source: str) -> LabelledStep:
@@ -96,23 +98,36 @@ def _record(rows: Rows, at: int, row: dict[str, Any]) -> PrmRecord:
         where = f"label.steps[{i}]"
         if not isinstance(raw, dict):
             raise rows.error("must be an object", at, where)
-        candidates = [_step_text(rows, at, f"{where}.completions[{j}]", c, "model")
-                      for j, c in enumerate(raw.get("completions") or [])]
+        candidates = [
+            _step_text(rows, at, f"{where}.completions[{j}]", c, "model")
+            for j, c in enumerate(raw.get("completions") or [])
+        ]
         human = raw.get("human_completion")
         chosen_index = raw.get("chosen_completion")
         chosen: LabelledStep | None = None
         if chosen_index is not None:
-            if isinstance(chosen_index, bool) or not isinstance(chosen_index, int) \
-                    or not 0 <= chosen_index < len(candidates):
-                raise rows.error(f"chosen_completion {chosen_index!r} is not an index into the "
-                                 f"{len(candidates)} completions", at, where)
+            if (
+                isinstance(chosen_index, bool)
+                or not isinstance(chosen_index, int)
+                or not 0 <= chosen_index < len(candidates)
+            ):
+                raise rows.error(
+                    f"chosen_completion {chosen_index!r} is not an index into the "
+                    f"{len(candidates)} completions",
+                    at,
+                    where,
+                )
             chosen = candidates[chosen_index]
         elif human is not None:
             chosen = _step_text(rows, at, f"{where}.human_completion", human, "human")
         steps.append(PrmStep(candidates=candidates, chosen=chosen))
-    return PrmRecord(id=f"{rows.unit}-{at}", problem=question["problem"],
-                     answer=str(question.get("ground_truth_answer") or ""),
-                     finish_reason=str(label.get("finish_reason") or ""), steps=steps)
+    return PrmRecord(
+        id=f"{rows.unit}-{at}",
+        problem=question["problem"],
+        answer=str(question.get("ground_truth_answer") or ""),
+        finish_reason=str(label.get("finish_reason") or ""),
+        steps=steps,
+    )
 
 
 def load_prm800k(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> list[PrmRecord]:
@@ -127,8 +142,13 @@ def rated_steps(record: PrmRecord) -> Iterator[RatedStep]:
     for step in record.steps:
         for cand in step.candidates:
             if cand.rating is not None:
-                yield RatedStep(record_id=record.id, problem=record.problem, prefix="\n".join(prefix),
-                                step=cand.text, rating=cand.rating)
+                yield RatedStep(
+                    record_id=record.id,
+                    problem=record.problem,
+                    prefix="\n".join(prefix),
+                    step=cand.text,
+                    rating=cand.rating,
+                )
         if step.chosen is None:
             return
         prefix.append(step.chosen.text)

@@ -80,7 +80,9 @@ def gpqa_messages(question_with_choices: str) -> list[dict[str, str]]:
 
 def format_hotpotqa_question(question: str, passages: Sequence[tuple[str, str]]) -> str:
     """Numbered ``[i] Title: text`` passages, then ``Question: ...`` (what the policy and reward model see)."""
-    body = "\n\n".join(f"[{i}] {title.strip()}: {text.strip()}" for i, (title, text) in enumerate(passages, 1))
+    body = "\n\n".join(
+        f"[{i}] {title.strip()}: {text.strip()}" for i, (title, text) in enumerate(passages, 1)
+    )
     return f"Passages:\n\n{body}\n\nQuestion: {question.strip()}"
 
 

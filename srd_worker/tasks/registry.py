@@ -51,8 +51,9 @@ def _choices() -> str:
     return ", ".join(TASKS)
 
 
-def get_task(name: str, *, fields: Mapping[str, str] | None = None,
-             max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> Task:
+def get_task(
+    name: str, *, fields: Mapping[str, str] | None = None, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> Task:
     """A new task instance for ``name``; ``ConfigError`` listing the valid choices if it is unknown.
 
     ``fields`` (the ``--field`` mapping) is for the generic task only; the worker passes the run spec's
@@ -65,8 +66,10 @@ def get_task(name: str, *, fields: Mapping[str, str] | None = None,
     if cls is GenericTask:
         return GenericTask(fields, max_row_bytes=max_row_bytes)
     if fields:
-        raise ConfigError(f"--field applies to --task generic (or auto) only; task {name!r} reads its own "
-                          f"fields: {', '.join(cls.required_fields)}")
+        raise ConfigError(
+            f"--field applies to --task generic (or auto) only; task {name!r} reads its own "
+            f"fields: {', '.join(cls.required_fields)}"
+        )
     return cls(max_row_bytes=max_row_bytes)
 
 
@@ -112,8 +115,11 @@ def detect_task(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES)
         return "math500"
     if "question" in row and isinstance(answer, str) and "####" in answer:
         return "gsm8k"
-    if "question" in row and "context" in row and (
-            "answer" in row or "supporting_facts" in row or "supporting_titles" in row):
+    if (
+        "question" in row
+        and "context" in row
+        and ("answer" in row or "supporting_facts" in row or "supporting_titles" in row)
+    ):
         return "hotpotqa"
     if "instruction" in row and not row.get("input"):
         return "alpaca_eval"
@@ -124,8 +130,13 @@ def detect_task(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES)
     )
 
 
-def load_items(path: str | Path, task_name: str = AUTO, *, fields: Mapping[str, str] | None = None,
-               max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> tuple[Task, list[Item]]:
+def load_items(
+    path: str | Path,
+    task_name: str = AUTO,
+    *,
+    fields: Mapping[str, str] | None = None,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+) -> tuple[Task, list[Item]]:
     """Resolve the task (``auto`` detects it; a ``fields`` mapping means generic), load and validate all
     items of ``path``."""
     if task_name == AUTO:

@@ -46,9 +46,11 @@ class RegradeReport:
 
     def summary_line(self) -> str:
         before = ", ".join(f"{v} ({n})" for v, n in sorted(self.previous_versions.items())) or "none"
-        return (f"regraded {self.run_id} (task {self.task}, grader {self.grader_version}; before: {before}): "
-                f"{self.regraded} of {self.results} results regraded, {self.changed} changed, "
-                f"{self.skipped} without a response skipped, {self.errors} grader errors")
+        return (
+            f"regraded {self.run_id} (task {self.task}, grader {self.grader_version}; before: {before}): "
+            f"{self.regraded} of {self.results} results regraded, {self.changed} changed, "
+            f"{self.skipped} without a response skipped, {self.errors} grader errors"
+        )
 
 
 def regrade_record(task: Task, item: Item, record: dict[str, Any]) -> dict[str, Any]:
@@ -83,12 +85,16 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
         run = crud.get_run(session=session, run_id=run_id)
         spec = dict(run.spec)
         rows = {row.id: row for row in crud.list_items(session=session, run_id=run_id)}
-        results = [(r.id, r.item_id, dict(r.record))
-                   for r in session.exec(select(Result).where(Result.run_id == run_id)
-                                         .order_by(col(Result.position)))]
+        results = [
+            (r.id, r.item_id, dict(r.record))
+            for r in session.exec(
+                select(Result).where(Result.run_id == run_id).order_by(col(Result.position))
+            )
+        ]
     task = task or get_task(spec["task"], fields=spec.get("fields") or {})
-    report = RegradeReport(run_id=run_id, task=task.name, grader_version=task.grader_version,
-                           results=len(results))
+    report = RegradeReport(
+        run_id=run_id, task=task.name, grader_version=task.grader_version, results=len(results)
+    )
     before: Counter[str] = Counter()
     updates: list[tuple[int, dict[str, Any]]] = []
     for result_id, item_row_id, record in results:
@@ -101,13 +107,19 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
         new = regrade_record(task, item, record)
         report.regraded += 1
         report.errors += new["error"] is not None
-        if (new.get("answer"), new.get("correct"), new.get("error")) != \
-                (record.get("answer"), record.get("correct"), record.get("error")):
+        if (new.get("answer"), new.get("correct"), new.get("error")) != (
+            record.get("answer"),
+            record.get("correct"),
+            record.get("error"),
+        ):
             report.changed += 1
         updates.append((result_id, new))
     report.previous_versions = dict(before)
     with session_scope(engine) as session:
         for result_id, new in updates:
-            session.exec(update(Result).where(col(Result.id) == result_id)
-                         .values(record=new, correct=new["correct"], error=new["error"]))
+            session.exec(
+                update(Result)
+                .where(col(Result.id) == result_id)
+                .values(record=new, correct=new["correct"], error=new["error"])
+            )
     return report

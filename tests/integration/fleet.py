@@ -30,8 +30,12 @@ REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CLI = [sys.executable, "-m", "srdq_cli.main"]
 BASE_ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 #: Short leases and slices so the fault scenarios play out in seconds.
-FAST_SERVICE_ENV = {"SRDQ_LEASE_TTL_S": "4", "SRDQ_SLICE_ROUNDS": "3", "SRDQ_REAP_INTERVAL_S": "1",
-                    "SRDQ_PENDING_GRACE_S": "3"}
+FAST_SERVICE_ENV = {
+    "SRDQ_LEASE_TTL_S": "4",
+    "SRDQ_SLICE_ROUNDS": "3",
+    "SRDQ_REAP_INTERVAL_S": "1",
+    "SRDQ_PENDING_GRACE_S": "3",
+}
 
 
 def unreachable() -> str | None:
@@ -64,8 +68,15 @@ def fleet(tmp_path: Path, prefix: str, **extra_env: str) -> Iterator[dict[str, A
     db_url = make_url(PG_URL).set(database=name).render_as_string(hide_password=False)
     broker = REDIS_URL.rsplit("/", 1)[0] + f"/{1 + uuid.uuid4().int % 15}"
     redis.Redis.from_url(broker).flushdb()
-    env = {**os.environ, **BASE_ENV, **FAST_SERVICE_ENV, "SRDQ_DATABASE_URL": db_url, "SRDQ_BROKER_URL": broker,
-           "SRDQ_QUEUE": f"q-{uuid.uuid4().hex[:8]}", **extra_env}
+    env = {
+        **os.environ,
+        **BASE_ENV,
+        **FAST_SERVICE_ENV,
+        "SRDQ_DATABASE_URL": db_url,
+        "SRDQ_BROKER_URL": broker,
+        "SRDQ_QUEUE": f"q-{uuid.uuid4().hex[:8]}",
+        **extra_env,
+    }
     proc = subprocess.run([*CLI, "db", "upgrade"], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     ctx: dict[str, Any] = {"env": env, "db_url": db_url, "broker": broker, "workers": [], "tmp": tmp_path}
@@ -92,8 +103,13 @@ def kill(proc: subprocess.Popen) -> None:
 
 def start_worker(ctx: dict[str, Any], name: str, **env: str) -> subprocess.Popen:
     log = open(ctx["tmp"] / f"{name}.log", "w")  # noqa: SIM115 - closed when the process is reaped
-    proc = subprocess.Popen([*CLI, "worker", "--loglevel", "INFO"], env={**ctx["env"], **env}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, "worker", "--loglevel", "INFO"],
+        env={**ctx["env"], **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     ctx["workers"].append(proc)
     return proc
 

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.integration
 SRDQ = [sys.executable, "-m", "srdq_cli.main"]
 
 
-def srdq(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def srdq(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", **(env or {})}
     return subprocess.run([*SRDQ, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
 
@@ -34,8 +36,22 @@ def gsm8k_small(tmp_path_factory, datasets_dir) -> Path:
     return path
 
 
-RUN_ARGS = ["--method", "best_of_n", "--n", "3", "--reward", "arithmetic", "--model", "tiny-random-llama",
-            "--max-new-tokens", "40", "--set", "chunk_tokens=8", "--seed", "7"]
+RUN_ARGS = [
+    "--method",
+    "best_of_n",
+    "--n",
+    "3",
+    "--reward",
+    "arithmetic",
+    "--model",
+    "tiny-random-llama",
+    "--max-new-tokens",
+    "40",
+    "--set",
+    "chunk_tokens=8",
+    "--seed",
+    "7",
+]
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +74,18 @@ def test_uninterrupted_run_writes_one_record_per_item(uninterrupted):
 
 
 @pytest.mark.parametrize("crash_round", [1, 3])
-def test_killed_after_round_k_then_resumed_is_byte_identical(tmp_path, gsm8k_small, uninterrupted, crash_round):
+def test_killed_after_round_k_then_resumed_is_byte_identical(
+    tmp_path, gsm8k_small, uninterrupted, crash_round
+):
     out = tmp_path / "out"
-    crashed = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out),
-                   env={"SRDQ_CRASH_AFTER_ROUND": str(crash_round)})
+    crashed = srdq(
+        "run",
+        str(gsm8k_small),
+        *RUN_ARGS,
+        "--out",
+        str(out),
+        env={"SRDQ_CRASH_AFTER_ROUND": str(crash_round)},
+    )
     assert crashed.returncode == 86, crashed.stderr  # died right after committing round k
     assert not list(out.glob("run-*/results.jsonl"))
     resumed = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out))

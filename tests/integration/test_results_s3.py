@@ -59,9 +59,14 @@ def env(tmp_path: Path, endpoint: str) -> Iterator[dict[str, Any]]:
 
     store = S3ObjectStore(f"srdq-res-{uuid.uuid4().hex[:12]}", PREFIX, endpoint_url=endpoint, **CREDENTIALS)
     store.ensure_bucket()
-    with fleet(tmp_path, "srdq_res", SRDQ_OBJECT_STORE_URL=f"s3://{store.bucket}/{PREFIX}",
-               SRDQ_S3_ENDPOINT_URL=endpoint, SRDQ_AWS_ACCESS_KEY_ID="testing",
-               SRDQ_AWS_SECRET_ACCESS_KEY="testing") as ctx:
+    with fleet(
+        tmp_path,
+        "srdq_res",
+        SRDQ_OBJECT_STORE_URL=f"s3://{store.bucket}/{PREFIX}",
+        SRDQ_S3_ENDPOINT_URL=endpoint,
+        SRDQ_AWS_ACCESS_KEY_ID="testing",
+        SRDQ_AWS_SECRET_ACCESS_KEY="testing",
+    ) as ctx:
         db = make_engine(ctx["db_url"])
         ctx.update(db=db, store=store)
         try:
@@ -71,7 +76,9 @@ def env(tmp_path: Path, endpoint: str) -> Iterator[dict[str, Any]]:
 
 
 def srdq(ctx: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], env={**ctx["env"], **env}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [*CLI, *args], env={**ctx["env"], **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 def rows(ctx: dict, sql: str, **params) -> list:
@@ -90,11 +97,15 @@ def wait_for(pred, timeout: float, what: str, poll: float = 0.3):
 
 
 def pg_records(ctx: dict, run_id: str) -> list[dict]:
-    return [r[0] for r in rows(ctx, "select record from result where run_id = :r order by position", r=run_id)]
+    return [
+        r[0] for r in rows(ctx, "select record from result where run_id = :r order by position", r=run_id)
+    ]
 
 
 def upload_marks(ctx: dict, run_id: str) -> tuple[list, Any]:
-    shards = [r[0] for r in rows(ctx, "select uploaded_at from shard where run_id = :r order by index", r=run_id)]
+    shards = [
+        r[0] for r in rows(ctx, "select uploaded_at from shard where run_id = :r order by index", r=run_id)
+    ]
     (manifest_at,) = rows(ctx, "select manifest_at from run where id = :r", r=run_id)[0]
     return shards, manifest_at
 
@@ -123,26 +134,53 @@ def make_run(db, run_id: str = "run-hand") -> str:
     from srd_worker.store.db import session_scope
     from srd_worker.tasks.base import Item
 
-    items = [Item(id=f"q{i}", question=f"What is {i} + {i}?", gold=str(2 * i), meta={}) for i in range(N_ITEMS)]
+    items = [
+        Item(id=f"q{i}", question=f"What is {i} + {i}?", gold=str(2 * i), meta={}) for i in range(N_ITEMS)
+    ]
     with session_scope(db) as session:
-        crud.create_run(session=session, run_id=run_id, name="hand", spec={"method": "best_of_n", "params": {"n": 2}},
-                        config_hash="h", versions={"srdq": "test"}, items=items, shard_size=SHARD_SIZE)
+        crud.create_run(
+            session=session,
+            run_id=run_id,
+            name="hand",
+            spec={"method": "best_of_n", "params": {"n": 2}},
+            config_hash="h",
+            versions={"srdq": "test"},
+            items=items,
+            shard_size=SHARD_SIZE,
+        )
     return run_id
 
 
 def hand_record(i: int) -> dict:
     failed = i == 3
-    return {"item_id": f"q{i}", "position": i, "question": f"What is {i} + {i}?", "gold": str(2 * i),
-            "method": "best_of_n", "response": None if failed else f"{i} + {i} = {2 * i}\nSo: {2 * i}, \"done\"",
-            "answer": None if failed else str(2 * i), "correct": None if failed else i % 2 == 0,
-            "reward": None if failed else 0.25 * i, "finish_reason": None if failed else "stop",
-            "ledger": None if failed else {"gen_tokens": 10 + i, "prefill_tokens": 20, "lm_calls": 2, "rm_calls": 2,
-                                           "rm_tokens": 10 + i, "components": {
-                                               "drafter": {"calls": 1, "in_tokens": 20, "out_tokens": 10 + i},
-                                               "scorer": {"calls": 1, "in_tokens": 10 + i, "out_tokens": 0}}},
-            "error": "prompt of 3000 tokens does not fit the model context of 2048" if failed else None,
-            "extra": {} if failed else {"chosen": 0, "rewards": [0.25 * i, 0.1]},
-            "timing": None if failed else {"drafter": 0.5 + i, "scorer": 0.01}}
+    return {
+        "item_id": f"q{i}",
+        "position": i,
+        "question": f"What is {i} + {i}?",
+        "gold": str(2 * i),
+        "method": "best_of_n",
+        "response": None if failed else f'{i} + {i} = {2 * i}\nSo: {2 * i}, "done"',
+        "answer": None if failed else str(2 * i),
+        "correct": None if failed else i % 2 == 0,
+        "reward": None if failed else 0.25 * i,
+        "finish_reason": None if failed else "stop",
+        "ledger": None
+        if failed
+        else {
+            "gen_tokens": 10 + i,
+            "prefill_tokens": 20,
+            "lm_calls": 2,
+            "rm_calls": 2,
+            "rm_tokens": 10 + i,
+            "components": {
+                "drafter": {"calls": 1, "in_tokens": 20, "out_tokens": 10 + i},
+                "scorer": {"calls": 1, "in_tokens": 10 + i, "out_tokens": 0},
+            },
+        },
+        "error": "prompt of 3000 tokens does not fit the model context of 2048" if failed else None,
+        "extra": {} if failed else {"chosen": 0, "rewards": [0.25 * i, 0.1]},
+        "timing": None if failed else {"drafter": 0.5 + i, "scorer": 0.01},
+    }
 
 
 def finish_shard(db, run_id: str, index: int) -> None:
@@ -217,7 +255,7 @@ def test_a_corrupted_part_is_detected_and_sync_verify_repairs_it(env) -> None:
     key = shard_key(run_id, 1, "jsonl")
     good = store.get_bytes(key)
     at = good.index(b'"gold":"4"') + len(b'"gold":"')
-    bad = good[:at] + b"5" + good[at + 1:]  # one byte changed, same size: only the sha256 can tell
+    bad = good[:at] + b"5" + good[at + 1 :]  # one byte changed, same size: only the sha256 can tell
     assert bad != good and len(bad) == len(good)
     store.put_bytes(key, bad)
     with pytest.raises(ObjectStoreError, match=r"00001\.jsonl has sha256 .* but .* says"):
@@ -240,8 +278,15 @@ def test_sync_with_the_store_down_marks_nothing_uploaded(env) -> None:
     db, run_id = env["db"], make_run(env["db"])
     for i in range(3):
         finish_shard(db, run_id, i)
-    down = S3ObjectStore(env["store"].bucket, PREFIX, endpoint_url=f"http://127.0.0.1:{free_port()}",
-                         **CREDENTIALS, max_attempts=1, retry_attempts=1, connect_timeout=1.0)
+    down = S3ObjectStore(
+        env["store"].bucket,
+        PREFIX,
+        endpoint_url=f"http://127.0.0.1:{free_port()}",
+        **CREDENTIALS,
+        max_attempts=1,
+        retry_attempts=1,
+        connect_timeout=1.0,
+    )
     with pytest.raises(ObjectStoreError, match="failed"):
         sync_run(db, down, run_id)
     assert upload_marks(env, run_id) == ([None, None, None], None)
@@ -261,14 +306,33 @@ def dataset(tmp_path_factory, datasets_dir) -> Path:
     context (one token per byte), so the runner marks it failed."""
     path = tmp_path_factory.mktemp("res") / "gsm8k_long.jsonl"
     lines = (datasets_dir / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines()[:DATA_ROWS]
-    long_row = {"question": "Count the ducks. " * 150 + "How many ducks are there?", "answer": "Many.\n#### 150"}
+    long_row = {
+        "question": "Count the ducks. " * 150 + "How many ducks are there?",
+        "answer": "Many.\n#### 150",
+    }
     lines.insert(2, json.dumps(long_row))
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
-RUN_ARGS = ["--method", "best_of_n", "--n", "2", "--reward", "arithmetic", "--model", "tiny-random-llama",
-            "--max-new-tokens", "16", "--set", "chunk_tokens=8", "--seed", "5", "--shard-size", "2"]
+RUN_ARGS = [
+    "--method",
+    "best_of_n",
+    "--n",
+    "2",
+    "--reward",
+    "arithmetic",
+    "--model",
+    "tiny-random-llama",
+    "--max-new-tokens",
+    "16",
+    "--set",
+    "chunk_tokens=8",
+    "--seed",
+    "5",
+    "--shard-size",
+    "2",
+]
 
 
 def submit(ctx: dict, dataset: Path) -> str:
@@ -319,9 +383,19 @@ def check_exports(ctx: dict, run_id: str) -> None:
     import pyarrow.parquet as pq
 
     records = pg_records(ctx, run_id)
-    shards = [r[0] for r in rows(ctx, "select shard_index from result where run_id = :r order by position", r=run_id)]
-    added = [{"run_id": run_id, "shard_index": s, "status": "failed" if r["error"] else "done",
-              "failed": bool(r["error"])} for r, s in zip(records, shards, strict=True)]
+    shards = [
+        r[0]
+        for r in rows(ctx, "select shard_index from result where run_id = :r order by position", r=run_id)
+    ]
+    added = [
+        {
+            "run_id": run_id,
+            "shard_index": s,
+            "status": "failed" if r["error"] else "done",
+            "failed": bool(r["error"]),
+        }
+        for r, s in zip(records, shards, strict=True)
+    ]
     out = ctx["tmp"] / "export"
     for fmt in ("jsonl", "csv", "parquet"):
         proc = srdq(ctx, "export", run_id, "--format", fmt, "--out", str(out / f"run.{fmt}"))
@@ -343,12 +417,28 @@ def check_exports(ctx: dict, run_id: str) -> None:
 
     with open(out / "run.csv", newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
-        assert reader.fieldnames[:7] == ["run_id", "position", "item_id", "shard_index", "status", "failed",
-                                         "error"]
+        assert reader.fieldnames[:7] == [
+            "run_id",
+            "position",
+            "item_id",
+            "shard_index",
+            "status",
+            "failed",
+            "error",
+        ]
         assert "gen_tokens" in reader.fieldnames and "components.drafter.calls" in reader.fieldnames
         csv_rows = list(reader)
-    as_text = [{k: csv_cell(json.dumps(v, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-                            if isinstance(v, list) else v) for k, v in r.items()} for r in flat]
+    as_text = [
+        {
+            k: csv_cell(
+                json.dumps(v, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+                if isinstance(v, list)
+                else v
+            )
+            for k, v in r.items()
+        }
+        for r in flat
+    ]
     assert csv_rows == as_text
 
     failed = [r for r in jsonl if r["failed"]]
@@ -362,7 +452,9 @@ def check_exports(ctx: dict, run_id: str) -> None:
     proc = srdq(ctx, "export", run_id, "--format", "parquet", "--out", f"s3://{ctx['store'].bucket}/{key}")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith(f"-> s3://{ctx['store'].bucket}/{key}")
-    got = S3ObjectStore(ctx["store"].bucket, "", endpoint_url=ctx["store"].endpoint_url, **CREDENTIALS).get_bytes(key)
+    got = S3ObjectStore(
+        ctx["store"].bucket, "", endpoint_url=ctx["store"].endpoint_url, **CREDENTIALS
+    ).get_bytes(key)
     assert pq.read_table(io.BytesIO(got)).to_pylist() == table.to_pylist()
 
 
@@ -409,4 +501,6 @@ def test_a_workers_reaper_uploads_what_could_not_be_uploaded(env, dataset) -> No
     wait_for(lambda: upload_marks(env, run_id)[1] is not None, 120, "reaper to upload the run")
     assert all(s is not None for s in upload_marks(env, run_id)[0])
     assert read_run(env["store"], run_id) == pg_records(env, run_id)
-    assert f"pending uploads: run {run_id} shards [0, 1, 2] uploaded, run manifest written" in worker_log(env, "b")
+    assert f"pending uploads: run {run_id} shards [0, 1, 2] uploaded, run manifest written" in worker_log(
+        env, "b"
+    )

@@ -29,6 +29,7 @@ from tests.integration.fleet import BASE_ENV, CLI, PG_URL, fleet, start_worker, 
 
 pytestmark = pytest.mark.integration
 
+
 @pytest.fixture(scope="module", autouse=True)
 def _servers():
     reason = unreachable()
@@ -55,8 +56,24 @@ def dataset(tmp_path_factory, datasets_dir) -> Path:
 
 
 def run_args(max_new_tokens: int) -> list[str]:
-    return ["--method", "best_of_n", "--n", "2", "--reward", "arithmetic", "--model", "tiny-random-llama",
-            "--max-new-tokens", str(max_new_tokens), "--set", "chunk_tokens=4", "--seed", "3", "--shard-size", "2"]
+    return [
+        "--method",
+        "best_of_n",
+        "--n",
+        "2",
+        "--reward",
+        "arithmetic",
+        "--model",
+        "tiny-random-llama",
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--set",
+        "chunk_tokens=4",
+        "--seed",
+        "3",
+        "--shard-size",
+        "2",
+    ]
 
 
 _reference_cache: dict[int, list[dict]] = {}
@@ -66,8 +83,13 @@ def reference(dataset: Path, tmp: Path, max_new_tokens: int) -> list[dict]:
     """The embedded runner's records for the same spec and shards (timing dropped)."""
     if max_new_tokens not in _reference_cache:
         out = tmp / f"ref{max_new_tokens}"
-        proc = subprocess.run([*CLI, "run", str(dataset), *run_args(max_new_tokens), "--out", str(out)],
-                              env={**os.environ, **BASE_ENV}, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [*CLI, "run", str(dataset), *run_args(max_new_tokens), "--out", str(out)],
+            env={**os.environ, **BASE_ENV},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         (path,) = out.glob("run-*/results.jsonl")
         _reference_cache[max_new_tokens] = [json.loads(line) for line in path.read_text().splitlines()]
@@ -75,8 +97,13 @@ def reference(dataset: Path, tmp: Path, max_new_tokens: int) -> list[dict]:
 
 
 def submit(ctx: dict, dataset: Path, max_new_tokens: int) -> str:
-    proc = subprocess.run([*CLI, "submit", "dataset", str(dataset), *run_args(max_new_tokens)], env=ctx["env"],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*CLI, "submit", "dataset", str(dataset), *run_args(max_new_tokens)],
+        env=ctx["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -120,8 +147,9 @@ def strip_timing(records: list[dict]) -> list[dict]:
 
 
 def assert_exactly_once_and_equal(ctx: dict, run_id: str, ref: list[dict]) -> None:
-    count, distinct = db_rows(ctx, "select count(*), count(distinct item_id) from result where run_id = :r",
-                              r=run_id)[0]
+    count, distinct = db_rows(
+        ctx, "select count(*), count(distinct item_id) from result where run_id = :r", r=run_id
+    )[0]
     assert count == distinct == DATA_ROWS
     assert results(ctx, run_id) == strip_timing(ref)
 
@@ -148,15 +176,19 @@ def test_sigkill_worker_mid_shard_another_resumes_from_checkpoint(env, dataset, 
     a = start_worker(env, "a")
 
     def mid_shard():
-        rows = db_rows(env, "select index, round from shard where run_id = :r and status = 'running' "
-                            "and round >= 2", r=run_id)
+        rows = db_rows(
+            env,
+            "select index, round from shard where run_id = :r and status = 'running' and round >= 2",
+            r=run_id,
+        )
         return rows[0] if rows else None
 
     shard_index, _ = wait_for(mid_shard, 120, "a shard in progress", poll=0.02)
     os.killpg(a.pid, signal.SIGKILL)  # the whole worker (main process and its pool child) dies at once
     a.wait(timeout=10)
-    (killed_round,) = db_rows(env, "select round from shard where run_id = :r and index = :i", r=run_id,
-                              i=shard_index)[0]
+    (killed_round,) = db_rows(
+        env, "select round from shard where run_id = :r and index = :i", r=run_id, i=shard_index
+    )[0]
     assert 0 < killed_round
     start_worker(env, "b")
     wait_for(lambda: run_done(env, run_id), 240, "run to finish after the kill")
@@ -170,8 +202,7 @@ def test_same_shard_delivered_twice_at_once_one_writer(env, dataset, tmp_path_fa
     ref = reference(dataset, tmp_path_factory.mktemp("ref"), 24)
     run_id = submit(env, dataset, 24)
     # deliver every shard a second time before any worker runs
-    code = ("from srd_worker.queue import enqueue\n"
-            f"for i in range(3): enqueue({run_id!r}, i)\n")
+    code = f"from srd_worker.queue import enqueue\nfor i in range(3): enqueue({run_id!r}, i)\n"
     assert subprocess.run([sys.executable, "-c", code], env=env["env"]).returncode == 0
     start_worker(env, "a")
     start_worker(env, "b")
@@ -193,8 +224,11 @@ def test_two_sessions_acquiring_one_shard_get_one_lease(env, dataset):
     def grab(owner: str) -> None:
         barrier.wait()
         with session_scope(eng) as session:
-            got.append(leases.acquire(session=session, run_id=run_id, shard_index=0, owner=owner, ttl_s=30,
-                                      max_attempts=3))
+            got.append(
+                leases.acquire(
+                    session=session, run_id=run_id, shard_index=0, owner=owner, ttl_s=30, max_attempts=3
+                )
+            )
 
     threads = [threading.Thread(target=grab, args=(f"w{i}",)) for i in range(4)]
     for t in threads:
@@ -243,8 +277,12 @@ def test_postgres_restarted_mid_run_workers_retry(env, dataset, tmp_path_factory
     ref = reference(dataset, tmp_path_factory.mktemp("ref"), 160)
     run_id = submit(env, dataset, 160)
     start_worker(env, "a")
-    wait_for(lambda: db_rows(env, "select 1 from shard where run_id = :r and round >= 2", r=run_id), 120,
-             "a shard in progress", poll=0.05)
+    wait_for(
+        lambda: db_rows(env, "select 1 from shard where run_id = :r and round >= 2", r=run_id),
+        120,
+        "a shard in progress",
+        poll=0.05,
+    )
     restart = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert restart.returncode == 0, restart.stderr
     wait_for(lambda: run_done(env, run_id), 300, "run to finish after the restart", poll=0.5)
@@ -253,9 +291,26 @@ def test_postgres_restarted_mid_run_workers_retry(env, dataset, tmp_path_factory
 
 def test_poison_shard_fails_after_attempt_cap_with_error_kept(env, dataset):
     # a model that cannot be loaded makes every attempt on every shard fail inside the worker
-    proc = subprocess.run([*CLI, "submit", "dataset", str(dataset), "--method", "sampling", "--model",
-                           str(env["tmp"] / "no-such-model"), "--max-new-tokens", "8", "--shard-size", "6"],
-                          env=env["env"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "submit",
+            "dataset",
+            str(dataset),
+            "--method",
+            "sampling",
+            "--model",
+            str(env["tmp"] / "no-such-model"),
+            "--max-new-tokens",
+            "8",
+            "--shard-size",
+            "6",
+        ],
+        env=env["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
     start_worker(env, "a")
@@ -265,8 +320,9 @@ def test_poison_shard_fails_after_attempt_cap_with_error_kept(env, dataset):
         return status == "failed"
 
     wait_for(failed, 120, "the run to fail")
-    (status, attempt, error), = db_rows(env, "select status, attempt, error from shard where run_id = :r",
-                                        r=run_id)
+    ((status, attempt, error),) = db_rows(
+        env, "select status, attempt, error from shard where run_id = :r", r=run_id
+    )
     assert status == "failed" and attempt == 3  # SRDQ_MAX_ATTEMPTS default
     assert "gave up after 3 attempts" in error and "cannot load model" in error
     assert db_rows(env, "select count(*) from result where run_id = :r", r=run_id)[0][0] == 0
@@ -274,17 +330,35 @@ def test_poison_shard_fails_after_attempt_cap_with_error_kept(env, dataset):
     assert json.loads(st.stdout)["shards"][0]["status"] == "failed"
 
 
-@pytest.mark.parametrize("content, expected", [
-    (b'{"question": "q", "answer": "#### 1"}\n{"question": \n', "line 2"),
-    (b'{"answer": "#### 1"}\n', "field 'question'"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b'{"question": "q", "answer": "#### 1"}\n{"question": \n', "line 2"),
+        (b'{"answer": "#### 1"}\n', "field 'question'"),
+    ],
+)
 def test_bad_input_to_submit_stores_and_enqueues_nothing(env, content, expected):
     import redis
 
     bad = env["tmp"] / "bad.jsonl"
     bad.write_bytes(content)
-    proc = subprocess.run([*CLI, "submit", "dataset", str(bad), "--task", "gsm8k", "--method", "sampling",
-                           "--model", "tiny-random-llama"], env=env["env"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            *CLI,
+            "submit",
+            "dataset",
+            str(bad),
+            "--task",
+            "gsm8k",
+            "--method",
+            "sampling",
+            "--model",
+            "tiny-random-llama",
+        ],
+        env=env["env"],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "bad.jsonl" in lines[0] and expected in lines[0], proc.stderr

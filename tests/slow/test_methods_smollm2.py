@@ -18,8 +18,14 @@ from srd_worker.tasks.gsm8k import GSM8KTask
 pytestmark = pytest.mark.slow
 
 PARAMS = {"max_new_tokens": 48, "chunk_tokens": 16}
-EXTRA = {"sampling": {}, "best_of_n": {"n": 3}, "self_consistency": {"n": 3}, "srd": {"n": 4, "l_max": 12},
-         "rejection_sampling": {"n": 4}, "speculative_rejection": {"n": 4}}
+EXTRA = {
+    "sampling": {},
+    "best_of_n": {"n": 3},
+    "self_consistency": {"n": 3},
+    "srd": {"n": 4, "l_max": 12},
+    "rejection_sampling": {"n": 4},
+    "speculative_rejection": {"n": 4},
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +41,29 @@ def run(tmp_path, name, engine, task, items, stop_after=None):
     upgrade(url)
     db = make_engine(url)
     with session_scope(db) as session:
-        crud.create_run(session=session, run_id="r", name=name, spec={}, config_hash="", versions={},
-                        items=items, shard_size=len(items))
-    kwargs = dict(items=items, positions=list(range(len(items))), task=task, engine=engine,
-                  reward=ArithmeticReward() if METHODS[name].needs_reward else None, run_seed=5,
-                  store=SqlShardStore(db, "r", 0))
+        crud.create_run(
+            session=session,
+            run_id="r",
+            name=name,
+            spec={},
+            config_hash="",
+            versions={},
+            items=items,
+            shard_size=len(items),
+        )
+    kwargs = dict(
+        items=items,
+        positions=list(range(len(items))),
+        task=task,
+        engine=engine,
+        reward=ArithmeticReward() if METHODS[name].needs_reward else None,
+        run_seed=5,
+        store=SqlShardStore(db, "r", 0),
+    )
     if stop_after is not None:
-        first = run_shard(method=build_method(name, {**PARAMS, **EXTRA[name]}), max_rounds=stop_after, **kwargs)
+        first = run_shard(
+            method=build_method(name, {**PARAMS, **EXTRA[name]}), max_rounds=stop_after, **kwargs
+        )
         assert not first.finished, "the run ended before the interruption point"
     out = run_shard(method=build_method(name, {**PARAMS, **EXTRA[name]}), **kwargs)
     db.dispose()
@@ -55,8 +77,9 @@ def test_method_resumes_identically_and_ledger_adds_up(tmp_path, smollm2_engine,
     task, rows = items
     full = run(tmp_path, name, smollm2_engine, task, rows)
     for k in (1, 2):
-        assert json.dumps(run(tmp_path, name, smollm2_engine, task, rows, stop_after=k), sort_keys=True) == \
-            json.dumps(full, sort_keys=True), f"{name}: resumed after round {k} differs"
+        assert json.dumps(
+            run(tmp_path, name, smollm2_engine, task, rows, stop_after=k), sort_keys=True
+        ) == json.dumps(full, sort_keys=True), f"{name}: resumed after round {k} differs"
     for r in full:
         assert r["error"] is None and isinstance(r["response"], str)
         led = r["ledger"]

@@ -22,7 +22,11 @@ def test_arithmetic_reward_catches_a_wrong_equation_in_real_output(smollm2_engin
     tok = smollm2_engine.tokenizer
     reqs = [
         GenerationRequest(
-            tuple(tok.chat_prompt_ids([{"role": "user", "content": f"What is {a}*{b}? Put the final answer in \\boxed{{}}."}])),
+            tuple(
+                tok.chat_prompt_ids(
+                    [{"role": "user", "content": f"What is {a}*{b}? Put the final answer in \\boxed{{}}."}]
+                )
+            ),
             SamplingParams(temperature=0.0, max_new_tokens=60),
         )
         for a, b in PRODUCTS
@@ -35,7 +39,9 @@ def test_arithmetic_reward_catches_a_wrong_equation_in_real_output(smollm2_engin
         # every simple "a * b = c" the model wrote is judged exactly as Python's arithmetic judges it
         for m in SIMPLE_CLAIM.finditer(text):
             a, b, c = map(int, m.groups())
-            verdicts = [cl.ok for cl in claims if cl.start <= m.start() < cl.end or m.start() <= cl.start < m.end()]
+            verdicts = [
+                cl.ok for cl in claims if cl.start <= m.start() < cl.end or m.start() <= cl.start < m.end()
+            ]
             assert verdicts, f"claim {m.group(0)!r} in {text!r} was not judged"
             assert verdicts[0] == (Fraction(a * b) == c), (m.group(0), text)
         # as a partial-response reward, a claim at the very end is not judged yet (it may still grow);

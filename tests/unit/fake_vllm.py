@@ -28,10 +28,21 @@ class Logprob:
 
 
 class SamplingParams:
-    def __init__(self, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                 max_tokens: int | None = 16, seed: int | None = None, stop: list[str] | None = None,
-                 stop_token_ids: list[int] | None = None, include_stop_str_in_output: bool = False,
-                 logprobs: int | None = None, prompt_logprobs: int | None = None, detokenize: bool = True) -> None:
+    def __init__(
+        self,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        max_tokens: int | None = 16,
+        seed: int | None = None,
+        stop: list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        include_stop_str_in_output: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        detokenize: bool = True,
+    ) -> None:
         if n != 1:
             raise ValueError("fake vllm: n must be 1")
         if max_tokens is None or max_tokens < 1:
@@ -94,8 +105,9 @@ class LLM:
         self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=max_len))
         type(self).instances.append(self)
 
-    def generate(self, prompts: list[dict[str, Any]], sampling_params: Any = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self, prompts: list[dict[str, Any]], sampling_params: Any = None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         assert len(params) == len(prompts)
         self.calls.append((prompts, params))
@@ -114,10 +126,20 @@ class LLM:
         reqs = []
         for i in gen_rows:
             sp = params[i]
-            reqs.append(GenerationRequest(tuple(prompts[i]["prompt_token_ids"]), SrdqParams(
-                temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k if sp.top_k > 0 else 0,
-                max_new_tokens=sp.max_tokens, stop=tuple(sp.stop or ()), seed=sp.seed,
-                logprobs=sp.logprobs is not None)))
+            reqs.append(
+                GenerationRequest(
+                    tuple(prompts[i]["prompt_token_ids"]),
+                    SrdqParams(
+                        temperature=sp.temperature,
+                        top_p=sp.top_p,
+                        top_k=sp.top_k if sp.top_k > 0 else 0,
+                        max_new_tokens=sp.max_tokens,
+                        stop=tuple(sp.stop or ()),
+                        seed=sp.seed,
+                        logprobs=sp.logprobs is not None,
+                    ),
+                )
+            )
         gens = self.backend.generate(reqs) if reqs else []
         for i, g in zip(gen_rows, gens, strict=True):
             sp = params[i]
@@ -130,15 +152,24 @@ class LLM:
                 reason, why = "stop", next(s for s in sp.stop if s in g.text)
             else:
                 reason, why = "length", None
-            lps = [{t: Logprob(v, 1)} for t, v in zip(g.token_ids, g.logprobs, strict=True)] if sp.logprobs else None
-            out[i] = RequestOutput(list(prompts[i]["prompt_token_ids"]), None,
-                                   [CompletionOutput(0, "(vllm text: not used)", list(g.token_ids), lps, reason, why)])
+            lps = (
+                [{t: Logprob(v, 1)} for t, v in zip(g.token_ids, g.logprobs, strict=True)]
+                if sp.logprobs
+                else None
+            )
+            out[i] = RequestOutput(
+                list(prompts[i]["prompt_token_ids"]),
+                None,
+                [CompletionOutput(0, "(vllm text: not used)", list(g.token_ids), lps, reason, why)],
+            )
         return [o for o in out if o is not None]
 
     def reward(self, prompts: list[dict[str, Any]], use_tqdm: bool = True) -> list[PoolingRequestOutput]:
         self.calls.append((prompts, []))
-        return [PoolingRequestOutput(p["prompt_token_ids"], PoolingOutput(self.pooler(p["prompt_token_ids"])))
-                for p in prompts]
+        return [
+            PoolingRequestOutput(p["prompt_token_ids"], PoolingOutput(self.pooler(p["prompt_token_ids"])))
+            for p in prompts
+        ]
 
 
 @contextlib.contextmanager
@@ -147,8 +178,16 @@ def installed(backend: Any = None, pooler: Any = None, *, reject_runner: bool = 
     mod = types.ModuleType("vllm")
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = TokensPrompt
-    llm_cls = type("LLM", (LLM,), {"backend": backend, "pooler": staticmethod(pooler) if pooler else None,
-                                    "instances": [], "reject_runner": reject_runner})
+    llm_cls = type(
+        "LLM",
+        (LLM,),
+        {
+            "backend": backend,
+            "pooler": staticmethod(pooler) if pooler else None,
+            "instances": [],
+            "reject_runner": reject_runner,
+        },
+    )
     mod.LLM, mod.SamplingParams, mod.inputs = llm_cls, SamplingParams, inputs
     saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.inputs")}
     sys.modules["vllm"], sys.modules["vllm.inputs"] = mod, inputs

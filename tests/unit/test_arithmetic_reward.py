@@ -32,8 +32,16 @@ def gsm8k_gold(datasets_dir) -> list[str]:
 
 def test_correct_equation():
     [claim] = check_claims("He buys 12 * 7 = 84 apples.")
-    assert claim == Claim(expression="12 * 7", claimed=84.0, computed=84.0, ok=True, text="12 * 7 = 84",
-                          source="text", start=8, end=19)
+    assert claim == Claim(
+        expression="12 * 7",
+        claimed=84.0,
+        computed=84.0,
+        ok=True,
+        text="12 * 7 = 84",
+        source="text",
+        start=8,
+        end=19,
+    )
     assert ArithmeticReward().score(["q"], ["He buys 12 * 7 = 84 apples."]) == [pytest.approx(2 / 3)]
 
 
@@ -41,7 +49,7 @@ def test_wrong_equation():
     text = "So 12*7 = 94 apples in total."
     [claim] = check_claims(text)
     assert (claim.expression, claim.computed, claim.claimed, claim.ok) == ("12*7", 84.0, 94.0, False)
-    assert text[claim.start:claim.end] == "12*7 = 94"
+    assert text[claim.start : claim.end] == "12*7 = 94"
     score = ArithmeticReward().score(["q"], [text])[0]
     assert score == pytest.approx(1 / 3) and score < 0.5
 
@@ -50,7 +58,12 @@ def test_gsm8k_annotation_counts_once():
     line = "Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day."
     [claim] = check_claims(line)
     assert (claim.source, claim.expression, claim.computed, claim.claimed, claim.ok) == (
-        "annotation", "16-3-4", 9.0, 9.0, True)
+        "annotation",
+        "16-3-4",
+        9.0,
+        9.0,
+        True,
+    )
     assert claim.text == "<<16-3-4=9>>"
     # a wrong annotation is caught; prose that states another result than its annotation is a second claim
     assert verdicts("She sells 16 - 3 - 4 = <<16-3-4=8>>8 eggs") == [("<<16-3-4=8>>", False)]
@@ -81,22 +94,25 @@ def test_gsm8k_gold_prefixes_have_no_wrong_claims(gsm8k_gold):
 # ------------------------------------------------------------------------------------- partial responses
 
 
-@pytest.mark.parametrize("text", [
-    "He has 12 * 7 =",
-    "He has 12 * 7 = ",
-    "He has 12 * 7 = $",
-    "He has 12 * 7 = 8",  # may become 84
-    "He has 12 * 7 = 84",
-    "He has 12 * 7 = 84.",  # may become 84.0
-    "The total is 80,000+50,000 = 130,0",  # may become 130,000
-    "The total is 999,001 - 1 = 999,00",  # may become 999,000
-    "He has 2*3 + 4 = 6 +",  # may become "6 + 4"
-    "He has 3 + 4 = 7 \\tim",
-    "So (513+487)(513-487) = (1000)(26",  # the longest valid prefix "(1000)" is not the right side
-    "Janet sells 16 - 3 - 4 = <<16-3-4=9",
-    "Janet sells 16 - 3 - 4 = <<16-3-",
-    "Janet sells 16 - 3 - 4 = <<16-3-4=9>",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "He has 12 * 7 =",
+        "He has 12 * 7 = ",
+        "He has 12 * 7 = $",
+        "He has 12 * 7 = 8",  # may become 84
+        "He has 12 * 7 = 84",
+        "He has 12 * 7 = 84.",  # may become 84.0
+        "The total is 80,000+50,000 = 130,0",  # may become 130,000
+        "The total is 999,001 - 1 = 999,00",  # may become 999,000
+        "He has 2*3 + 4 = 6 +",  # may become "6 + 4"
+        "He has 3 + 4 = 7 \\tim",
+        "So (513+487)(513-487) = (1000)(26",  # the longest valid prefix "(1000)" is not the right side
+        "Janet sells 16 - 3 - 4 = <<16-3-4=9",
+        "Janet sells 16 - 3 - 4 = <<16-3-",
+        "Janet sells 16 - 3 - 4 = <<16-3-4=9>",
+    ],
+)
 def test_claim_cut_at_the_end_is_not_judged(text):
     assert check_claims(text) == []
     assert ArithmeticReward().score(["q"], [text]) == [0.5]
@@ -123,65 +139,76 @@ def test_earlier_claims_are_judged_while_the_last_is_open():
 # ------------------------------------------------------------------------------------- number formats
 
 
-@pytest.mark.parametrize("text", [
-    "The cost is $1,200 + $300 = $1,500 in total.",
-    "It costs $80,000 + $50,000 = $130,000 now.",
-    "The fee is $350 000 x 5/100 = $17 500 for the agent.",
-    "So 50 * 20% = 10 of them.",  # % as /100
-    "So 0.25 * 100 = 25% of them.",  # % as a label
-    "So 100% - 25% = 75% remain.",
-    "He pays \\$5 \\times 3 = \\$15 here.",
-    "Each gets 1 1/2 / 1/2 = 3 slices.",  # a tight fraction binds tighter than a spaced division
-    "She ate ½ + ¼ = ¾ of it.",
-    "Total: -5 + 3 = -2 degrees.",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The cost is $1,200 + $300 = $1,500 in total.",
+        "It costs $80,000 + $50,000 = $130,000 now.",
+        "The fee is $350 000 x 5/100 = $17 500 for the agent.",
+        "So 50 * 20% = 10 of them.",  # % as /100
+        "So 0.25 * 100 = 25% of them.",  # % as a label
+        "So 100% - 25% = 75% remain.",
+        "He pays \\$5 \\times 3 = \\$15 here.",
+        "Each gets 1 1/2 / 1/2 = 3 slices.",  # a tight fraction binds tighter than a spaced division
+        "She ate ½ + ¼ = ¾ of it.",
+        "Total: -5 + 3 = -2 degrees.",
+    ],
+)
 def test_number_formats(text):
     [claim] = check_claims(text)
     assert claim.ok, claim
 
 
-@pytest.mark.parametrize(("text", "ok"), [
-    ("Each gets 10 / 3 = 3.33 dollars.", True),
-    ("Each gets 10 / 3 = 3.3 dollars.", True),
-    ("Each gets 10 / 3 = 3.333333 dollars.", True),
-    ("Each gets 10 / 3 = 3.4 dollars.", False),
-    ("Each gets 2 / 3 = 0.67 dollars.", True),
-    ("Each gets 2 / 3 = 0.66 dollars.", False),  # truncated, not rounded
-    ("Each gets 7 / 2 = 3.5 dollars.", True),
-    ("Each gets 7 / 2 = 3.6 dollars.", False),
-    ("Each gets 45 / 4 = 11 dollars.", True),  # an integer claim shows 0 decimals: 11.25 rounds to 11
-    ("Each gets 45 / 4 = 12 dollars.", False),
-    ("So 0.1 + 0.2 = 0.3 litres.", True),  # exact arithmetic, no float error
-])
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        ("Each gets 10 / 3 = 3.33 dollars.", True),
+        ("Each gets 10 / 3 = 3.3 dollars.", True),
+        ("Each gets 10 / 3 = 3.333333 dollars.", True),
+        ("Each gets 10 / 3 = 3.4 dollars.", False),
+        ("Each gets 2 / 3 = 0.67 dollars.", True),
+        ("Each gets 2 / 3 = 0.66 dollars.", False),  # truncated, not rounded
+        ("Each gets 7 / 2 = 3.5 dollars.", True),
+        ("Each gets 7 / 2 = 3.6 dollars.", False),
+        ("Each gets 45 / 4 = 11 dollars.", True),  # an integer claim shows 0 decimals: 11.25 rounds to 11
+        ("Each gets 45 / 4 = 12 dollars.", False),
+        ("So 0.1 + 0.2 = 0.3 litres.", True),  # exact arithmetic, no float error
+    ],
+)
 def test_division_and_rounding(text, ok):
     [claim] = check_claims(text)
     assert claim.ok is ok, claim
     if ok:
-        assert check_claims(text, accept_rounding=False)[0].ok is (claim.claimed == pytest.approx(claim.computed))
+        assert check_claims(text, accept_rounding=False)[0].ok is (
+            claim.claimed == pytest.approx(claim.computed)
+        )
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("So 3 x 4 = 12 and 3x4=12 and 3 × 4 = 12 and 8 ÷ 2 = 4 ok", [True, True, True, True]),
-    ("So \\(3 \\times 4 = 12\\) and $6 \\div 2 = 3$ ok", [True, True]),
-    ("So 2(3 + 4) = 14 ok", [True]),
-    ("- 5 * 4 = 20 each", [True]),  # a list bullet, not a minus
-    ("**3 + 4 = 7** apples", [True]),
-    ("So 4 * 3 = 12 + 2 = 14 ok", [True, True]),  # a run-on chain
-    ("So 2*3 + 4 = 6 + 4 = 10 ok", [True, True]),
-    ("So 2 + 3 = 6 + 1 = 7 ok", [False, True]),
-    ("So 5/0 = 3 ok", []),
-    ("Let 2x + 3 + 4 = 15 so", []),  # algebra is not judged on its numeric tail
-    ("Let x - 3 + 4 = 8 so", []),
-    ("Let x * 3 + 4 = 10 so", []),
-    ("Then x^2 + 1 = 0 so", []),
-    ("Area \\frac{1}{2}(4)(4)=8 so", []),
-    ("So f(1) - 1 = 0 so", []),
-    ("So 3 + 4 = 7x so", []),
-    ("3 hours * 60 = 180 minutes", []),  # units between numbers: no claim
-    ("2^3 = 8 and 2**3 = 8 ok", []),
-    ("a << 2 and 3 + 4 = 7 ok", [True]),  # "<<" that is no calculator annotation
-    ("So 3 \\cdot 4 = 12 \\text{ apples}", [True]),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("So 3 x 4 = 12 and 3x4=12 and 3 × 4 = 12 and 8 ÷ 2 = 4 ok", [True, True, True, True]),
+        ("So \\(3 \\times 4 = 12\\) and $6 \\div 2 = 3$ ok", [True, True]),
+        ("So 2(3 + 4) = 14 ok", [True]),
+        ("- 5 * 4 = 20 each", [True]),  # a list bullet, not a minus
+        ("**3 + 4 = 7** apples", [True]),
+        ("So 4 * 3 = 12 + 2 = 14 ok", [True, True]),  # a run-on chain
+        ("So 2*3 + 4 = 6 + 4 = 10 ok", [True, True]),
+        ("So 2 + 3 = 6 + 1 = 7 ok", [False, True]),
+        ("So 5/0 = 3 ok", []),
+        ("Let 2x + 3 + 4 = 15 so", []),  # algebra is not judged on its numeric tail
+        ("Let x - 3 + 4 = 8 so", []),
+        ("Let x * 3 + 4 = 10 so", []),
+        ("Then x^2 + 1 = 0 so", []),
+        ("Area \\frac{1}{2}(4)(4)=8 so", []),
+        ("So f(1) - 1 = 0 so", []),
+        ("So 3 + 4 = 7x so", []),
+        ("3 hours * 60 = 180 minutes", []),  # units between numbers: no claim
+        ("2^3 = 8 and 2**3 = 8 ok", []),
+        ("a << 2 and 3 + 4 = 7 ok", [True]),  # "<<" that is no calculator annotation
+        ("So 3 \\cdot 4 = 12 \\text{ apples}", [True]),
+    ],
+)
 def test_claim_detection(text, expected):
     assert [c.ok for c in check_claims(text)] == expected
 
@@ -192,8 +219,20 @@ def test_claim_detection(text, expected):
 def test_safe_eval_accepts_only_arithmetic():
     assert safe_eval("(1 + 2) * 3 / 4 - -1") == Fraction(13, 4)
     assert safe_eval("0.1 + 0.2") == Fraction(3, 10)
-    for bad in ["__import__('os').system('echo hi')", "a + 1", "abs(-1)", "2 ** 3", "'a' * 3", "True + 1",
-                "[1][0]", "1 if 1 else 2", "(lambda: 1)()", "1 // 2", "1 / 0", "1 +"]:
+    for bad in [
+        "__import__('os').system('echo hi')",
+        "a + 1",
+        "abs(-1)",
+        "2 ** 3",
+        "'a' * 3",
+        "True + 1",
+        "[1][0]",
+        "1 if 1 else 2",
+        "(lambda: 1)()",
+        "1 // 2",
+        "1 / 0",
+        "1 +",
+    ]:
         with pytest.raises(ValueError):
             safe_eval(bad)
 
@@ -204,9 +243,13 @@ def test_names_and_calls_are_ignored_and_nothing_is_evaluated(monkeypatch):
 
     monkeypatch.setattr(builtins, "eval", boom)
     monkeypatch.setattr(builtins, "exec", boom)
-    for text in ["__import__('os').system('echo pwned') + 1 = 1 ok",
-                 "<<__import__('os').system('echo pwned')=0>> ok",
-                 "(lambda: 1)() + 2 = 3 ok", "a.b + 2 = 3 ok", "os.getcwd() * 2 = 0 ok"]:
+    for text in [
+        "__import__('os').system('echo pwned') + 1 = 1 ok",
+        "<<__import__('os').system('echo pwned')=0>> ok",
+        "(lambda: 1)() + 2 = 3 ok",
+        "a.b + 2 = 3 ok",
+        "os.getcwd() * 2 = 0 ok",
+    ]:
         assert check_claims(text) == []
     assert verdicts("<<2+2=4>> then __import__('os') + 1 = 1 ok") == [("<<2+2=4>>", True)]
 
@@ -234,7 +277,9 @@ def test_laplace_smoothing_and_prior():
     assert s_none == 0.5 < s_one  # evidence beats no evidence
     assert s_mixed == pytest.approx(11 / 13) and s_mixed > 0.5
     assert ArithmeticReward(prior_correct=2, prior_wrong=1).score(["q"], [""]) == [pytest.approx(2 / 3)]
-    assert ArithmeticReward(prior_correct=0.5, prior_wrong=0.5).score(["q"], [one_right]) == [pytest.approx(0.75)]
+    assert ArithmeticReward(prior_correct=0.5, prior_wrong=0.5).score(["q"], [one_right]) == [
+        pytest.approx(0.75)
+    ]
     for bad in [(0, 1), (1, -1)]:
         with pytest.raises(RewardError):
             ArithmeticReward(prior_correct=bad[0], prior_wrong=bad[1])
@@ -243,8 +288,15 @@ def test_laplace_smoothing_and_prior():
 # ------------------------------------------------------------------------------------- property
 
 
-OPS = {"+": lambda a, b: Fraction(a + b), "-": lambda a, b: Fraction(a - b), "*": lambda a, b: Fraction(a * b),
-       "x": lambda a, b: Fraction(a * b), "×": lambda a, b: Fraction(a * b), "/": Fraction, "÷": Fraction}
+OPS = {
+    "+": lambda a, b: Fraction(a + b),
+    "-": lambda a, b: Fraction(a - b),
+    "*": lambda a, b: Fraction(a * b),
+    "x": lambda a, b: Fraction(a * b),
+    "×": lambda a, b: Fraction(a * b),
+    "/": Fraction,
+    "÷": Fraction,
+}
 
 
 def fmt(v: Fraction, commas: bool = False) -> str:
@@ -253,8 +305,13 @@ def fmt(v: Fraction, commas: bool = False) -> str:
     return repr(float(v))
 
 
-@given(a=st.integers(0, 999), b=st.integers(0, 999), op=st.sampled_from(sorted(OPS)),
-       delta=st.integers(-50, 50).filter(bool), commas=st.booleans())
+@given(
+    a=st.integers(0, 999),
+    b=st.integers(0, 999),
+    op=st.sampled_from(sorted(OPS)),
+    delta=st.integers(-50, 50).filter(bool),
+    commas=st.booleans(),
+)
 def test_true_result_scores_above_a_wrong_one(a, b, op, delta, commas):
     if op in "/÷" and b == 0:
         b = 7

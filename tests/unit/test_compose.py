@@ -35,6 +35,10 @@ def test_compose_tool_validates_the_file(tmp_path):
     cmd = _compose()
     if cmd is None:
         pytest.skip("no docker compose / docker-compose on this machine")
-    proc = subprocess.run([*cmd, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"], capture_output=True,
-                          text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [*cmd, "-f", str(ROOT / "docker-compose.yml"), "config", "-q"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr

@@ -8,8 +8,16 @@ from srd_worker.coupled import compare
 
 
 def rec(item, rmax, refinements=0, improved=0, before=None, after=None):
-    return {"item_id": item, "extra": {"R_max": rmax, "refinements": refinements, "refine_improved": improved,
-                                       "reward_before_refine": before, "reward_after_refine": after}}
+    return {
+        "item_id": item,
+        "extra": {
+            "R_max": rmax,
+            "refinements": refinements,
+            "refine_improved": improved,
+            "reward_before_refine": before,
+            "reward_after_refine": after,
+        },
+    }
 
 
 def test_wins_ties_losses_and_delta():
@@ -48,16 +56,29 @@ def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     from srd_worker.spec import prepare_run
 
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"
-                            for i in range(3)))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}) + "\n"
+            for i in range(3)
+        )
+    )
     ids = {}
     for method in ("srd", "rejection_sampling", "best_of_n"):
-        prepared = prepare_run(dataset=data, method=method, params={"n": 6, "max_new_tokens": 24, "chunk_tokens": 8},
-                               model="tiny-random-llama", reward="arithmetic", seed=4)
-        ids[method] = run_local(prepared, out_dir=tmp_path / "out", settings=Settings(), engine=tiny_engine).run_id
+        prepared = prepare_run(
+            dataset=data,
+            method=method,
+            params={"n": 6, "max_new_tokens": 24, "chunk_tokens": 8},
+            model="tiny-random-llama",
+            reward="arithmetic",
+            seed=4,
+        )
+        ids[method] = run_local(
+            prepared, out_dir=tmp_path / "out", settings=Settings(), engine=tiny_engine
+        ).run_id
     runner = CliRunner()
-    ok = runner.invoke(cli, ["compare", ids["srd"], ids["rejection_sampling"], "--db", str(tmp_path / "out"),
-                             "--json"])
+    ok = runner.invoke(
+        cli, ["compare", ids["srd"], ids["rejection_sampling"], "--db", str(tmp_path / "out"), "--json"]
+    )
     assert ok.exit_code == 0, ok.output
     data = json.loads(ok.output)
     assert data["items"] == 3 and data["wins"] + data["ties"] + data["losses"] == 3

@@ -13,8 +13,13 @@ from srd_worker.tasks.loading import check_unique_ids, read_jsonl, require_field
 from srd_worker.tasks.math500 import Math500Task
 from srd_worker.tasks.registry import detect_task, load_items
 
-GOOD_MATH = {"problem": "What is $1+1$?", "answer": "2", "subject": "Algebra", "level": 1,
-             "unique_id": "test/algebra/1.json"}
+GOOD_MATH = {
+    "problem": "What is $1+1$?",
+    "answer": "2",
+    "subject": "Algebra",
+    "level": 1,
+    "unique_id": "test/algebra/1.json",
+}
 GOOD_GSM = {"question": "Tom has 2 apples and buys 3. How many?", "answer": "2+3=<<2+3=5>>5\n#### 5"}
 
 
@@ -43,33 +48,96 @@ CASES: dict[str, Case] = {
     "directory": ("dir", "math500", None, None, "is a directory, not a JSON Lines file"),
     "empty": (b"", "math500", None, None, "file is empty (no rows)"),
     "only_blank_lines": (b"\n   \n\t\n\r\n", "math500", None, None, "file is empty (no rows)"),
-    "non_utf8_line3": (_lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b"))
-                       + b'{"problem": "caf\xe9", "answer": "1"}\n',
-                       "math500", 3, None, "not valid UTF-8 (byte 0xe9 at column 17)"),
-    "malformed_json_line2": (_lines(_row(GOOD_MATH), '{"problem": "x", "answer": }'),
-                             "math500", 2, None, "malformed JSON: Expecting value (column 28)"),
-    "malformed_after_blank": (_lines(_row(GOOD_GSM), "", "", '{"question": "x", '),
-                              "gsm8k", 4, None, "malformed JSON: Expecting property name enclosed in "
-                              "double quotes (column 19)"),
-    "array_row": (_lines(_row(GOOD_MATH), '["problem", "answer"]'),
-                  "math500", 2, None, "row is a JSON array, expected a JSON object"),
+    "non_utf8_line3": (
+        _lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b"))
+        + b'{"problem": "caf\xe9", "answer": "1"}\n',
+        "math500",
+        3,
+        None,
+        "not valid UTF-8 (byte 0xe9 at column 17)",
+    ),
+    "malformed_json_line2": (
+        _lines(_row(GOOD_MATH), '{"problem": "x", "answer": }'),
+        "math500",
+        2,
+        None,
+        "malformed JSON: Expecting value (column 28)",
+    ),
+    "malformed_after_blank": (
+        _lines(_row(GOOD_GSM), "", "", '{"question": "x", '),
+        "gsm8k",
+        4,
+        None,
+        "malformed JSON: Expecting property name enclosed in double quotes (column 19)",
+    ),
+    "array_row": (
+        _lines(_row(GOOD_MATH), '["problem", "answer"]'),
+        "math500",
+        2,
+        None,
+        "row is a JSON array, expected a JSON object",
+    ),
     "scalar_row": (_lines("42"), "gsm8k", 1, None, "row is a JSON number, expected a JSON object"),
-    "missing_field": (_lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b", answer=_DROP)),
-                      "math500", 2, "answer", "missing required field"),
-    "empty_field": (_lines(_row(GOOD_GSM), _row(GOOD_GSM, question="   ")),
-                    "gsm8k", 2, "question", "is empty"),
-    "non_string_field": (_lines(_row(GOOD_MATH, answer=2)),
-                         "math500", 1, "answer", "must be a string, got JSON number"),
-    "null_field": (_lines(_row(GOOD_GSM, question=None)), "gsm8k", 1, "question", "must be a string, got JSON null"),
-    "gsm8k_no_final_line": (_lines(_row(GOOD_GSM), _row(GOOD_GSM, answer="It is 5.")),
-                            "gsm8k", 2, "answer", "has no final '#### <answer>' line"),
-    "bad_id_type": (_lines(_row(GOOD_GSM, id=["x"])), "gsm8k", 1, "id", "must be a string or integer id, "
-                    "got JSON array"),
-    "duplicate_id": (_lines(_row(GOOD_MATH, unique_id="test/a.json"), _row(GOOD_MATH, unique_id="test/b.json"),
-                            _row(GOOD_MATH, unique_id="test/a.json")),
-                     "math500", 3, None, "duplicate id 'test/a.json' (first used on line 1)"),
-    "oversized_row": (_lines(_row(GOOD_GSM), _BIG_ROW), "gsm8k", 2, None,
-                      f"row is {len(_BIG_ROW):,} bytes, more than the limit of 1,000,000 bytes"),
+    "missing_field": (
+        _lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b", answer=_DROP)),
+        "math500",
+        2,
+        "answer",
+        "missing required field",
+    ),
+    "empty_field": (
+        _lines(_row(GOOD_GSM), _row(GOOD_GSM, question="   ")),
+        "gsm8k",
+        2,
+        "question",
+        "is empty",
+    ),
+    "non_string_field": (
+        _lines(_row(GOOD_MATH, answer=2)),
+        "math500",
+        1,
+        "answer",
+        "must be a string, got JSON number",
+    ),
+    "null_field": (
+        _lines(_row(GOOD_GSM, question=None)),
+        "gsm8k",
+        1,
+        "question",
+        "must be a string, got JSON null",
+    ),
+    "gsm8k_no_final_line": (
+        _lines(_row(GOOD_GSM), _row(GOOD_GSM, answer="It is 5.")),
+        "gsm8k",
+        2,
+        "answer",
+        "has no final '#### <answer>' line",
+    ),
+    "bad_id_type": (
+        _lines(_row(GOOD_GSM, id=["x"])),
+        "gsm8k",
+        1,
+        "id",
+        "must be a string or integer id, got JSON array",
+    ),
+    "duplicate_id": (
+        _lines(
+            _row(GOOD_MATH, unique_id="test/a.json"),
+            _row(GOOD_MATH, unique_id="test/b.json"),
+            _row(GOOD_MATH, unique_id="test/a.json"),
+        ),
+        "math500",
+        3,
+        None,
+        "duplicate id 'test/a.json' (first used on line 1)",
+    ),
+    "oversized_row": (
+        _lines(_row(GOOD_GSM), _BIG_ROW),
+        "gsm8k",
+        2,
+        None,
+        f"row is {len(_BIG_ROW):,} bytes, more than the limit of 1,000,000 bytes",
+    ),
 }
 
 
@@ -104,8 +172,9 @@ def test_bad_file_names_file_line_field(tmp_path: Path, name: str) -> None:
     assert (err.path, err.line, err.field) == (str(path), line, field)
 
 
-@pytest.mark.parametrize("name", ["missing", "directory", "empty", "non_utf8_line3", "malformed_json_line2",
-                                  "array_row"])
+@pytest.mark.parametrize(
+    "name", ["missing", "directory", "empty", "non_utf8_line3", "malformed_json_line2", "array_row"]
+)
 def test_detect_task_reports_unreadable_files_as_dataset_errors(tmp_path: Path, name: str) -> None:
     content, _task, line, _field, tail = CASES[name]
     path = _materialise(tmp_path, name, content)
@@ -140,8 +209,11 @@ def test_require_fields_names_the_field() -> None:
     require_fields("f.jsonl", 7, {"question": "q", "answer": "a"}, ("question", "answer"))
     with pytest.raises(DatasetError, match=r"^f\.jsonl, line 7, field 'answer': is empty$"):
         require_fields("f.jsonl", 7, {"question": "q", "answer": ""}, ("question", "answer"))
-    with pytest.raises(DatasetError, match=r"^f\.jsonl, line 7, field 'answer': must be a string, got JSON "
-                                           r"object$"):
+    with pytest.raises(
+        DatasetError,
+        match=r"^f\.jsonl, line 7, field 'answer': must be a string, got JSON "
+        r"object$",
+    ):
         require_fields("f.jsonl", 7, {"question": "q", "answer": {}}, ("question", "answer"))
 
 
@@ -154,7 +226,7 @@ def test_check_unique_ids_names_both_lines() -> None:
 
 def test_ids_default_to_line_numbers(tmp_path: Path) -> None:
     path = tmp_path / "noid.jsonl"
-    path.write_text(_row(GOOD_GSM) + "\n\n" + _row(GOOD_GSM) + "\n" + _row(GOOD_GSM, id=17) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        _row(GOOD_GSM) + "\n\n" + _row(GOOD_GSM) + "\n" + _row(GOOD_GSM, id=17) + "\n", encoding="utf-8"
+    )
     assert [item.id for item in GSM8KTask().load(path)] == ["line-1", "line-3", "17"]
-

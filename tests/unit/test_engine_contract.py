@@ -62,8 +62,11 @@ def engine(request, tmp_path_factory):
     from srd_worker.engines.vllm_engine import VLLMEngine
     from srd_worker.settings import Settings
 
-    settings = Settings(cache_dir=tmp_path_factory.mktemp("vllm-cache"),
-                        dtype=os.environ.get("SRDQ_TEST_VLLM_DTYPE", "float32"), gpu_memory_utilization=0.3)
+    settings = Settings(
+        cache_dir=tmp_path_factory.mktemp("vllm-cache"),
+        dtype=os.environ.get("SRDQ_TEST_VLLM_DTYPE", "float32"),
+        gpu_memory_utilization=0.3,
+    )
     yield VLLMEngine.from_name("tiny-random-llama", settings=settings, max_model_len=2048)
 
 
@@ -119,21 +122,26 @@ def test_continuation_from_prefix_equals_one_shot_greedy(engine):
     p = prompt_ids(engine, PROMPTS[1])
     full = engine.generate([GenerationRequest(p, greedy(24))])[0].token_ids
     head = engine.generate([GenerationRequest(p, greedy(10))])[0].token_ids
-    assert full[:len(head)] == head
+    assert full[: len(head)] == head
     if len(full) < 24:
         pytest.skip("greedy decoding hit EOS before 24 tokens on this model")
     tail = engine.generate([GenerationRequest(p + tuple(head), greedy(14))])[0].token_ids
     assert head + tail == full
     # continuation also holds inside a mixed batch
-    mixed = engine.generate([GenerationRequest(prompt_ids(engine, "x"), greedy(5)),
-                             GenerationRequest(p + tuple(head), greedy(14))])
+    mixed = engine.generate(
+        [
+            GenerationRequest(prompt_ids(engine, "x"), greedy(5)),
+            GenerationRequest(p + tuple(head), greedy(14)),
+        ]
+    )
     assert mixed[1].token_ids == tail
 
 
 def test_logprobs_only_when_asked(engine):
     p = prompt_ids(engine, PROMPTS[0])
-    with_lp, without = engine.generate([GenerationRequest(p, greedy(4, logprobs=True)),
-                                        GenerationRequest(p, greedy(4))])
+    with_lp, without = engine.generate(
+        [GenerationRequest(p, greedy(4, logprobs=True)), GenerationRequest(p, greedy(4))]
+    )
     assert without.logprobs is None
     assert with_lp.logprobs is not None and len(with_lp.logprobs) == len(with_lp.token_ids)
     assert all(lp <= 0 for lp in with_lp.logprobs)
@@ -198,8 +206,9 @@ def test_eos_stops_and_is_counted(engine):
     # on the transformers engine; on vLLM the odds that no seed of 12 hits EOS are about 1e-4)
     p = prompt_ids(engine, "x")
     eos = engine.tokenizer.eos_token_ids
-    seen = engine.generate([GenerationRequest(p, SamplingParams(temperature=1.0, max_new_tokens=200, seed=s))
-                            for s in range(12)])
+    seen = engine.generate(
+        [GenerationRequest(p, SamplingParams(temperature=1.0, max_new_tokens=200, seed=s)) for s in range(12)]
+    )
     assert any(g.finish_reason == "eos" for g in seen)
     for g in seen:
         if g.finish_reason == "eos":

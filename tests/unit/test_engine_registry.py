@@ -33,8 +33,10 @@ from srd_worker.errors import CapabilityError, ConfigError, EngineError, RewardE
 from tests.unit import fake_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
-GSM8K_ROWS = ('{"question": "Janet has 3 eggs and buys 2. How many?", "answer": "3 + 2 = 5\\n#### 5"}\n'
-              '{"question": "What is 6 times 7?", "answer": "6 * 7 = 42\\n#### 42"}\n')
+GSM8K_ROWS = (
+    '{"question": "Janet has 3 eggs and buys 2. How many?", "answer": "3 + 2 = 5\\n#### 5"}\n'
+    '{"question": "What is 6 times 7?", "answer": "6 * 7 = 42\\n#### 42"}\n'
+)
 
 
 @pytest.fixture
@@ -57,10 +59,16 @@ def needy_methods(monkeypatch):
     from srd_worker.methods.registry import METHODS
     from srd_worker.methods.sampling import Sampling
 
-    logits = type("NeedsLogits", (Sampling,), {"name": "needs_full_logits",
-                                                "needs_capabilities": frozenset({CAP_SAMPLING, CAP_FULL_LOGITS})})
-    grads = type("NeedsGrads", (Sampling,), {"name": "needs_gradients",
-                                              "needs_capabilities": frozenset({CAP_SAMPLING, CAP_GRADIENTS})})
+    logits = type(
+        "NeedsLogits",
+        (Sampling,),
+        {"name": "needs_full_logits", "needs_capabilities": frozenset({CAP_SAMPLING, CAP_FULL_LOGITS})},
+    )
+    grads = type(
+        "NeedsGrads",
+        (Sampling,),
+        {"name": "needs_gradients", "needs_capabilities": frozenset({CAP_SAMPLING, CAP_GRADIENTS})},
+    )
     monkeypatch.setitem(METHODS, logits.name, logits)
     monkeypatch.setitem(METHODS, grads.name, grads)
 
@@ -84,29 +92,43 @@ def test_prepare_run_refuses_missing_capability_before_reading_the_dataset(needy
 
     missing = tmp_path / "not-there.jsonl"
     with pytest.raises(CapabilityError, match="needs engine capabilities full_logits.*'vllm' engine"):
-        prepare_run(dataset=missing, method="needs_full_logits", params={}, model="m", reward=None, engine="vllm")
+        prepare_run(
+            dataset=missing, method="needs_full_logits", params={}, model="m", reward=None, engine="vllm"
+        )
     with pytest.raises(CapabilityError, match="gradients.*'transformers' engine"):
         prepare_run(dataset=missing, method="needs_gradients", params={}, model="m", reward=None)
     with pytest.raises(ConfigError, match="unknown engine"):
         prepare_run(dataset=dataset, method="sampling", params={}, model="m", reward=None, engine="tgi")
     ok = prepare_run(dataset=dataset, method="needs_full_logits", params={}, model="m", reward=None)
     assert ok.spec.engine == "transformers"
-    on_vllm = prepare_run(dataset=dataset, method="best_of_n", params={}, model="m",
-                          reward="hf-orm:nvidia/AceMath-7B-RM", engine="vllm")
+    on_vllm = prepare_run(
+        dataset=dataset,
+        method="best_of_n",
+        params={},
+        model="m",
+        reward="hf-orm:nvidia/AceMath-7B-RM",
+        engine="vllm",
+    )
     assert on_vllm.spec.engine == "vllm" and on_vllm.spec.reward == "hf-orm:nvidia/AceMath-7B-RM"
-    assert on_vllm.spec.run_id() != prepare_run(dataset=dataset, method="best_of_n", params={}, model="m",
-                                                reward="hf-orm:nvidia/AceMath-7B-RM").spec.run_id()
+    assert (
+        on_vllm.spec.run_id()
+        != prepare_run(
+            dataset=dataset, method="best_of_n", params={}, model="m", reward="hf-orm:nvidia/AceMath-7B-RM"
+        ).spec.run_id()
+    )
 
 
 # ------------------------------------------------------------------------------------- without vLLM
 
 
 def test_importing_the_vllm_adapters_and_cli_does_not_import_vllm():
-    code = ("import sys\n"
-            "import srd_worker.engines.vllm_engine, srd_worker.engines.registry, srd_worker.rewards.vllm_reward\n"
-            "import srd_worker.rewards.registry, srd_worker.spec, srdq_cli.main\n"
-            "assert 'vllm' not in sys.modules, 'vllm was imported'\n"
-            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    code = (
+        "import sys\n"
+        "import srd_worker.engines.vllm_engine, srd_worker.engines.registry, srd_worker.rewards.vllm_reward\n"
+        "import srd_worker.rewards.registry, srd_worker.spec, srdq_cli.main\n"
+        "assert 'vllm' not in sys.modules, 'vllm was imported'\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -117,20 +139,37 @@ def test_cli_works_without_vllm(no_vllm, needy_methods, dataset, tmp_path):
     runner = CliRunner()
     res = runner.invoke(cli, ["methods"])
     assert res.exit_code == 0, res.output
-    res = runner.invoke(cli, ["submit", "dataset", str(dataset), "--method", "best_of_n", "--n", "2",
-                              "--engine", "vllm", "--reward", "hf-prm:Skywork/Skywork-o1-Open-PRM-Qwen-2.5-7B:skywork",
-                              "--dry-run"])
+    res = runner.invoke(
+        cli,
+        [
+            "submit",
+            "dataset",
+            str(dataset),
+            "--method",
+            "best_of_n",
+            "--n",
+            "2",
+            "--engine",
+            "vllm",
+            "--reward",
+            "hf-prm:Skywork/Skywork-o1-Open-PRM-Qwen-2.5-7B:skywork",
+            "--dry-run",
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "dry run, nothing stored" in res.output
     res = runner.invoke(cli, ["status", "--help"])
     assert res.exit_code == 0 and "RUN_ID" in res.output
     # a method needing what the engine lacks: one clear error, nothing written
     out = tmp_path / "out"
-    res = runner.invoke(cli, ["run", str(dataset), "--method", "needs_full_logits", "--engine", "vllm",
-                              "--out", str(out)])
+    res = runner.invoke(
+        cli, ["run", str(dataset), "--method", "needs_full_logits", "--engine", "vllm", "--out", str(out)]
+    )
     assert res.exit_code != 0 and "does not provide" in res.output and not out.exists()
-    res = runner.invoke(cli, ["submit", "dataset", str(dataset), "--method", "needs_full_logits",
-                              "--engine", "vllm", "--dry-run"])
+    res = runner.invoke(
+        cli,
+        ["submit", "dataset", str(dataset), "--method", "needs_full_logits", "--engine", "vllm", "--dry-run"],
+    )
     assert res.exit_code != 0 and "full_logits" in res.output
     res = runner.invoke(cli, ["run", str(dataset), "--method", "sampling", "--engine", "gpu-magic"])
     assert res.exit_code != 0 and "gpu-magic" in res.output
@@ -159,8 +198,12 @@ def shim(tiny_engine):
 
 def test_vllm_requests_are_token_ids_with_translated_sampling_params(shim):
     prompt = tuple(shim.tokenizer.chat_prompt_ids([{"role": "user", "content": "hi"}]))
-    sp = SamplingParams(temperature=0.5, top_p=0.8, top_k=0, max_new_tokens=7, stop=("zz",), seed=-1, logprobs=True)
-    shim.generate([GenerationRequest(prompt, sp), GenerationRequest(prompt, SamplingParams(top_k=12, seed=3))])
+    sp = SamplingParams(
+        temperature=0.5, top_p=0.8, top_k=0, max_new_tokens=7, stop=("zz",), seed=-1, logprobs=True
+    )
+    shim.generate(
+        [GenerationRequest(prompt, sp), GenerationRequest(prompt, SamplingParams(top_k=12, seed=3))]
+    )
     prompts, params = shim.llm.calls[-1]
     assert prompts[0] == {"prompt_token_ids": list(prompt)}
     a, b = params
@@ -173,7 +216,12 @@ def test_vllm_requests_are_token_ids_with_translated_sampling_params(shim):
     shim.generate([GenerationRequest(near, SamplingParams(max_new_tokens=50))])
     assert shim.llm.calls[-1][1][0].max_tokens == 3
     n_calls = len(shim.llm.calls)
-    assert shim.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=0, logprobs=True))])[0].logprobs == []
+    assert (
+        shim.generate([GenerationRequest(prompt, SamplingParams(max_new_tokens=0, logprobs=True))])[
+            0
+        ].logprobs
+        == []
+    )
     assert len(shim.llm.calls) == n_calls
 
 
@@ -181,7 +229,9 @@ def test_vllm_llm_built_with_prefix_caching_and_gpu_settings(tiny_engine, tmp_pa
     from srd_worker.engines.vllm_engine import VLLMEngine
     from srd_worker.settings import Settings
 
-    settings = Settings(cache_dir=tmp_path, dtype="float16", tensor_parallel_size=2, gpu_memory_utilization=0.55)
+    settings = Settings(
+        cache_dir=tmp_path, dtype="float16", tensor_parallel_size=2, gpu_memory_utilization=0.55
+    )
     with fake_vllm.installed(backend=tiny_engine) as vllm:
         engine = build_engine("vllm", "tiny-random-llama", settings)
         (llm,) = vllm.LLM.instances
@@ -212,7 +262,9 @@ def _canned_engine(tiny_engine, outputs):
 
 
 def _out(ids, reason, logprobs=None, why=None):
-    return fake_vllm.RequestOutput([1], None, [fake_vllm.CompletionOutput(0, "ignored", ids, logprobs, reason, why)])
+    return fake_vllm.RequestOutput(
+        [1], None, [fake_vllm.CompletionOutput(0, "ignored", ids, logprobs, reason, why)]
+    )
 
 
 def test_vllm_outputs_map_to_the_engine_contract(tiny_engine):
@@ -220,14 +272,19 @@ def test_vllm_outputs_map_to_the_engine_contract(tiny_engine):
     eos = next(iter(tok.eos_token_ids))
     (a_id,), (b_id,) = tok.encode("A"), tok.encode("B")
     lp = [{a_id: fake_vllm.Logprob(-1.5)}, {eos: fake_vllm.Logprob(-0.25)}]
-    engine = _canned_engine(tiny_engine, [
-        _out([a_id, eos], "length", lp),         # EOS sampled on the last allowed token: still "eos"
-        _out([a_id, b_id], "stop", None, "B"),   # a stop string
-        _out([a_id, b_id], "length"),
-    ])
-    reqs = [GenerationRequest((1, 2), SamplingParams(max_new_tokens=2, logprobs=True)),
-            GenerationRequest((1, 2), SamplingParams(max_new_tokens=5, stop=("B",))),
-            GenerationRequest((1, 2), SamplingParams(max_new_tokens=2))]
+    engine = _canned_engine(
+        tiny_engine,
+        [
+            _out([a_id, eos], "length", lp),  # EOS sampled on the last allowed token: still "eos"
+            _out([a_id, b_id], "stop", None, "B"),  # a stop string
+            _out([a_id, b_id], "length"),
+        ],
+    )
+    reqs = [
+        GenerationRequest((1, 2), SamplingParams(max_new_tokens=2, logprobs=True)),
+        GenerationRequest((1, 2), SamplingParams(max_new_tokens=5, stop=("B",))),
+        GenerationRequest((1, 2), SamplingParams(max_new_tokens=2)),
+    ]
     a, b, c = engine.generate(reqs)
     assert (a.finish_reason, a.token_ids, a.logprobs, a.finished) == ("eos", [a_id, eos], [-1.5, -0.25], True)
     assert a.text == "A"  # decoded by the adapter, EOS skipped; vLLM's own text is not used
@@ -245,7 +302,8 @@ def test_vllm_bad_outputs_raise_engine_errors(tiny_engine):
         _canned_engine(tiny_engine, [_out([65], "length", [{7: fake_vllm.Logprob(-1.0)}])]).generate(req)
     with pytest.raises(EngineError, match="1 outputs for 2 requests"):
         _canned_engine(tiny_engine, [_out([65], "length")]).generate(
-            [GenerationRequest((1,), SamplingParams(max_new_tokens=1))] * 2)
+            [GenerationRequest((1,), SamplingParams(max_new_tokens=1))] * 2
+        )
     with pytest.raises(EngineError, match="no room"):
         _canned_engine(tiny_engine, []).logprobs([([1] * 60, [2] * 4)])
 
@@ -264,8 +322,12 @@ def _vllm_reward(tiny_engine, pooler, **kw):
 def test_vllm_reward_takes_the_last_scalar_in_input_order(tiny_engine):
     import torch
 
-    rm, (llm,) = _vllm_reward(tiny_engine, lambda ids: torch.arange(len(ids), dtype=torch.float32),
-                              max_tokens_per_batch=100, stop=("\nQ:",))
+    rm, (llm,) = _vllm_reward(
+        tiny_engine,
+        lambda ids: torch.arange(len(ids), dtype=torch.float32),
+        max_tokens_per_batch=100,
+        stop=("\nQ:",),
+    )
     assert llm.kwargs["runner"] == "pooling" and llm.kwargs["gpu_memory_utilization"] == 0.3
     qs, rs = ["a", "a much longer question here", "b"], ["x" * 40, "y", "z\nQ: dropped"]
     scores = rm.score(qs, rs)
@@ -290,7 +352,9 @@ def test_vllm_reward_gpu_share_from_settings(monkeypatch, tmp_path):
             seen.update(kw, model=model)
 
     monkeypatch.setattr("srd_worker.rewards.vllm_reward.VLLMReward", Recorder)
-    registry.build_reward("vllm-rm:org/rm", None, settings=Settings(gpu_memory_utilization=0.55, cache_dir=tmp_path))
+    registry.build_reward(
+        "vllm-rm:org/rm", None, settings=Settings(gpu_memory_utilization=0.55, cache_dir=tmp_path)
+    )
     assert seen["model"] == "org/rm" and seen["gpu_memory_utilization"] == pytest.approx(0.35)
     with pytest.raises(ConfigError, match="SRDQ_GPU_MEMORY_UTILIZATION"):
         registry.build_reward("vllm-rm:org/rm2", None, settings=Settings(gpu_memory_utilization=0.88))

@@ -38,10 +38,20 @@ def _tokenizer():
 def _config(tok, num_labels: int):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                       pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                       num_labels=num_labels, initializer_range=0.2)
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        num_labels=num_labels,
+        initializer_range=0.2,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +86,9 @@ def models(tmp_path_factory):
     sky_path.mkdir()
     src = out["prm1"][0]
     tensors = load_file(f"{src}/model.safetensors")
-    tensors = {k.replace("score.", "v_head.summary.") if k.startswith("score.") else k: v for k, v in tensors.items()}
+    tensors = {
+        k.replace("score.", "v_head.summary.") if k.startswith("score.") else k: v for k, v in tensors.items()
+    }
     save_file(tensors, str(sky_path / "model.safetensors"), metadata={"format": "pt"})
     out["prm1"][1].config.save_pretrained(sky_path)
     tok.save_pretrained(sky_path)
@@ -214,8 +226,9 @@ def test_qwen_prm_scores_last_completed_step(models):
     partial = rm.score(["q"], ["step one\n\nstep two\n\nstep three, unfini"])[0]
     assert partial == pytest.approx(rm.score(["q"], ["step one\n\nstep two\n\n"])[0], abs=1e-6)
     assert partial == pytest.approx(rm.score(["q"], ["step one\n\nstep two"], finished=[True])[0], abs=1e-6)
-    assert partial != pytest.approx(rm.score(["q"], ["step one\n\nstep two\n\nstep three, unfini"],
-                                             finished=[True])[0], abs=1e-6)
+    assert partial != pytest.approx(
+        rm.score(["q"], ["step one\n\nstep two\n\nstep three, unfini"], finished=[True])[0], abs=1e-6
+    )
     # the score is P(class 1) at the last <extra_0> of the Qwen2.5-Math-PRM input
     ids, pos = rm.input_ids("q", "step one\n\nstep two\n\nstep three")
     text = rm.tokenizer.decode(ids, skip_special_tokens=False)
@@ -236,9 +249,13 @@ def test_skywork_prm_scores_last_completed_step(models):
     assert partial == pytest.approx(rm.score(["q"], ["step one\nstep two\n"])[0], abs=1e-6)
     ids, pos = rm.input_ids("q", "step one\nstep two\nstep thr")
     tok = rm.tokenizer
-    expected_ids = (tok.encode(tok.bos_token + "q\n", add_special_tokens=False)
-                    + tok.encode("step one", add_special_tokens=False) + [rm.step_token_id]
-                    + tok.encode("step two", add_special_tokens=False) + [rm.step_token_id])
+    expected_ids = (
+        tok.encode(tok.bos_token + "q\n", add_special_tokens=False)
+        + tok.encode("step one", add_special_tokens=False)
+        + [rm.step_token_id]
+        + tok.encode("step two", add_special_tokens=False)
+        + [rm.step_token_id]
+    )
     assert ids == expected_ids and pos == len(ids) - 1
     with torch.no_grad():
         value = models["prm1"][1](torch.tensor([ids])).logits[0, pos, 0]
@@ -268,7 +285,9 @@ def test_released_head_layouts_load(models):
     ids, pos = qwen.input_ids(QUESTIONS[0], RESPONSES[0])
     with torch.no_grad():
         logits = models["qwen_layout"][1](torch.tensor([ids])).logits[0, pos]
-    assert qwen.score([QUESTIONS[0]], [RESPONSES[0]])[0] == pytest.approx(float(torch.softmax(logits, -1)[1]), abs=1e-6)
+    assert qwen.score([QUESTIONS[0]], [RESPONSES[0]])[0] == pytest.approx(
+        float(torch.softmax(logits, -1)[1]), abs=1e-6
+    )
 
 
 def test_prm_bad_inputs(models):
@@ -302,13 +321,22 @@ def test_reward_names_validate_by_prefix_only():
 
     assert parse_reward_name("hf-orm:nvidia/AceMath-7B-RM") == ("hf-orm", "nvidia/AceMath-7B-RM", None)
     assert parse_reward_name("hf-prm:Skywork/Skywork-o1-Open-PRM-Qwen-2.5-7B")[2] == "skywork"
-    assert parse_reward_name("hf-prm:Qwen/Qwen2.5-Math-PRM-7B") == ("hf-prm", "Qwen/Qwen2.5-Math-PRM-7B", "qwen")
+    assert parse_reward_name("hf-prm:Qwen/Qwen2.5-Math-PRM-7B") == (
+        "hf-prm",
+        "Qwen/Qwen2.5-Math-PRM-7B",
+        "qwen",
+    )
     assert parse_reward_name("hf-prm:some/prm:skywork") == ("hf-prm", "some/prm", "skywork")
     assert parse_reward_name("vllm-rm:nvidia/AceMath-7B-RM")[0] == "vllm-rm"
     for ok in ("arithmetic", "lm_judge", "none", "hf-orm:does/not-exist"):
         check_reward_name(ok)
-    for bad, msg in [("hf-orm:", "names no model"), ("hf-prm:a/b:fancy", "unknown PRM style"),
-                     ("orm:x", "unknown reward"), ("hf-orm:a:b", "must not contain"), ("oracle", "arithmetic")]:
+    for bad, msg in [
+        ("hf-orm:", "names no model"),
+        ("hf-prm:a/b:fancy", "unknown PRM style"),
+        ("orm:x", "unknown reward"),
+        ("hf-orm:a:b", "must not contain"),
+        ("oracle", "arithmetic"),
+    ]:
         with pytest.raises(ConfigError, match=msg):
             check_reward_name(bad)
 

@@ -18,8 +18,10 @@ QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"
 
 def run_to_end(method, engine, reward, seed=0, max_rounds=50):
     ctx = StepContext(engine, reward, seed, extract_answer=lambda t: t.strip()[-1:] or None)
-    states = [method.init_state(f"q{i}", q, engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]))
-              for i, q in enumerate(QUESTIONS)]
+    states = [
+        method.init_state(f"q{i}", q, engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]))
+        for i, q in enumerate(QUESTIONS)
+    ]
     for _ in range(max_rounds):
         active = [s for s in states if not method.done(s)]
         if not active:
@@ -93,9 +95,13 @@ def test_self_consistency_runs(tiny_engine):
 def test_seed_derivation_is_stable_and_distinct():
     a = derive_seed(0, "q1", 0, 0, "draft")
     assert a == derive_seed(0, "q1", 0, 0, "draft")
-    others = {derive_seed(0, "q1", 1, 0, "draft"), derive_seed(0, "q1", 0, 1, "draft"),
-              derive_seed(0, "q2", 0, 0, "draft"), derive_seed(1, "q1", 0, 0, "draft"),
-              derive_seed(0, "q1", 0, 0, "edit")}
+    others = {
+        derive_seed(0, "q1", 1, 0, "draft"),
+        derive_seed(0, "q1", 0, 1, "draft"),
+        derive_seed(0, "q2", 0, 0, "draft"),
+        derive_seed(1, "q1", 0, 0, "draft"),
+        derive_seed(0, "q1", 0, 0, "edit"),
+    }
     assert a not in others and len(others) == 5
     assert 0 <= a < 2**63
 
@@ -107,7 +113,9 @@ def test_every_method_documents_every_param(name):
 
 
 def test_unknown_parameter_names_valid_ones():
-    with pytest.raises(ConfigError, match=r"unknown parameter 'bogus' for method 'best_of_n'; valid: .*chunk_tokens"):
+    with pytest.raises(
+        ConfigError, match=r"unknown parameter 'bogus' for method 'best_of_n'; valid: .*chunk_tokens"
+    ):
         build_method("best_of_n", {"bogus": 1})
 
 

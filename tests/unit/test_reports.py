@@ -24,29 +24,69 @@ SRDQ = [sys.executable, "-m", "srdq_cli.main"]
 
 
 def ledger(gen: int, prefill: int, comps: dict[str, tuple[int, int, int]]) -> dict:
-    components = {c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in ("drafter", "scorer", "editor", "router")}
+    components = {
+        c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in ("drafter", "scorer", "editor", "router")
+    }
     for name, (calls, tin, tout) in comps.items():
         components[name] = {"calls": calls, "in_tokens": tin, "out_tokens": tout}
-    return {"gen_tokens": gen, "prefill_tokens": prefill, "lm_calls": 1, "rm_calls": 1, "rm_tokens": 0,
-            "components": components}
+    return {
+        "gen_tokens": gen,
+        "prefill_tokens": prefill,
+        "lm_calls": 1,
+        "rm_calls": 1,
+        "rm_tokens": 0,
+        "components": components,
+    }
 
 
 def record(i: int, *, correct, reward=None, led=None, timing=None, error=None, extra=None) -> dict:
-    return {"item_id": f"q{i}", "position": i, "question": "?", "gold": "1", "method": "m", "response": "r",
-            "answer": "1", "correct": correct, "reward": reward, "finish_reason": "stop", "ledger": led,
-            "error": error, "extra": extra or {}, "timing": timing}
+    return {
+        "item_id": f"q{i}",
+        "position": i,
+        "question": "?",
+        "gold": "1",
+        "method": "m",
+        "response": "r",
+        "answer": "1",
+        "correct": correct,
+        "reward": reward,
+        "finish_reason": "stop",
+        "ledger": led,
+        "error": error,
+        "extra": extra or {},
+        "timing": timing,
+    }
 
 
 def bon_run() -> RunRecords:
     return RunRecords(
-        run_id="run-bon", name="bon", status="done", n_items=4, wall_s=12.5,
-        spec={"method": "best_of_n", "task": "gsm8k", "model": "tiny", "reward": "arithmetic",
-              "params": {"n": 4, "max_new_tokens": 64, "temperature": 0.8}},
+        run_id="run-bon",
+        name="bon",
+        status="done",
+        n_items=4,
+        wall_s=12.5,
+        spec={
+            "method": "best_of_n",
+            "task": "gsm8k",
+            "model": "tiny",
+            "reward": "arithmetic",
+            "params": {"n": 4, "max_new_tokens": 64, "temperature": 0.8},
+        },
         records=[
-            record(0, correct=True, reward=0.8, led=ledger(100, 50, {"drafter": (2, 50, 100), "scorer": (1, 100, 0)}),
-                   timing={"drafter": 1.0, "scorer": 0.5, "editor": 0.0, "router": 0.0}),
-            record(1, correct=False, reward=0.4, led=ledger(200, 70, {"drafter": (4, 70, 200), "scorer": (2, 200, 0)}),
-                   timing={"drafter": 2.0, "scorer": 1.5, "editor": 0.0, "router": 0.0}),
+            record(
+                0,
+                correct=True,
+                reward=0.8,
+                led=ledger(100, 50, {"drafter": (2, 50, 100), "scorer": (1, 100, 0)}),
+                timing={"drafter": 1.0, "scorer": 0.5, "editor": 0.0, "router": 0.0},
+            ),
+            record(
+                1,
+                correct=False,
+                reward=0.4,
+                led=ledger(200, 70, {"drafter": (4, 70, 200), "scorer": (2, 200, 0)}),
+                timing={"drafter": 2.0, "scorer": 1.5, "editor": 0.0, "router": 0.0},
+            ),
             # the prompt did not fit the context: no ledger, no grade
             record(2, correct=None, error="prompt of 3000 tokens does not fit the model context of 2048"),
             # 3 has no result yet (pending)
@@ -56,18 +96,46 @@ def bon_run() -> RunRecords:
 
 def srd_run() -> RunRecords:
     def extra(keep, refine, discard, refinements, kept):
-        return {"routing": {"keep": keep, "refine": refine, "discard": discard}, "refinements": refinements,
-                "refine_kept": kept}
+        return {
+            "routing": {"keep": keep, "refine": refine, "discard": discard},
+            "refinements": refinements,
+            "refine_kept": kept,
+        }
 
-    led = ledger(300, 90, {"drafter": (3, 60, 250), "scorer": (3, 300, 0), "editor": (1, 30, 50), "router": (2, 0, 0)})
+    led = ledger(
+        300, 90, {"drafter": (3, 60, 250), "scorer": (3, 300, 0), "editor": (1, 30, 50), "router": (2, 0, 0)}
+    )
     return RunRecords(
-        run_id="run-srd", name="srd", status="done", n_items=2, wall_s=30.0,
-        spec={"method": "srd", "task": "gsm8k", "model": "tiny", "reward": "arithmetic",
-              "params": {"n": 8, "theta_high": 0.5, "policy": "self_compare"}},
-        records=[record(0, correct=True, reward=0.9, led=led, extra=extra(3, 1, 0, 1, 1),
-                        timing={"drafter": 3.0, "scorer": 2.0, "editor": 1.0, "router": 0.001}),
-                 record(1, correct=True, reward=0.7, led=led, extra=extra(2, 1, 3, 2, 1),
-                        timing={"drafter": 1.0, "scorer": 1.0, "editor": 0.5, "router": 0.003})],
+        run_id="run-srd",
+        name="srd",
+        status="done",
+        n_items=2,
+        wall_s=30.0,
+        spec={
+            "method": "srd",
+            "task": "gsm8k",
+            "model": "tiny",
+            "reward": "arithmetic",
+            "params": {"n": 8, "theta_high": 0.5, "policy": "self_compare"},
+        },
+        records=[
+            record(
+                0,
+                correct=True,
+                reward=0.9,
+                led=led,
+                extra=extra(3, 1, 0, 1, 1),
+                timing={"drafter": 3.0, "scorer": 2.0, "editor": 1.0, "router": 0.001},
+            ),
+            record(
+                1,
+                correct=True,
+                reward=0.7,
+                led=led,
+                extra=extra(2, 1, 3, 2, 1),
+                timing={"drafter": 1.0, "scorer": 1.0, "editor": 0.5, "router": 0.003},
+            ),
+        ],
     )
 
 
@@ -125,9 +193,15 @@ def test_gain_is_one_without_a_refine_tier_and_unknown_without_keep() -> None:
 
 
 def test_points_use_reward_when_nothing_is_graded() -> None:
-    alpaca = RunRecords(run_id="run-a", name="a", status="done", n_items=1, wall_s=1.0,
-                        spec={"method": "best_of_n", "task": "alpaca_eval", "params": {"n": 2}},
-                        records=[record(0, correct=None, reward=2.5, led=ledger(40, 10, {}))])
+    alpaca = RunRecords(
+        run_id="run-a",
+        name="a",
+        status="done",
+        n_items=1,
+        wall_s=1.0,
+        spec={"method": "best_of_n", "task": "alpaca_eval", "params": {"n": 2}},
+        records=[record(0, correct=None, reward=2.5, led=ledger(40, 10, {}))],
+    )
     points = frontier_points([summarise(r) for r in (bon_run(), srd_run(), alpaca)])
     assert [(p.task, p.metric, p.method, p.budget, p.x, p.y) for p in points] == [
         ("gsm8k", "accuracy", "best_of_n", 4, 150, 0.5),
@@ -142,16 +216,34 @@ def test_report_markdown_holds_every_table(tmp_path: Path) -> None:
     assert [p.name for p in report.plots] == ["accuracy_vs_tokens_gsm8k.png"]
     assert "![GSM8K accuracy vs mean generated tokens](accuracy_vs_tokens_gsm8k.png)" in text
     # Table 2 row: Acc, Time, In tok, Out tok, then time / calls per component
-    assert "| run-bon | best_of_n | 4 | 0.500 | 2.50 | 60 | 150 | 1.50 / 3.0 | 1.00 / 1.5 | <0.01 / 0.0 | <0.01 / 0.0 |" in text
+    assert (
+        "| run-bon | best_of_n | 4 | 0.500 | 2.50 | 60 | 150 | 1.50 / 3.0 | 1.00 / 1.5 | <0.01 / 0.0 | <0.01 / 0.0 |"
+        in text
+    )
     # Table 6 row: p_H, p_M, p_L, rho, gain, events, refinements, items
     assert "| run-srd | srd | 8 | 0.500 | 0.200 | 0.300 | 0.67 | 1.27× | 10 | 3 | 2 |" in text
-    assert "| run-bon | best_of_n | max_new_tokens=64 | 4 | tiny | arithmetic | 4 | 2 | 1 | 1 | 0.500 (1/2) |" in text
+    assert (
+        "| run-bon | best_of_n | max_new_tokens=64 | 4 | tiny | arithmetic | 4 | 2 | 1 | 1 | 0.500 (1/2) |"
+        in text
+    )
     assert "policy=self_compare" in text
 
 
 # ------------------------------------------------------------------------------ real embedded runs
-RUN_ARGS = ["--n", "4", "--reward", "arithmetic", "--model", "tiny-random-llama", "--max-new-tokens", "24",
-            "--set", "chunk_tokens=8", "--seed", "1"]
+RUN_ARGS = [
+    "--n",
+    "4",
+    "--reward",
+    "arithmetic",
+    "--model",
+    "tiny-random-llama",
+    "--max-new-tokens",
+    "24",
+    "--set",
+    "chunk_tokens=8",
+    "--seed",
+    "1",
+]
 
 
 def srdq(*args: str) -> subprocess.CompletedProcess:
@@ -171,7 +263,9 @@ def two_runs(tmp_path_factory, datasets_dir) -> tuple[Path, list[str]]:
     for method in ("best_of_n", "srd"):
         proc = srdq("run", str(data), "--method", method, *RUN_ARGS, "--out", str(out))
         assert proc.returncode == 0, proc.stderr
-        (summary,) = [p for p in out.glob("run-*/summary.json") if json.loads(p.read_text())["method"] == method]
+        (summary,) = [
+            p for p in out.glob("run-*/summary.json") if json.loads(p.read_text())["method"] == method
+        ]
         run_ids.append(json.loads(summary.read_text())["run_id"])
     return out, run_ids
 

@@ -243,8 +243,10 @@ def test_detect_task_unknown_layout(tmp_path: Path) -> None:
 
 def test_load_items_auto_small_file(tmp_path: Path) -> None:
     path = tmp_path / "tiny.jsonl"
-    rows = [{"question": "2+2?", "answer": "2+2=4\n#### 4", "id": "a"},
-            {"question": "1000+234?", "answer": "#### 1,234", "id": "b"}]
+    rows = [
+        {"question": "2+2?", "answer": "2+2=4\n#### 4", "id": "a"},
+        {"question": "1000+234?", "answer": "#### 1,234", "id": "b"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
     task, items = load_items(path)
     assert task.name == "gsm8k"

@@ -68,9 +68,22 @@ def test_alpaca_eval_loads_the_shared_file() -> None:
     assert detect_task(ALPACA_PATH) == "alpaca_eval"
     task, items = load_items(ALPACA_PATH)
     assert task.name == "alpaca_eval" and len(items) == 805
-    assert items[0].question == "What are the names of some famous actors that started their careers on Broadway?"
-    assert items[0].gold == "" and items[0].meta == {"line": 1, "dataset": "helpful_base", "datasplit": "eval"}
-    assert {item.meta["dataset"] for item in items} == {"helpful_base", "koala", "oasst", "selfinstruct", "vicuna"}
+    assert (
+        items[0].question
+        == "What are the names of some famous actors that started their careers on Broadway?"
+    )
+    assert items[0].gold == "" and items[0].meta == {
+        "line": 1,
+        "dataset": "helpful_base",
+        "datasplit": "eval",
+    }
+    assert {item.meta["dataset"] for item in items} == {
+        "helpful_base",
+        "koala",
+        "oasst",
+        "selfinstruct",
+        "vicuna",
+    }
     assert task.messages(items[0]) == [{"role": "user", "content": items[0].question}]
     for item in items:
         assert task.grade("any response at all", item) is None
@@ -82,9 +95,13 @@ def test_build_record_keeps_none_for_ungraded_items() -> None:
     record = build_record(_OneResponse("Autumn moonlight"), AlpacaEvalTask(), item, 0, {"ledger": {}})
     assert record["correct"] is None and record["error"] is None
     assert record["grader_version"] == "ungraded-1" and record["metrics"] == {}
-    graded = build_record(_OneResponse("\\boxed{5}"), get_task("gsm8k"), Item(id="b", question="q", gold="5"), 1, {})
+    graded = build_record(
+        _OneResponse("\\boxed{5}"), get_task("gsm8k"), Item(id="b", question="q", gold="5"), 1, {}
+    )
     assert graded["correct"] is True and graded["grader_version"] == GRADER_VERSION
-    wrong = build_record(_OneResponse("\\boxed{6}"), get_task("gsm8k"), Item(id="b", question="q", gold="5"), 1, {})
+    wrong = build_record(
+        _OneResponse("\\boxed{6}"), get_task("gsm8k"), Item(id="b", question="q", gold="5"), 1, {}
+    )
     assert wrong["correct"] is False
 
 
@@ -97,8 +114,10 @@ def test_generic_mapping_in_every_format(tmp_path: Path, suffix: str) -> None:
     task, items = load_items(path, fields=MAPPING)  # --task auto with --field means generic
     assert task.name == "generic" and task.grader_version == GRADER_VERSION
     assert [(i.id, i.question, i.gold) for i in items] == [
-        ("q1", "What is 2+3?", "5"), ("q2", "What is half of 1?", "\\frac{1}{2}"),
-        ("q3", "How many in 1,000 and 250?", "1250")]
+        ("q1", "What is 2+3?", "5"),
+        ("q2", "What is half of 1?", "\\frac{1}{2}"),
+        ("q3", "How many in 1,000 and 250?", "1250"),
+    ]
     assert task.grade("so it is \\boxed{5}", items[0])
     assert task.grade("that makes 5 in total", items[0])  # last-number fallback
     assert not task.grade("\\boxed{6}", items[0])
@@ -138,11 +157,18 @@ def test_generic_errors_name_file_line_field(tmp_path: Path) -> None:
 
 
 def test_parse_field_options() -> None:
-    assert parse_field_options(["prompt=text", " answer = solution "]) == {"prompt": "text", "answer": "solution"}
+    assert parse_field_options(["prompt=text", " answer = solution "]) == {
+        "prompt": "text",
+        "answer": "solution",
+    }
     assert parse_field_options(["prompt=Question Text"]) == {"prompt": "Question Text"}
-    for bad, message in [(["prompt"], "--field expects KEY=COLUMN"), (["=x"], "--field expects KEY=COLUMN"),
-                         (["prompt="], "--field expects KEY=COLUMN"), (["gold=x"], "unknown --field key 'gold'"),
-                         (["prompt=a", "prompt=b"], "--field prompt given twice")]:
+    for bad, message in [
+        (["prompt"], "--field expects KEY=COLUMN"),
+        (["=x"], "--field expects KEY=COLUMN"),
+        (["prompt="], "--field expects KEY=COLUMN"),
+        (["gold=x"], "unknown --field key 'gold'"),
+        (["prompt=a", "prompt=b"], "--field prompt given twice"),
+    ]:
         with pytest.raises(ConfigError, match=message):
             parse_field_options(bad)
 
@@ -154,7 +180,9 @@ def test_gold_answer_forms() -> None:
 
 
 def test_fields_only_for_generic() -> None:
-    with pytest.raises(ConfigError, match=r"--field applies to --task generic \(or auto\) only; task 'gsm8k'"):
+    with pytest.raises(
+        ConfigError, match=r"--field applies to --task generic \(or auto\) only; task 'gsm8k'"
+    ):
         get_task("gsm8k", fields={"prompt": "q"})
     assert isinstance(get_task("generic", fields={"prompt": "q"}), GenericTask)
 
@@ -172,8 +200,14 @@ def test_fields_are_part_of_the_spec_and_run_id(tmp_path: Path) -> None:
     path = _write(tmp_path / "mine.csv", ROWS)
     a = prepare_run(dataset=path, method="sampling", params={}, model="m", reward=None, fields=MAPPING)
     assert a.spec.task == "generic" and a.spec.fields == MAPPING
-    b = prepare_run(dataset=path, method="sampling", params={}, model="m", reward=None,
-                    fields={"prompt": "text", "id": "qid"})
+    b = prepare_run(
+        dataset=path,
+        method="sampling",
+        params={},
+        model="m",
+        reward=None,
+        fields={"prompt": "text", "id": "qid"},
+    )
     assert a.spec.run_id() != b.spec.run_id()
     # The worker rebuilds the task from the stored spec: same prompts, same grades.
     rebuilt = get_task(a.spec.task, fields=a.spec.fields)
@@ -188,19 +222,27 @@ def test_specs_without_fields_keep_their_run_ids(tmp_path: Path) -> None:
     body = prepared.spec.model_dump(exclude={"dataset", "fields"})
     import hashlib
 
-    assert prepared.spec.config_hash() == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    assert (
+        prepared.spec.config_hash() == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    )
 
 
 def test_max_row_bytes_reaches_the_reader(tmp_path: Path) -> None:
     path = _write(tmp_path / "g.jsonl", [{"question": "1+1?" * 20, "answer": "#### 2"}])
-    with pytest.raises(DatasetError, match=r"g\.jsonl, line 1: row is \d+ bytes, more than the limit of 50 bytes"):
+    with pytest.raises(
+        DatasetError, match=r"g\.jsonl, line 1: row is \d+ bytes, more than the limit of 50 bytes"
+    ):
         prepare_run(dataset=path, method="sampling", params={}, model="m", reward=None, max_row_bytes=50)
 
 
 def test_csv_quirks_are_accepted(tmp_path: Path) -> None:
     """A byte-order mark, CRLF line ends, blank lines and quoted values spanning lines are all fine."""
     path = tmp_path / "excel.csv"
-    path.write_bytes(b'\xef\xbb\xbfprompt,answer\r\n"Line one\r\nline two, with a comma",7\r\n\r\nplain,"8"\r\n')
+    path.write_bytes(
+        b'\xef\xbb\xbfprompt,answer\r\n"Line one\r\nline two, with a comma",7\r\n\r\nplain,"8"\r\n'
+    )
     task, items = load_items(path, fields={"prompt": "prompt", "answer": "answer"})
     assert [(i.id, i.question, i.gold) for i in items] == [
-        ("line-2", "Line one\r\nline two, with a comma", "7"), ("line-5", "plain", "8")]
+        ("line-2", "Line one\r\nline two, with a comma", "7"),
+        ("line-5", "plain", "8"),
+    ]

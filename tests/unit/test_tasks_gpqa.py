@@ -22,25 +22,37 @@ from srd_worker.tasks.registry import detect_task, load_items
 ROOT = Path(__file__).resolve().parents[2]
 
 # The authors' column layout (a subset of their many columns, in their order), with made-up questions.
-HEADER = ["Pre-Revision Question", "Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2",
-          "Incorrect Answer 3", "Explanation", "Subdomain", "Record ID", "High-level domain"]
+HEADER = [
+    "Pre-Revision Question",
+    "Question",
+    "Correct Answer",
+    "Incorrect Answer 1",
+    "Incorrect Answer 2",
+    "Incorrect Answer 3",
+    "Explanation",
+    "Subdomain",
+    "Record ID",
+    "High-level domain",
+]
 
 
 def _gpqa_rows(n: int) -> list[dict[str, str]]:
     rows = []
     for i in range(n):
-        rows.append({
-            "Pre-Revision Question": f"old question {i}",
-            "Question": f"Question {i}: which value, with units, is right?\nConsider \"quoted\" text, and commas.",
-            "Correct Answer": f" correct {i} eV\n",
-            "Incorrect Answer 1": f"wrong {i}a",
-            "Incorrect Answer 2": f"wrong {i}b",
-            "Incorrect Answer 3": f"wrong {i}c",
-            "Explanation": "because",
-            "Subdomain": "Quantum Mechanics" if i % 2 else "Organic Chemistry",
-            "Record ID": f"rec{i:04d}",
-            "High-level domain": "Physics" if i % 2 else "Chemistry",
-        })
+        rows.append(
+            {
+                "Pre-Revision Question": f"old question {i}",
+                "Question": f'Question {i}: which value, with units, is right?\nConsider "quoted" text, and commas.',
+                "Correct Answer": f" correct {i} eV\n",
+                "Incorrect Answer 1": f"wrong {i}a",
+                "Incorrect Answer 2": f"wrong {i}b",
+                "Incorrect Answer 3": f"wrong {i}c",
+                "Explanation": "because",
+                "Subdomain": "Quantum Mechanics" if i % 2 else "Organic Chemistry",
+                "Record ID": f"rec{i:04d}",
+                "High-level domain": "Physics" if i % 2 else "Chemistry",
+            }
+        )
     return rows
 
 
@@ -68,8 +80,9 @@ def test_loads_the_authors_columns(gpqa_csv: Path) -> None:
     choices = first.meta["choices"]
     assert sorted(choices) == sorted(["correct 0 eV", "wrong 0a", "wrong 0b", "wrong 0c"])  # stripped
     assert choices["ABCD".index(first.gold)] == "correct 0 eV"
-    assert [choices[k] for k in range(4)] == [["correct 0 eV", "wrong 0a", "wrong 0b", "wrong 0c"][p]
-                                             for p in first.meta["permutation"]]
+    assert [choices[k] for k in range(4)] == [
+        ["correct 0 eV", "wrong 0a", "wrong 0b", "wrong 0c"][p] for p in first.meta["permutation"]
+    ]
     # Multi-line, quoted question text survives the CSV round trip; choices follow it as (A)..(D).
     assert first.question.startswith('Question 0: which value, with units, is right?\nConsider "quoted" text')
     for letter, choice in zip("ABCD", choices, strict=True):
@@ -87,8 +100,9 @@ def test_permutation_is_a_deterministic_function_of_id_and_salt() -> None:
     assert sorted(permutation_for("rec0001")) == [0, 1, 2, 3]
     orders = {permutation_for(f"rec{i:04d}") for i in range(200)}
     assert len(orders) == 24  # every order occurs: the correct answer is not stuck in one place
-    assert permutation_for("rec0001", salt="other") != permutation_for("rec0001") or \
-        permutation_for("rec0002", salt="other") != permutation_for("rec0002")
+    assert permutation_for("rec0001", salt="other") != permutation_for("rec0001") or permutation_for(
+        "rec0002", salt="other"
+    ) != permutation_for("rec0002")
 
 
 def test_gold_letters_are_spread(gpqa_csv: Path) -> None:
@@ -107,10 +121,19 @@ _PRINT_ORDERS = (
 @pytest.mark.parametrize("hash_seed", ["0", "12345"])
 def test_permutation_same_after_resume_in_another_process(gpqa_csv: Path, hash_seed: str) -> None:
     here = [[i.id, i.meta["permutation"], i.gold, i.question] for i in GPQATask().load(gpqa_csv)]
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed,
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-c", _PRINT_ORDERS, str(gpqa_csv)], capture_output=True, text=True,
-                          env=env, timeout=120, check=True)
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": hash_seed,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _PRINT_ORDERS, str(gpqa_csv)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     assert json.loads(proc.stdout) == here
 
 
@@ -118,8 +141,9 @@ def test_items_rebuilt_from_the_store_give_the_same_prompt(gpqa_csv: Path) -> No
     """A worker rebuilds items from stored rows (question, gold, meta as JSON): same messages, same grade."""
     task = GPQATask()
     for item in task.load(gpqa_csv):
-        stored = Item(id=item.id, question=item.question, gold=item.gold,
-                      meta=json.loads(json.dumps(item.meta)))
+        stored = Item(
+            id=item.id, question=item.question, gold=item.gold, meta=json.loads(json.dumps(item.meta))
+        )
         assert task.messages(stored) == task.messages(item)
         assert task.grade(f"\\boxed{{{item.gold}}}", stored)
 
@@ -133,27 +157,30 @@ def test_messages_follow_the_appendix_style(gpqa_csv: Path) -> None:
     assert "\\boxed{}" in user["content"] and user["content"].startswith(item.question)
 
 
-@pytest.mark.parametrize(("response", "letter"), [
-    ("so the answer is \\boxed{B}.", "B"),
-    ("\\boxed{(C)}", "C"),
-    ("\\boxed{D)}", "D"),
-    ("\\boxed{\\text{A}}", "A"),
-    ("$\\boxed{\\textbf{(B)}}$", "B"),
-    ("\\boxed{B. 3.5 eV}", "B"),
-    ("first \\boxed{A}, on reflection \\boxed{C}", "C"),
-    ("Therefore the answer is B.", "B"),
-    ("The answer is (D)", "D"),
-    ("**Answer: (A)**", "A"),
-    ("Final answer: C", "C"),
-    ("I compared the options.\n(B)", "B"),
-    ("I compared the options.\nB) 3.5 eV", "B"),
-    ("Looking at A) and B) ...\nthe answer is C", "C"),
-    ("The answer is a bit unclear.", None),
-    ("A) first\nB) second\nI am not sure.", None),
-    ("\\boxed{E}", None),
-    ("\\boxed{42}", None),
-    ("no letter at all", None),
-])
+@pytest.mark.parametrize(
+    ("response", "letter"),
+    [
+        ("so the answer is \\boxed{B}.", "B"),
+        ("\\boxed{(C)}", "C"),
+        ("\\boxed{D)}", "D"),
+        ("\\boxed{\\text{A}}", "A"),
+        ("$\\boxed{\\textbf{(B)}}$", "B"),
+        ("\\boxed{B. 3.5 eV}", "B"),
+        ("first \\boxed{A}, on reflection \\boxed{C}", "C"),
+        ("Therefore the answer is B.", "B"),
+        ("The answer is (D)", "D"),
+        ("**Answer: (A)**", "A"),
+        ("Final answer: C", "C"),
+        ("I compared the options.\n(B)", "B"),
+        ("I compared the options.\nB) 3.5 eV", "B"),
+        ("Looking at A) and B) ...\nthe answer is C", "C"),
+        ("The answer is a bit unclear.", None),
+        ("A) first\nB) second\nI am not sure.", None),
+        ("\\boxed{E}", None),
+        ("\\boxed{42}", None),
+        ("no letter at all", None),
+    ],
+)
 def test_letter_extraction(response: str, letter: str | None) -> None:
     assert extract_letter(response) == letter
 
@@ -191,7 +218,9 @@ def test_detected_from_csv_jsonl_and_parquet(tmp_path: Path, gpqa_csv: Path) -> 
 
 
 def test_missing_answer_column_names_line_and_field(tmp_path: Path) -> None:
-    path = write_gpqa_csv(tmp_path / "short.csv", n=2, header=[h for h in HEADER if h != "Incorrect Answer 3"])
+    path = write_gpqa_csv(
+        tmp_path / "short.csv", n=2, header=[h for h in HEADER if h != "Incorrect Answer 3"]
+    )
     with pytest.raises(DatasetError) as info:
         GPQATask().load(path)
     assert str(info.value) == f"{path}, line 2, field 'Incorrect Answer 3': missing required field"

@@ -85,8 +85,9 @@ HAND_COMPUTED = [
 
 
 @pytest.mark.parametrize(("row_id", "gold", "prediction", "em", "f1"), HAND_COMPUTED)
-def test_em_f1_hand_computed_on_real_rows(items: dict[str, Item], row_id: str, gold: str, prediction: str,
-                                          em: int, f1: float) -> None:
+def test_em_f1_hand_computed_on_real_rows(
+    items: dict[str, Item], row_id: str, gold: str, prediction: str, em: int, f1: float
+) -> None:
     item = items[row_id]
     assert item.gold == gold
     assert exact_match(prediction, item.gold) is bool(em)
@@ -99,7 +100,9 @@ def test_em_f1_hand_computed_on_real_rows(items: dict[str, Item], row_id: str, g
 
 
 def test_precision_recall() -> None:
-    assert f1_score("Greenwich Village", "Greenwich Village, New York City") == pytest.approx((4 / 7, 1.0, 0.4))
+    assert f1_score("Greenwich Village", "Greenwich Village, New York City") == pytest.approx(
+        (4 / 7, 1.0, 0.4)
+    )
     assert f1_score("a the an", "") == (0.0, 0.0, 0.0)  # both normalise to "": no tokens in common
     assert f1_score("noanswer", "no answer") == (0.0, 0.0, 0.0)
 
@@ -121,14 +124,17 @@ def test_every_gold_grades_correct_and_a_wrong_answer_does_not(items: dict[str, 
         assert task.metrics(f"\\boxed{{{wrong}}}", item)["f1"] == 0.0
 
 
-@pytest.mark.parametrize(("response", "answer"), [
-    ("... so \\boxed{\\text{Chief of Protocol}}.", "Chief of Protocol"),
-    ("first \\boxed{A}, then \\boxed{Animorphs}", "Animorphs"),
-    ("Reasoning [1][3]. The answer is: Kansas Song.", "Kansas Song"),
-    ("Answer: **YG Entertainment**", "YG Entertainment"),
-    ("I cannot tell from the passages.", None),
-    ("truncated \\boxed{Gre", None),
-])
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("... so \\boxed{\\text{Chief of Protocol}}.", "Chief of Protocol"),
+        ("first \\boxed{A}, then \\boxed{Animorphs}", "Animorphs"),
+        ("Reasoning [1][3]. The answer is: Kansas Song.", "Kansas Song"),
+        ("Answer: **YG Entertainment**", "YG Entertainment"),
+        ("I cannot tell from the passages.", None),
+        ("truncated \\boxed{Gre", None),
+    ],
+)
 def test_short_answer_extraction(response: str, answer: str | None) -> None:
     assert extract_short_answer(response) == answer
 
@@ -141,9 +147,16 @@ def test_no_answer_scores_zero() -> None:
 
 
 def test_official_context_format_and_detection(tmp_path: Path) -> None:
-    row = {"_id": "abc", "question": "Which is older?", "answer": "Ann",
-           "context": [["Ann", ["Ann was born in 1900.", " She lived long."]], ["Bob", ["Bob was born in 1950."]]],
-           "supporting_facts": [["Ann", 0], ["Bob", 0]]}
+    row = {
+        "_id": "abc",
+        "question": "Which is older?",
+        "answer": "Ann",
+        "context": [
+            ["Ann", ["Ann was born in 1900.", " She lived long."]],
+            ["Bob", ["Bob was born in 1950."]],
+        ],
+        "supporting_facts": [["Ann", 0], ["Bob", 0]],
+    }
     path = tmp_path / "official.jsonl"
     path.write_text(json.dumps(row) + "\n", encoding="utf-8")
     assert detect_task(path) == "hotpotqa"
@@ -152,17 +165,21 @@ def test_official_context_format_and_detection(tmp_path: Path) -> None:
     assert "[1] Ann: Ann was born in 1900. She lived long.\n\n[2] Bob: Bob was born in 1950." in item.question
 
 
-@pytest.mark.parametrize(("context", "message"), [
-    ("not a list", "must be a non-empty list of passages"),
-    ([], "must be a non-empty list of passages"),
-    ([{"title": "T"}], "passage 0 needs a string title and text"),
-    ([["T", ["ok"]], 5], "passage 1 must be {title, paragraph_text} or [title, [sentences]]"),
-])
+@pytest.mark.parametrize(
+    ("context", "message"),
+    [
+        ("not a list", "must be a non-empty list of passages"),
+        ([], "must be a non-empty list of passages"),
+        ([{"title": "T"}], "passage 0 needs a string title and text"),
+        ([["T", ["ok"]], 5], "passage 1 must be {title, paragraph_text} or [title, [sentences]]"),
+    ],
+)
 def test_bad_context_names_line_and_field(tmp_path: Path, context: object, message: str) -> None:
     path = tmp_path / "bad.jsonl"
     good = {"id": "a", "question": "q?", "answer": "x", "context": [{"title": "T", "paragraph_text": "p"}]}
-    path.write_text(json.dumps(good) + "\n" + json.dumps({**good, "id": "b", "context": context}) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        json.dumps(good) + "\n" + json.dumps({**good, "id": "b", "context": context}) + "\n", encoding="utf-8"
+    )
     with pytest.raises(DatasetError) as info:
         HotpotQATask().load(path)
     assert str(info.value) == f"{path}, line 2, field 'context': {message}"

@@ -29,52 +29,98 @@ from tests.unit.test_tasks_gpqa import write_gpqa_csv
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _store(db_file: Path, run_id: str, spec: dict[str, Any], items: list[Item],
-           records: list[dict[str, Any]]) -> Engine:
+def _store(
+    db_file: Path, run_id: str, spec: dict[str, Any], items: list[Item], records: list[dict[str, Any]]
+) -> Engine:
     url = sqlite_url(db_file)
     upgrade(url)
     engine = make_engine(url)
     with session_scope(engine) as session:
-        crud.create_run(session=session, run_id=run_id, name="t", spec=spec, config_hash="h", versions={},
-                        items=items, shard_size=len(items))
+        crud.create_run(
+            session=session,
+            run_id=run_id,
+            name="t",
+            spec=spec,
+            config_hash="h",
+            versions={},
+            items=items,
+            shard_size=len(items),
+        )
         crud.save_results(session=session, run_id=run_id, shard_index=0, records=records)
     return engine
 
 
-def _record(item: Item, position: int, response: str | None, correct: bool | None, *, error: str | None = None,
-            answer: str | None = None, version: str = "srdq-grader-0") -> dict[str, Any]:
-    return {"item_id": item.id, "position": position, "question": item.question, "gold": item.gold,
-            "method": "sampling", "response": response, "answer": answer, "correct": correct,
-            "grader_version": version, "metrics": {}, "reward": None, "finish_reason": "stop", "ledger": None,
-            "error": error, "extra": {"traceback": "old"} if error else {}}
+def _record(
+    item: Item,
+    position: int,
+    response: str | None,
+    correct: bool | None,
+    *,
+    error: str | None = None,
+    answer: str | None = None,
+    version: str = "srdq-grader-0",
+) -> dict[str, Any]:
+    return {
+        "item_id": item.id,
+        "position": position,
+        "question": item.question,
+        "gold": item.gold,
+        "method": "sampling",
+        "response": response,
+        "answer": answer,
+        "correct": correct,
+        "grader_version": version,
+        "metrics": {},
+        "reward": None,
+        "finish_reason": "stop",
+        "ledger": None,
+        "error": error,
+        "extra": {"traceback": "old"} if error else {},
+    }
 
 
 def _rows(engine: Engine, run_id: str) -> list[Result]:
     with session_scope(engine) as session:
-        return list(session.exec(select(Result).where(Result.run_id == run_id).order_by(col(Result.position))))
+        return list(
+            session.exec(select(Result).where(Result.run_id == run_id).order_by(col(Result.position)))
+        )
 
 
 GSM_ITEMS = [Item(id=k, question=f"q{k}", gold="5") for k in "abcd"]
 GSM_RECORDS = [
     _record(GSM_ITEMS[0], 0, "so \\boxed{5}", False, answer="5"),  # graded wrong by an older grader
     _record(GSM_ITEMS[1], 1, "so \\boxed{7}", True, answer="7"),  # graded right by an older grader
-    _record(GSM_ITEMS[2], 2, None, None, error="prompt of 9000 tokens does not fit the model context of 2048"),
+    _record(
+        GSM_ITEMS[2], 2, None, None, error="prompt of 9000 tokens does not fit the model context of 2048"
+    ),
     _record(GSM_ITEMS[3], 3, "it is 5", None, error="ItemError: the grader subprocess did not start"),
 ]
 
 
 def test_regrade_updates_rows_and_records(tmp_path: Path) -> None:
-    engine = _store(tmp_path / "srdq.db", "run-1", {"task": "gsm8k", "method": "sampling"}, GSM_ITEMS, GSM_RECORDS)
+    engine = _store(
+        tmp_path / "srdq.db", "run-1", {"task": "gsm8k", "method": "sampling"}, GSM_ITEMS, GSM_RECORDS
+    )
     try:
         report = regrade(engine, "run-1")
-        assert (report.results, report.regraded, report.skipped, report.changed, report.errors) == (4, 3, 1, 3, 0)
+        assert (report.results, report.regraded, report.skipped, report.changed, report.errors) == (
+            4,
+            3,
+            1,
+            3,
+            0,
+        )
         assert report.previous_versions == {"srdq-grader-0": 4}
         assert report.grader_version == GRADER_VERSION and report.task == "gsm8k"
         rows = _rows(engine, "run-1")
         assert [r.correct for r in rows] == [True, False, None, True]
         assert [r.error is None for r in rows] == [True, True, False, True]
-        assert [r.record["grader_version"] for r in rows] == [GRADER_VERSION, GRADER_VERSION, "srdq-grader-0",
-                                                               GRADER_VERSION]
+        assert [r.record["grader_version"] for r in rows] == [
+            GRADER_VERSION,
+            GRADER_VERSION,
+            "srdq-grader-0",
+            GRADER_VERSION,
+        ]
         assert [r.record["answer"] for r in rows] == ["5", "7", None, "5"]
         assert [r.record["correct"] for r in rows] == [True, False, None, True]
         assert rows[3].record["error"] is None and "traceback" not in rows[3].record["extra"]
@@ -101,8 +147,13 @@ def test_regrade_rebuilds_generic_task_from_the_spec_fields(tmp_path: Path) -> N
 
 def test_regrade_records_hotpotqa_metrics(tmp_path: Path) -> None:
     items = [Item(id="h", question="Passages... Question: where?", gold="Greenwich Village, New York City")]
-    engine = _store(tmp_path / "srdq.db", "run-h", {"task": "hotpotqa"}, items,
-                    [_record(items[0], 0, "\\boxed{Greenwich Village}", None)])
+    engine = _store(
+        tmp_path / "srdq.db",
+        "run-h",
+        {"task": "hotpotqa"},
+        items,
+        [_record(items[0], 0, "\\boxed{Greenwich Village}", None)],
+    )
     try:
         regrade(engine, "run-h")
         (row,) = _rows(engine, "run-h")
@@ -128,17 +179,26 @@ def test_cli_regrade_out_rewrites_local_results(tmp_path: Path) -> None:
 
     out = tmp_path / "OUT"
     out.mkdir()
-    _store(out / "srdq.db", "run-1", {"task": "gsm8k", "method": "sampling"}, GSM_ITEMS, GSM_RECORDS).dispose()
+    _store(
+        out / "srdq.db", "run-1", {"task": "gsm8k", "method": "sampling"}, GSM_ITEMS, GSM_RECORDS
+    ).dispose()
     (out / "run-1").mkdir()
     (out / "run-1" / "summary.json").write_text(json.dumps({"wall_seconds": 12.5}))
     result = CliRunner().invoke(cli, ["regrade", "run-1", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"regraded run-1 (task gsm8k, grader {GRADER_VERSION}; before: "
-                                    "srdq-grader-0 (4)): 3 of 4 results regraded, 3 changed")
+    assert result.output.startswith(
+        f"regraded run-1 (task gsm8k, grader {GRADER_VERSION}; before: "
+        "srdq-grader-0 (4)): 3 of 4 results regraded, 3 changed"
+    )
     records = [json.loads(line) for line in (out / "run-1" / "results.jsonl").read_text().splitlines()]
     assert [r["correct"] for r in records] == [True, False, None, True]
     summary = json.loads((out / "run-1" / "summary.json").read_text())
-    assert (summary["correct"], summary["done"], summary["failed"], summary["wall_seconds"]) == (2, 3, 1, 12.5)
+    assert (summary["correct"], summary["done"], summary["failed"], summary["wall_seconds"]) == (
+        2,
+        3,
+        1,
+        12.5,
+    )
     missing = CliRunner().invoke(cli, ["regrade", "run-1", "--out", str(tmp_path / "nowhere")])
     assert missing.exit_code == 1 and "no srdq.db" in missing.output
     both = CliRunner().invoke(cli, ["regrade", "run-1", "--out", str(out), "--db", "sqlite://"])
@@ -151,12 +211,32 @@ def test_srdq_run_then_regrade_end_to_end(tmp_path: Path) -> None:
     """A real run (tiny random model) on a GPQA CSV records the grader version; regrade restores grades."""
     data = write_gpqa_csv(tmp_path / "gpqa.csv", n=3)
     out = tmp_path / "OUT"
-    env = {**os.environ, "SRDQ_DEVICE": "cpu", "SRDQ_DTYPE": "float32",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "SRDQ_DEVICE": "cpu",
+        "SRDQ_DTYPE": "float32",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     srdq = [sys.executable, "-m", "srdq_cli.main"]
-    proc = subprocess.run([*srdq, "run", str(data), "--method", "sampling", "--model", "tiny-random-llama",
-                           "--max-new-tokens", "6", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            *srdq,
+            "run",
+            str(data),
+            "--method",
+            "sampling",
+            "--model",
+            "tiny-random-llama",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     (results,) = out.glob("run-*/results.jsonl")
     run_id = results.parent.name
@@ -168,14 +248,24 @@ def test_srdq_run_then_regrade_end_to_end(tmp_path: Path) -> None:
     try:
         with session_scope(engine) as session:
             for row in session.exec(select(Result).where(Result.run_id == run_id)):
-                stale = {**row.record, "correct": not row.record["correct"], "grader_version": "gpqa-letter-0"}
-                session.exec(update(Result).where(col(Result.id) == row.id)
-                             .values(record=stale, correct=stale["correct"]))
+                stale = {
+                    **row.record,
+                    "correct": not row.record["correct"],
+                    "grader_version": "gpqa-letter-0",
+                }
+                session.exec(
+                    update(Result)
+                    .where(col(Result.id) == row.id)
+                    .values(record=stale, correct=stale["correct"])
+                )
     finally:
         engine.dispose()
-    proc = subprocess.run([*srdq, "regrade", run_id, "--out", str(out)], capture_output=True, text=True,
-                          env=env, timeout=300)
+    proc = subprocess.run(
+        [*srdq, "regrade", run_id, "--out", str(out)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     assert "3 of 3 results regraded, 3 changed" in proc.stdout
-    assert results.read_text().splitlines() == [json.dumps({k: v for k, v in r.items() if k != "timing"},
-                                                           sort_keys=True, ensure_ascii=False) for r in first]
+    assert results.read_text().splitlines() == [
+        json.dumps({k: v for k, v in r.items() if k != "timing"}, sort_keys=True, ensure_ascii=False)
+        for r in first
+    ]

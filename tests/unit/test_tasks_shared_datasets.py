@@ -76,8 +76,12 @@ def test_shared_file_loads_and_grades(name: str) -> None:
     # subprocesses; the first 50 rows of each are checked in test_tasks.py).
     step = {"hotpotqa": 1, "math500": 20, "gsm8k": 50}[expected_task]
     for item in items[::step]:
-        assert task.grade(f"Working it out carefully. The final answer is \\boxed{{{item.gold}}}.", item), item.id
-        assert not task.grade(f"The final answer is \\boxed{{{_wrong(expected_task, item.gold)}}}.", item), item.id
+        assert task.grade(f"Working it out carefully. The final answer is \\boxed{{{item.gold}}}.", item), (
+            item.id
+        )
+        assert not task.grade(f"The final answer is \\boxed{{{_wrong(expected_task, item.gold)}}}.", item), (
+            item.id
+        )
         assert not task.grade("I cannot solve this.", item), item.id
 
 
@@ -86,8 +90,14 @@ def test_prm800k_sample_is_usable_for_reward_model_checks() -> None:
     if not path.is_file():
         pytest.skip(f"{path} is not present")
     records = load_prm800k(path)
-    assert [r.finish_reason for r in records] == ["solution", "found_error", "solution", "solution", "give_up",
-                                                   "solution"]
+    assert [r.finish_reason for r in records] == [
+        "solution",
+        "found_error",
+        "solution",
+        "solution",
+        "give_up",
+        "solution",
+    ]
     first = records[0]
     assert first.id == "line-1" and first.answer == "29" and first.problem.startswith("Three pencils")
     assert len(first.steps) == 6 and len(first.path()) == 6
@@ -108,12 +118,16 @@ def test_prm800k_explicit_task_and_bad_rows(tmp_path: Path) -> None:
         with pytest.raises(DatasetError, match=r"line 1, field 'problem': missing required field"):
             load_items(path, "math500")  # the problem is nested under "question"
     bad = tmp_path / "prm.jsonl"
-    bad.write_text('{"question": {"problem": "p"}, "label": {"steps": [{"completions": [{"text": "a", '
-                   '"rating": 1}], "chosen_completion": 3}]}}\n', encoding="utf-8")
+    bad.write_text(
+        '{"question": {"problem": "p"}, "label": {"steps": [{"completions": [{"text": "a", '
+        '"rating": 1}], "chosen_completion": 3}]}}\n',
+        encoding="utf-8",
+    )
     with pytest.raises(DatasetError) as info:
         load_prm800k(bad)
-    assert str(info.value) == (f"{bad}, line 1, field 'label.steps[0]': chosen_completion 3 is not an index "
-                               "into the 1 completions")
+    assert str(info.value) == (
+        f"{bad}, line 1, field 'label.steps[0]': chosen_completion 3 is not an index into the 1 completions"
+    )
     assert is_prm800k_row({"question": {"problem": "p"}, "label": {"steps": []}})
     assert not is_prm800k_row({"question": "p", "answer": "1"})
 
@@ -127,11 +141,30 @@ def test_cli_auto_on_prm800k_gives_one_clear_line(tmp_path: Path) -> None:
     if not path.is_file():
         pytest.skip(f"{path} is not present")
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
+    }
     out = tmp_path / "OUT"
-    proc = subprocess.run([sys.executable, "-m", "srdq_cli.main", "run", str(path), "--method", "sampling",
-                           "--model", "tiny-random-llama", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "srdq_cli.main",
+            "run",
+            str(path),
+            "--method",
+            "sampling",
+            "--model",
+            "tiny-random-llama",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path} holds PRM800K step labels")
@@ -141,6 +174,9 @@ def test_cli_auto_on_prm800k_gives_one_clear_line(tmp_path: Path) -> None:
 def test_auto_on_an_unknown_csv_suggests_task_or_field(tmp_path: Path) -> None:
     path = tmp_path / "mine.csv"
     path.write_text("text,label\nhello,1\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"mine\.csv.*fields: label, text\); pass --task with one of: gsm8k, "
-                                          r"math500, gpqa, hotpotqa, alpaca_eval, generic, or --field prompt=COLUMN"):
+    with pytest.raises(
+        ConfigError,
+        match=r"mine\.csv.*fields: label, text\); pass --task with one of: gsm8k, "
+        r"math500, gpqa, hotpotqa, alpaca_eval, generic, or --field prompt=COLUMN",
+    ):
         detect_task(path)

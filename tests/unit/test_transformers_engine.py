@@ -11,9 +11,13 @@ from srd_worker.engines.transformers_engine import TransformersEngine
 def test_max_batch_size_chunks_keep_order_and_results(tiny_engine):
     small = TransformersEngine(tiny_engine.model, tiny_engine.tokenizer, max_batch_size=2)
     texts = ["hello there", "what is 2+2? think", "x", "ducks and eggs", "y"]
-    reqs = [GenerationRequest(tuple(tiny_engine.tokenizer.chat_prompt_ids([{"role": "user", "content": t}])),
-                              SamplingParams(temperature=1.0, max_new_tokens=6, seed=i, logprobs=True))
-            for i, t in enumerate(texts)]
+    reqs = [
+        GenerationRequest(
+            tuple(tiny_engine.tokenizer.chat_prompt_ids([{"role": "user", "content": t}])),
+            SamplingParams(temperature=1.0, max_new_tokens=6, seed=i, logprobs=True),
+        )
+        for i, t in enumerate(texts)
+    ]
     a, b = tiny_engine.generate(reqs), small.generate(reqs)
     assert [g.token_ids for g in a] == [g.token_ids for g in b]
     pairs = [(r.prompt_ids, g.token_ids) for r, g in zip(reqs, a, strict=True)]

@@ -23,11 +23,21 @@ from srd_worker.spec import prepare_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
-GPQA_HEADER = ["Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3",
-               "Record ID"]
+GPQA_HEADER = [
+    "Question",
+    "Correct Answer",
+    "Incorrect Answer 1",
+    "Incorrect Answer 2",
+    "Incorrect Answer 3",
+    "Record ID",
+]
 GPQA_ROW = ["What is 1+1?", "2", "3", "4", "5"]
-HOTPOT = {"id": "h1", "question": "Who?", "answer": "Ada",
-          "context": [{"title": "Ada", "paragraph_text": "Ada wrote the first program."}]}
+HOTPOT = {
+    "id": "h1",
+    "question": "Who?",
+    "answer": "Ada",
+    "context": [{"title": "Ada", "paragraph_text": "Ada wrote the first program."}],
+}
 
 
 def _csv(*records: list[str]) -> bytes:
@@ -45,7 +55,9 @@ def _parquet(rows: list[dict[str, Any]], schema: Any = None) -> bytes:
     import pyarrow.parquet as pq
 
     sink = io.BytesIO()
-    table = pa.Table.from_pylist(rows, schema=schema) if rows else pa.table({"prompt": pa.array([], pa.string())})
+    table = (
+        pa.Table.from_pylist(rows, schema=schema) if rows else pa.table({"prompt": pa.array([], pa.string())})
+    )
     pq.write_table(table, sink)
     return sink.getvalue()
 
@@ -69,79 +81,154 @@ CASES: dict[str, Case] = {
     # --- JSON Lines
     "jsonl_missing_file": Case(".jsonl", lambda: None, "{path}: file not found"),
     "jsonl_empty": Case(".jsonl", lambda: b"", "{path}: file is empty (no rows)"),
-    "jsonl_non_utf8": Case(".jsonl", lambda: _jsonl(HOTPOT) + b'{"question": "caf\xe9"}\n',
-                           "{path}, line 2: not valid UTF-8 (byte 0xe9 at column 18)", task="hotpotqa"),
-    "jsonl_malformed_json": Case(".jsonl", lambda: _jsonl(HOTPOT, {**HOTPOT, "id": "h2"}) + b'{"id": "h3",\n',
-                                 "{path}, line 3: malformed JSON: Expecting property name enclosed in double "
-                                 "quotes (column 13)", task="hotpotqa"),
-    "jsonl_hotpot_missing_context": Case(".jsonl", lambda: _jsonl(HOTPOT, {k: v for k, v in HOTPOT.items()
-                                                                           if k != "context"} | {"id": "h2"}),
-                                         "{path}, line 2, field 'context': missing required field", task="hotpotqa"),
-    "jsonl_hotpot_duplicate_id": Case(".jsonl", lambda: _jsonl(HOTPOT, HOTPOT),
-                                      "{path}, line 2: duplicate id 'h1' (first used on line 1)"),
-    "jsonl_alpaca_empty_instruction": Case(".jsonl", lambda: _jsonl({"instruction": "Hi"}, {"instruction": " "}),
-                                           "{path}, line 2, field 'instruction': is empty"),
-    "jsonl_over_size_limit": Case(".jsonl", lambda: _jsonl({"instruction": "short"}, {"instruction": "x" * 200}),
-                                  "{path}, line 2: row is 219 bytes, more than the limit of 100 bytes",
-                                  max_row_bytes=100),
-    "jsonl_generic_answer_not_text": Case(".jsonl", lambda: _jsonl({"q": "1+1?", "a": [2]}),
-                                          "{path}, line 1, field 'a': must be a string, got JSON array",
-                                          fields={"prompt": "q", "answer": "a"}),
+    "jsonl_non_utf8": Case(
+        ".jsonl",
+        lambda: _jsonl(HOTPOT) + b'{"question": "caf\xe9"}\n',
+        "{path}, line 2: not valid UTF-8 (byte 0xe9 at column 18)",
+        task="hotpotqa",
+    ),
+    "jsonl_malformed_json": Case(
+        ".jsonl",
+        lambda: _jsonl(HOTPOT, {**HOTPOT, "id": "h2"}) + b'{"id": "h3",\n',
+        "{path}, line 3: malformed JSON: Expecting property name enclosed in double quotes (column 13)",
+        task="hotpotqa",
+    ),
+    "jsonl_hotpot_missing_context": Case(
+        ".jsonl",
+        lambda: _jsonl(HOTPOT, {k: v for k, v in HOTPOT.items() if k != "context"} | {"id": "h2"}),
+        "{path}, line 2, field 'context': missing required field",
+        task="hotpotqa",
+    ),
+    "jsonl_hotpot_duplicate_id": Case(
+        ".jsonl", lambda: _jsonl(HOTPOT, HOTPOT), "{path}, line 2: duplicate id 'h1' (first used on line 1)"
+    ),
+    "jsonl_alpaca_empty_instruction": Case(
+        ".jsonl",
+        lambda: _jsonl({"instruction": "Hi"}, {"instruction": " "}),
+        "{path}, line 2, field 'instruction': is empty",
+    ),
+    "jsonl_over_size_limit": Case(
+        ".jsonl",
+        lambda: _jsonl({"instruction": "short"}, {"instruction": "x" * 200}),
+        "{path}, line 2: row is 219 bytes, more than the limit of 100 bytes",
+        max_row_bytes=100,
+    ),
+    "jsonl_generic_answer_not_text": Case(
+        ".jsonl",
+        lambda: _jsonl({"q": "1+1?", "a": [2]}),
+        "{path}, line 1, field 'a': must be a string, got JSON array",
+        fields={"prompt": "q", "answer": "a"},
+    ),
     # --- CSV
     "csv_empty": Case(".csv", lambda: b"", "{path}: file is empty (no rows)", task="gpqa"),
-    "csv_header_only": Case(".csv", lambda: _csv(GPQA_HEADER),
-                            "{path}: file is empty (a header line but no data rows)"),
-    "csv_non_utf8": Case(".csv", lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"]) + b"Caf\xc3,2,3,4,5,r2\n",
-                         "{path}, line 3: not valid UTF-8 (byte 0xc3 at column 4)", task="gpqa"),
-    "csv_unclosed_quote": Case(".csv", lambda: _csv(GPQA_HEADER) + b'"What is\n1+1?,2,3,4,5,r1\n',
-                               "{path}, line 2: malformed CSV: unexpected end of data (in the record starting "
-                               "on this line)", task="gpqa"),
-    "csv_stray_quote": Case(".csv", lambda: _csv(GPQA_HEADER) + b'"What" is 1+1?,2,3,4,5,r1\n',
-                            "{path}, line 2: malformed CSV: ',' expected after '\"' (in the record starting on "
-                            "this line)", task="gpqa"),
-    "csv_too_many_values": Case(".csv", lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"], [*GPQA_ROW, "r2", "extra"]),
-                                "{path}, line 3: malformed CSV: the row has 7 values, the header has 6 columns"),
-    "csv_duplicate_column": Case(".csv", lambda: _csv(["prompt", "answer", "prompt"], ["a", "b", "c"]),
-                                 "{path}, line 1: malformed CSV header: column name 'prompt' is used twice "
-                                 "(columns 1 and 3)", task="generic"),
-    "csv_blank_column_name": Case(".csv", lambda: _csv(["prompt", " "], ["a", "b"]),
-                                  "{path}, line 1: malformed CSV header: column 2 has no name", task="generic"),
-    "csv_gpqa_missing_column": Case(".csv", lambda: _csv(GPQA_HEADER[:4] + ["Record ID"], [*GPQA_ROW[:4], "r1"]),
-                                    "{path}, line 2, field 'Incorrect Answer 3': missing required field",
-                                    task="gpqa"),
-    "csv_gpqa_empty_answer": Case(".csv", lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"], ["Q2", "", "3", "4", "5", "r2"]),
-                                  "{path}, line 3, field 'Correct Answer': is empty"),
-    "csv_gpqa_duplicate_id": Case(".csv", lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"], [*GPQA_ROW, "r2"],
-                                                       [*GPQA_ROW, "r1"]),
-                                  "{path}, line 4: duplicate id 'r1' (first used on line 2)"),
-    "csv_over_size_limit": Case(".csv", lambda: _csv(["prompt"], ["ok"], ["y" * 300]),
-                                "{path}, line 3: row is 300 bytes, more than the limit of 200 bytes",
-                                fields={"prompt": "prompt"}, max_row_bytes=200),
+    "csv_header_only": Case(
+        ".csv", lambda: _csv(GPQA_HEADER), "{path}: file is empty (a header line but no data rows)"
+    ),
+    "csv_non_utf8": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"]) + b"Caf\xc3,2,3,4,5,r2\n",
+        "{path}, line 3: not valid UTF-8 (byte 0xc3 at column 4)",
+        task="gpqa",
+    ),
+    "csv_unclosed_quote": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER) + b'"What is\n1+1?,2,3,4,5,r1\n',
+        "{path}, line 2: malformed CSV: unexpected end of data (in the record starting on this line)",
+        task="gpqa",
+    ),
+    "csv_stray_quote": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER) + b'"What" is 1+1?,2,3,4,5,r1\n',
+        "{path}, line 2: malformed CSV: ',' expected after '\"' (in the record starting on this line)",
+        task="gpqa",
+    ),
+    "csv_too_many_values": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"], [*GPQA_ROW, "r2", "extra"]),
+        "{path}, line 3: malformed CSV: the row has 7 values, the header has 6 columns",
+    ),
+    "csv_duplicate_column": Case(
+        ".csv",
+        lambda: _csv(["prompt", "answer", "prompt"], ["a", "b", "c"]),
+        "{path}, line 1: malformed CSV header: column name 'prompt' is used twice (columns 1 and 3)",
+        task="generic",
+    ),
+    "csv_blank_column_name": Case(
+        ".csv",
+        lambda: _csv(["prompt", " "], ["a", "b"]),
+        "{path}, line 1: malformed CSV header: column 2 has no name",
+        task="generic",
+    ),
+    "csv_gpqa_missing_column": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER[:4] + ["Record ID"], [*GPQA_ROW[:4], "r1"]),
+        "{path}, line 2, field 'Incorrect Answer 3': missing required field",
+        task="gpqa",
+    ),
+    "csv_gpqa_empty_answer": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"], ["Q2", "", "3", "4", "5", "r2"]),
+        "{path}, line 3, field 'Correct Answer': is empty",
+    ),
+    "csv_gpqa_duplicate_id": Case(
+        ".csv",
+        lambda: _csv(GPQA_HEADER, [*GPQA_ROW, "r1"], [*GPQA_ROW, "r2"], [*GPQA_ROW, "r1"]),
+        "{path}, line 4: duplicate id 'r1' (first used on line 2)",
+    ),
+    "csv_over_size_limit": Case(
+        ".csv",
+        lambda: _csv(["prompt"], ["ok"], ["y" * 300]),
+        "{path}, line 3: row is 300 bytes, more than the limit of 200 bytes",
+        fields={"prompt": "prompt"},
+        max_row_bytes=200,
+    ),
     # --- Parquet
-    "parquet_not_parquet": Case(".parquet", lambda: b"prompt,answer\n1,2\n",
-                                "{path}: not a readable Parquet file: Parquet magic bytes not found...",
-                                fields={"prompt": "prompt"}),
-    "parquet_truncated": Case(".parquet", lambda: _parquet([{"prompt": "a"}] * 50)[:-20],
-                              "{path}: not a readable Parquet file: Parquet magic bytes not found...",
-                              fields={"prompt": "prompt"}),
-    "parquet_zero_rows": Case(".parquet", lambda: _parquet([]), "{path}: file is empty (no rows)",
-                              fields={"prompt": "prompt"}),
-    "parquet_missing_column": Case(".parquet", lambda: _parquet([{"text": "a"}, {"text": "b"}]),
-                                   "{path}, row 1, field 'question': missing required field",
-                                   fields={"prompt": "question"}),
-    "parquet_null_value": Case(".parquet", lambda: _parquet([{"prompt": "a"}, {"prompt": None}]),
-                               "{path}, row 2, field 'prompt': must be a string, got null", task="generic"),
-    "parquet_duplicate_id": Case(".parquet", lambda: _parquet([{"k": 1, "p": "a"}, {"k": 2, "p": "b"},
-                                                               {"k": 1, "p": "c"}]),
-                                 "{path}, row 3: duplicate id '1' (first used on row 1)",
-                                 fields={"prompt": "p", "id": "k"}),
-    "parquet_non_utf8_binary": Case(".parquet", lambda: _parquet([{"prompt": b"ok"}, {"prompt": b"caf\xe9"}],
-                                                                 _binary_schema()),
-                                    "{path}, row 2, field 'prompt': not valid UTF-8 (byte 0xe9 at offset 3)",
-                                    task="generic"),
-    "parquet_over_size_limit": Case(".parquet", lambda: _parquet([{"prompt": "a"}, {"prompt": "z" * 500}]),
-                                    "{path}, row 2: row is 514 bytes, more than the limit of 400 bytes",
-                                    task="generic", max_row_bytes=400),
+    "parquet_not_parquet": Case(
+        ".parquet",
+        lambda: b"prompt,answer\n1,2\n",
+        "{path}: not a readable Parquet file: Parquet magic bytes not found...",
+        fields={"prompt": "prompt"},
+    ),
+    "parquet_truncated": Case(
+        ".parquet",
+        lambda: _parquet([{"prompt": "a"}] * 50)[:-20],
+        "{path}: not a readable Parquet file: Parquet magic bytes not found...",
+        fields={"prompt": "prompt"},
+    ),
+    "parquet_zero_rows": Case(
+        ".parquet", lambda: _parquet([]), "{path}: file is empty (no rows)", fields={"prompt": "prompt"}
+    ),
+    "parquet_missing_column": Case(
+        ".parquet",
+        lambda: _parquet([{"text": "a"}, {"text": "b"}]),
+        "{path}, row 1, field 'question': missing required field",
+        fields={"prompt": "question"},
+    ),
+    "parquet_null_value": Case(
+        ".parquet",
+        lambda: _parquet([{"prompt": "a"}, {"prompt": None}]),
+        "{path}, row 2, field 'prompt': must be a string, got null",
+        task="generic",
+    ),
+    "parquet_duplicate_id": Case(
+        ".parquet",
+        lambda: _parquet([{"k": 1, "p": "a"}, {"k": 2, "p": "b"}, {"k": 1, "p": "c"}]),
+        "{path}, row 3: duplicate id '1' (first used on row 1)",
+        fields={"prompt": "p", "id": "k"},
+    ),
+    "parquet_non_utf8_binary": Case(
+        ".parquet",
+        lambda: _parquet([{"prompt": b"ok"}, {"prompt": b"caf\xe9"}], _binary_schema()),
+        "{path}, row 2, field 'prompt': not valid UTF-8 (byte 0xe9 at offset 3)",
+        task="generic",
+    ),
+    "parquet_over_size_limit": Case(
+        ".parquet",
+        lambda: _parquet([{"prompt": "a"}, {"prompt": "z" * 500}]),
+        "{path}, row 2: row is 514 bytes, more than the limit of 400 bytes",
+        task="generic",
+        max_row_bytes=400,
+    ),
 }
 
 
@@ -174,8 +261,16 @@ def test_malformed_file_gets_its_own_clear_message(tmp_path: Path, name: str) ->
     path = _materialise(tmp_path, name)
     before = sorted(tmp_path.rglob("*"))
     with pytest.raises(DatasetError) as info:
-        prepare_run(dataset=path, task=case.task, fields=case.fields or None, method="sampling", params={},
-                    model="tiny-random-llama", reward=None, max_row_bytes=case.max_row_bytes)
+        prepare_run(
+            dataset=path,
+            task=case.task,
+            fields=case.fields or None,
+            method="sampling",
+            params={},
+            model="tiny-random-llama",
+            reward=None,
+            max_row_bytes=case.max_row_bytes,
+        )
     message = str(info.value)
     _assert_message(message, case.message.format(path=path))
     assert "\n" not in message and path.name in message
@@ -183,8 +278,13 @@ def test_malformed_file_gets_its_own_clear_message(tmp_path: Path, name: str) ->
     assert sorted(tmp_path.rglob("*")) == before  # nothing written next to the dataset either
 
 
-CLI_CASES = ["jsonl_malformed_json", "csv_too_many_values", "csv_unclosed_quote", "parquet_not_parquet",
-             "jsonl_missing_file"]
+CLI_CASES = [
+    "jsonl_malformed_json",
+    "csv_too_many_values",
+    "csv_unclosed_quote",
+    "parquet_not_parquet",
+    "jsonl_missing_file",
+]
 
 
 @pytest.mark.parametrize("name", CLI_CASES)
@@ -192,14 +292,29 @@ def test_cli_run_refuses_bad_file_writes_nothing(tmp_path: Path, name: str) -> N
     case = CASES[name]
     path = _materialise(tmp_path, name)
     out = tmp_path / "OUT"
-    args = [sys.executable, "-m", "srdq_cli.main", "run", str(path), "--method", "sampling",
-            "--model", "tiny-random-llama", "--out", str(out)]
+    args = [
+        sys.executable,
+        "-m",
+        "srdq_cli.main",
+        "run",
+        str(path),
+        "--method",
+        "sampling",
+        "--model",
+        "tiny-random-llama",
+        "--out",
+        str(out),
+    ]
     if case.task != "auto":
         args += ["--task", case.task]
     for key, column in case.fields.items():
         args += ["--field", f"{key}={column}"]
-    env = {**os.environ, "SRDQ_DEVICE": "cpu", "COLUMNS": "400",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "SRDQ_DEVICE": "cpu",
+        "COLUMNS": "400",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
     proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
     assert proc.returncode != 0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
@@ -212,11 +327,31 @@ def test_cli_size_limit_comes_from_settings(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     path.write_bytes(_jsonl({"instruction": "short"}, {"instruction": "x" * 200}))
     out = tmp_path / "OUT"
-    env = {**os.environ, "SRDQ_MAX_ROW_BYTES": "100",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    proc = subprocess.run([sys.executable, "-m", "srdq_cli.main", "run", str(path), "--method", "sampling",
-                           "--model", "tiny-random-llama", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "SRDQ_MAX_ROW_BYTES": "100",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "srdq_cli.main",
+            "run",
+            str(path),
+            "--method",
+            "sampling",
+            "--model",
+            "tiny-random-llama",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"Error: {path}, line 2: row is 219 bytes, more than the limit of 100 bytes"
     assert not out.exists()

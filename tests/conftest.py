@@ -11,6 +11,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DATASETS = ROOT.parent / "shared" / "datasets"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tier markers: every test under tests/unit that is not end-to-end (``e2e``) or ``slow`` is ``unit``,
+    so ``pytest -m unit`` is the fast tier (under a minute on two cores)."""
+    unit_dir = ROOT / "tests" / "unit"
+    for item in items:
+        if item.path.is_relative_to(unit_dir) and not any(
+            item.get_closest_marker(m) for m in ("e2e", "slow", "integration")
+        ):
+            item.add_marker(pytest.mark.unit)
+
+
 @pytest.fixture(scope="session")
 def datasets_dir() -> Path:
     if not (DATASETS / "gsm8k_test.jsonl").exists():

@@ -296,7 +296,13 @@ def submit_dataset(
 @click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
 @click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
-@click.option("--loglevel", default="INFO", show_default=True)
+@click.option(
+    "--loglevel",
+    default="INFO",
+    show_default=True,
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
+    help="Celery worker log level.",
+)
 @friendly_errors
 def worker(queue: str | None, concurrency: int, gpus: str | None, loglevel: str) -> None:
     """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""

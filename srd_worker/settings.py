@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     dtype: str = Field(
         "bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32."
     )
+    batch_invariant: bool = Field(
+        False,
+        description="Transformers engine: run requests of equal prompt length as their own batch, so a "
+        "seeded request gets the same tokens whatever else is in the batch (false: one padded batch, "
+        "fewer forward passes, batch-dependent results).",
+    )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."
     )

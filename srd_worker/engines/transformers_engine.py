@@ -7,6 +7,15 @@ What it does:
   ``torch.Generator`` seeded with its seed, and a token is drawn by inverse-CDF sampling with one uniform
   number from that generator, so a request's draws never depend on which other requests share the batch;
 - rows that finish are dropped from the batch and the cache, so long and short requests mix cheaply;
+- batch invariance (``batch_invariant=True``, the default): requests are grouped by prompt length and
+  each group runs as its own batch, so no row is ever padded. Left padding to the longest row changes
+  the length of the attention reductions, and so the float rounding of every logit: a seeded request
+  would get different tokens depending on which other requests share its batch (a near-tie flips). With
+  grouping, a request's tokens depend only on its own prompt and seed (the rows of a group have equal
+  shapes; the batch-size dimension does not change a row's result on the CPU kernels, checked by
+  tests/unit/test_transformers_engine.py; GPU kernels may choose other algorithms by batch size, so
+  there this is a best effort). ``batch_invariant=False`` packs every request into one padded batch:
+  fewer forward passes, results that depend on the batch. Teacher-forced scoring groups the same way.
 - per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
   ``raw_logprobs`` convention) and teacher-forced scoring of continuations.
 
@@ -81,7 +90,15 @@ class TransformersEngine:
     name = "transformers"
     capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS})
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, model_name: str = "") -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 64,
+        model_name: str = "",
+        batch_invariant: bool = False,
+    ) -> None:
         import torch
 
         self._torch = torch
@@ -89,6 +106,7 @@ class TransformersEngine:
         self.tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else HFTokenizer(tokenizer)
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
+        self.batch_invariant = batch_invariant
         self.model_name = model_name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stats = EngineStats()
@@ -110,16 +128,37 @@ class TransformersEngine:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         model, tokenizer = load_model(name, cache_dir=settings.cache_dir, dtype=settings.dtype, device=device)
-        return cls(model, tokenizer, max_batch_size=max_batch_size, model_name=name)
+        return cls(
+            model,
+            tokenizer,
+            max_batch_size=max_batch_size,
+            model_name=name,
+            batch_invariant=settings.batch_invariant,
+        )
+
+    def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Indices of the engine batches, in a fixed order: chunks of ``max_batch_size`` of the requests
+        in input order, or (batch-invariant) of each group of equal length, shortest group first."""
+        order = list(range(len(lengths)))
+        if not self.batch_invariant:
+            groups = [order]
+        else:
+            by_length: dict[int, list[int]] = {}
+            for i in order:
+                by_length.setdefault(lengths[i], []).append(i)
+            groups = [by_length[k] for k in sorted(by_length)]
+        return [g[s : s + self.max_batch_size] for g in groups for s in range(0, len(g), self.max_batch_size)]
 
     # ------------------------------------------------------------------ generation
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        out: list[Generation] = []
+        slots: list[Generation | None] = [None] * len(requests)
         t0 = time.perf_counter()
-        for start in range(0, len(requests), self.max_batch_size):
-            out.extend(self._generate_batch(list(requests[start : start + self.max_batch_size])))
+        for batch in self._batches([len(r.prompt_ids) for r in requests]):
+            for i, gen in zip(batch, self._generate_batch([requests[i] for i in batch]), strict=True):
+                slots[i] = gen
         self.stats.generate_calls += 1
         self.stats.generate_seconds += time.perf_counter() - t0
+        out = [g for g in slots if g is not None]
         if len(out) != len(requests):
             raise EngineError(f"engine returned {len(out)} generations for {len(requests)} requests")
         return out
@@ -263,10 +302,11 @@ class TransformersEngine:
 
     # ------------------------------------------------------------------ scoring
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-        out: list[list[float]] = []
-        for start in range(0, len(pairs), self.max_batch_size):
-            out.extend(self._logprobs_batch(list(pairs[start : start + self.max_batch_size])))
-        return out
+        slots: list[list[float] | None] = [None] * len(pairs)
+        for batch in self._batches([len(p) + len(c) for p, c in pairs]):
+            for i, lp in zip(batch, self._logprobs_batch([pairs[i] for i in batch]), strict=True):
+                slots[i] = lp
+        return [lp for lp in slots if lp is not None]
 
     def _logprobs_batch(self, pairs: list[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         torch = self._torch

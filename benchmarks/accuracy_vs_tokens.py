@@ -162,7 +162,7 @@ def main() -> None:
         f"{args.items} GSM8K test problems (the first {args.items} rows), 1 seed ({args.seed}), "
         f"SmolLM2-135M-Instruct bf16 on CPU, arithmetic reward, max_new_tokens={args.max_new_tokens}, "
         f"Δ = chunk_tokens = {args.chunk_tokens}, drafter T=0.8 / top-p 0.9 / top-k 50; SRD defaults "
-        f"θ_high 0.5, θ_low 0.3, m 10, L_max 30, N_refine 2, editor T 1.0, reroute_global, eager scoring."
+        f"θ_high 0.5, θ_low 0.3, m 10, L_max 30, N_refine 2, editor T 1.0, reroute_global, lazy checkpoint scoring (the default)."
     )
     table = [
         setting,

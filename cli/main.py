@@ -33,14 +33,15 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     from srd_worker.engines.registry import ENGINES
 
     options = [
-        click.argument("dataset", type=click.Path(dir_okay=True, path_type=str)),
+        # a built-in dataset name (`srdq datasets`) or a file; an existing file wins (srd_worker.datasets)
+        click.argument("dataset", metavar="NAME|PATH", type=str),
         click.option(
             "--task",
             default="auto",
             show_default=True,
             envvar="SRDQ_TASK",
             help="Dataset adapter (gsm8k, math500, gpqa, hotpotqa, alpaca_eval, generic); auto recognises "
-            "the shared datasets by their fields.",
+            "the built-in datasets by their fields.",
         ),
         click.option(
             "--field",
@@ -147,9 +148,11 @@ def run(
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
 ) -> None:
-    """Run METHOD over DATASET on this machine, with no services (the embedded default).
+    """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
-    Example: srdq run gsm8k_test.jsonl --method best_of_n --n 4 --reward arithmetic --limit 10
+    NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file.
+
+    Example: srdq run gsm8k --method best_of_n --n 4 --reward arithmetic --limit 10
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -249,9 +252,10 @@ def submit_dataset(
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
 ) -> None:
-    """Validate DATASET, store the run, its shards and items in PostgreSQL, enqueue the shards.
+    """Validate a dataset (a built-in NAME, see `srdq datasets`, or a file PATH), store the run, its shards
+    and items in PostgreSQL, enqueue the shards.
 
-    Example: srdq submit dataset math500.jsonl --method best_of_n --n 8 --reward lm_judge --shard-size 25
+    Example: srdq submit dataset math500 --method best_of_n --n 8 --reward lm_judge --shard-size 25
     """
     from srd_worker.local import versions
     from srd_worker.spec import prepare_run
@@ -537,11 +541,13 @@ def methods(as_json: bool) -> None:
 
 # Subcommand groups defined in their own modules register themselves on `cli` (they import `cli`'s
 # shared helpers, so they are imported after it is defined).
+from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
 
 _register_results(cli)  # export, report, sync
 _register_tasks(cli)  # regrade
+_register_datasets(cli)  # datasets
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

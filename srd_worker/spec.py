@@ -24,7 +24,10 @@ from srd_worker.tasks.base import Item, Task
 class RunSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    dataset: str = Field(description="dataset path as given by the user (not part of the run id)")
+    dataset: str = Field(
+        description="dataset as given by the user: a file path or a built-in name such as gsm8k "
+        "(not part of the run id: the same bytes give the same run)"
+    )
     dataset_sha256: str = Field(description="sha256 of the dataset file's bytes")
     task: str = Field(description="task adapter name (gsm8k, math500, ...)")
     fields: dict[str, str] = Field(
@@ -90,7 +93,11 @@ def prepare_run(
     engine: str = "transformers",
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
-    is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded."""
+    is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
+
+    ``dataset`` is a file path or a built-in dataset name (``srd_worker.datasets``; an existing file wins).
+    The spec records it as given, with the file's sha256."""
+    from srd_worker.datasets import builtin_dataset, resolve_dataset
     from srd_worker.engines.registry import engine_capabilities
     from srd_worker.methods.registry import check_compatible
     from srd_worker.rewards.registry import check_reward_name
@@ -107,19 +114,32 @@ def prepare_run(
     )
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
+    path = resolve_dataset(dataset)
+    builtin = builtin_dataset(dataset)
+    if builtin is not None and builtin.task is None:
+        raise ConfigError(
+            f"built-in dataset {builtin.name!r} cannot be run ({builtin.description}); "
+            "srd_worker.tasks.prm800k.load_prm800k reads it, and math500 holds the MATH problems"
+        )
     task_obj, items = load_items(
-        dataset, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES
+        path, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES
     )
     if limit is not None:
         items = items[:limit]
     if not items:
         raise DatasetError("no rows to run", path=str(dataset))
+    sha256 = file_sha256(path)
+    if builtin is not None and sha256 != builtin.sha256:
+        raise DatasetError(
+            f"built-in dataset {builtin.name!r} does not match its recorded sha256 (reinstall srdq)",
+            path=str(path),
+        )
     size = shard_size or len(items)
     if size < 1:
         raise ConfigError(f"--shard-size must be >= 1, got {shard_size}")
     spec = RunSpec(
         dataset=str(dataset),
-        dataset_sha256=file_sha256(dataset),
+        dataset_sha256=sha256,
         task=task_obj.name,
         fields=dict(fields or {}),
         method=method,

@@ -1,5 +1,5 @@
 """Shared fixtures: a tiny randomly initialised Llama engine (fast, real transformers model) and the
-path to the shared reference datasets."""
+folder of the built-in reference datasets (shipped in the package, so they are always there)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATASETS = ROOT.parent / "shared" / "datasets"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,9 +23,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def datasets_dir() -> Path:
-    if not (DATASETS / "gsm8k_test.jsonl").exists():
-        pytest.skip(f"shared datasets not found at {DATASETS}")
-    return DATASETS
+    """``srd_worker/datasets/data``: gsm8k_test.jsonl, math500.jsonl, ... (see ``srd_worker.datasets``)."""
+    from srd_worker.datasets import DATA_DIR
+
+    return DATA_DIR
 
 
 @pytest.fixture(scope="session")

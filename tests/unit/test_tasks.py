@@ -1,4 +1,4 @@
-"""Tasks, answer extraction and grading, checked against real rows of the shared GSM8K and MATH-500 files."""
+"""Tasks, answer extraction and grading, checked against real rows of the built-in GSM8K and MATH-500 files."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from srd_worker.datasets import resolve_dataset
 from srd_worker.errors import ConfigError, DatasetError
 from srd_worker.tasks.base import Item, Task
 from srd_worker.tasks.grading import (
@@ -24,26 +25,19 @@ from srd_worker.tasks.math500 import Math500Task
 from srd_worker.tasks.prompts import BOXED_INSTRUCTION, SYSTEM_PROMPT
 from srd_worker.tasks.registry import TASKS, detect_task, get_task, load_items
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-GSM8K_PATH = DATASETS / "gsm8k_test.jsonl"
-MATH500_PATH = DATASETS / "math500.jsonl"
+GSM8K_PATH = resolve_dataset("gsm8k")
+MATH500_PATH = resolve_dataset("math500")
 N_REAL_ROWS = 50
-
-
-def _require(path: Path) -> Path:
-    if not path.is_file():
-        pytest.skip(f"shared dataset {path} is not present (expected next to the repository, in ../shared)")
-    return path
 
 
 @pytest.fixture(scope="module")
 def gsm8k_items() -> list[Item]:
-    return GSM8KTask().load(_require(GSM8K_PATH))
+    return GSM8KTask().load(GSM8K_PATH)
 
 
 @pytest.fixture(scope="module")
 def math500_items() -> list[Item]:
-    return Math500Task().load(_require(MATH500_PATH))
+    return Math500Task().load(MATH500_PATH)
 
 
 # --- loading the real files --------------------------------------------------------------------------------
@@ -91,7 +85,7 @@ def test_math500_real_rows_grade(math500_items: list[Item], index: int) -> None:
 
 
 def test_gsm8k_real_rows_with_thousands_commas(gsm8k_items: list[Item]) -> None:
-    rows = [json.loads(line) for line in _require(GSM8K_PATH).read_text(encoding="utf-8").splitlines()]
+    rows = [json.loads(line) for line in GSM8K_PATH.read_text(encoding="utf-8").splitlines()]
     with_commas = [(i, r) for i, r in enumerate(rows) if "," in r["answer"].rsplit("####", 1)[1]]
     assert len(with_commas) >= 10
     task = GSM8KTask()
@@ -225,8 +219,8 @@ def test_get_task_unknown_lists_choices() -> None:
 
 
 def test_detect_task_real_files() -> None:
-    assert detect_task(_require(GSM8K_PATH)) == "gsm8k"
-    assert detect_task(_require(MATH500_PATH)) == "math500"
+    assert detect_task(GSM8K_PATH) == "gsm8k"
+    assert detect_task(MATH500_PATH) == "math500"
     task, items = load_items(MATH500_PATH)
     assert task.name == "math500" and len(items) == 500
 

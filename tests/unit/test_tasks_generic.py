@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from srd_worker.datasets import resolve_dataset
 from srd_worker.errors import ConfigError, DatasetError
 from srd_worker.runner import build_record
 from srd_worker.spec import prepare_run
@@ -20,8 +21,7 @@ from srd_worker.tasks.generic import GenericTask, gold_answer, parse_field_optio
 from srd_worker.tasks.grading import GRADER_VERSION
 from srd_worker.tasks.registry import TASKS, detect_task, get_task, load_items
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-ALPACA_PATH = DATASETS / "alpaca_eval.jsonl"
+ALPACA_PATH = resolve_dataset("alpaca_eval")
 
 ROWS = [
     {"qid": "q1", "text": "What is 2+3?", "solution": "5", "extra": 1},
@@ -62,9 +62,7 @@ class _OneResponse:
 # --- AlpacaEval --------------------------------------------------------------------------------------------
 
 
-def test_alpaca_eval_loads_the_shared_file() -> None:
-    if not ALPACA_PATH.is_file():
-        pytest.skip(f"{ALPACA_PATH} is not present")
+def test_alpaca_eval_loads_the_builtin_file() -> None:
     assert detect_task(ALPACA_PATH) == "alpaca_eval"
     task, items = load_items(ALPACA_PATH)
     assert task.name == "alpaca_eval" and len(items) == 805

@@ -1,4 +1,4 @@
-"""HotpotQA: the shared dev subset loads, the prompt carries the passages, and EM / F1 follow the official
+"""HotpotQA: the built-in dev subset loads, the prompt carries the passages, and EM / F1 follow the official
 ``hotpot_evaluate_v1.py`` (normalisation and the yes/no/noanswer rule), checked against hand-computed
 values on real rows."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from srd_worker.datasets import resolve_dataset
 from srd_worker.errors import DatasetError
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.hotpotqa import (
@@ -21,18 +22,15 @@ from srd_worker.tasks.hotpotqa import (
 from srd_worker.tasks.prompts import HOTPOTQA_INSTRUCTION, HOTPOTQA_SYSTEM_PROMPT
 from srd_worker.tasks.registry import detect_task
 
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
-HOTPOT_PATH = DATASETS / "hotpotqa_dev_500.jsonl"
+HOTPOT_PATH = resolve_dataset("hotpotqa")
 
 
 @pytest.fixture(scope="module")
 def items() -> dict[str, Item]:
-    if not HOTPOT_PATH.is_file():
-        pytest.skip(f"shared dataset {HOTPOT_PATH} is not present")
     return {item.id: item for item in HotpotQATask().load(HOTPOT_PATH)}
 
 
-def test_loads_the_shared_subset(items: dict[str, Item]) -> None:
+def test_loads_the_builtin_subset(items: dict[str, Item]) -> None:
     assert len(items) == 500
     first = items["5a8b57f25542995d1e6f1371"]
     assert first.gold == "yes"

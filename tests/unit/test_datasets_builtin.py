@@ -1,4 +1,4 @@
-"""Every file in ../shared/datasets: ``--task auto`` picks the right adapter (or says clearly why the file is
+"""Every built-in dataset file (srd_worker/datasets/data): ``--task auto`` picks the right adapter (or says clearly why the file is
 not a task), every row loads, gold answers grade correct against themselves and known wrong answers grade
 wrong. Row-level details per benchmark live in test_tasks.py (GSM8K, MATH-500), test_tasks_hotpotqa.py and
 test_tasks_generic.py (AlpacaEval)."""
@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from srd_worker.datasets import DATA_DIR, DATASETS
 from srd_worker.errors import ConfigError, DatasetError
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.tasks.prm800k import is_prm800k_row, load_prm800k, rated_steps
 from srd_worker.tasks.registry import detect_task, load_items
-
-DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 
 # file -> (task auto picks, rows); None: not a task (PRM800K step labels, see srd_worker/tasks/prm800k.py)
 EXPECTED: dict[str, tuple[str | None, int]] = {
@@ -27,9 +26,7 @@ EXPECTED: dict[str, tuple[str | None, int]] = {
 
 
 def _files() -> list[str]:
-    if not DATASETS.is_dir():
-        return []
-    return sorted(p.name for p in DATASETS.iterdir() if p.suffix in (".jsonl", ".csv", ".parquet"))
+    return sorted(p.name for p in DATA_DIR.iterdir() if p.suffix in (".jsonl", ".csv", ".parquet"))
 
 
 def _wrong(task_name: str, gold: str) -> str:
@@ -40,18 +37,17 @@ def _wrong(task_name: str, gold: str) -> str:
     return "no" if gold.strip().lower() == "yes" else "yes"  # hotpotqa
 
 
-def test_every_shared_file_is_covered() -> None:
-    files = _files()
-    if not files:
-        pytest.skip(f"shared datasets not found at {DATASETS}")
-    assert set(files) == set(EXPECTED), "a new shared dataset: add it to EXPECTED (and a task if it is one)"
+def test_every_builtin_file_is_covered() -> None:
+    assert set(_files()) == set(EXPECTED), (
+        "a new built-in dataset: add it to EXPECTED (and a task if it is one)"
+    )
+    # the registry agrees with what auto-detection picks and with the row counts
+    assert {d.filename: (d.task, d.records) for d in DATASETS.values()} == EXPECTED
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_shared_file_loads_and_grades(name: str) -> None:
-    path = DATASETS / name
-    if not path.is_file():
-        pytest.skip(f"{path} is not present")
+def test_builtin_file_loads_and_grades(name: str) -> None:
+    path = DATA_DIR / name
     expected_task, n_rows = EXPECTED[name]
     if expected_task is None:
         with pytest.raises(ConfigError) as info:
@@ -86,9 +82,7 @@ def test_shared_file_loads_and_grades(name: str) -> None:
 
 
 def test_prm800k_sample_is_usable_for_reward_model_checks() -> None:
-    path = DATASETS / "prm800k_phase_labels_sample.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} is not present")
+    path = DATASETS["prm800k_sample"].path
     records = load_prm800k(path)
     assert [r.finish_reason for r in records] == [
         "solution",
@@ -113,10 +107,9 @@ def test_prm800k_sample_is_usable_for_reward_model_checks() -> None:
 
 
 def test_prm800k_explicit_task_and_bad_rows(tmp_path: Path) -> None:
-    path = DATASETS / "prm800k_phase_labels_sample.jsonl"
-    if path.is_file():
-        with pytest.raises(DatasetError, match=r"line 1, field 'problem': missing required field"):
-            load_items(path, "math500")  # the problem is nested under "question"
+    path = DATASETS["prm800k_sample"].path
+    with pytest.raises(DatasetError, match=r"line 1, field 'problem': missing required field"):
+        load_items(path, "math500")  # the problem is nested under "question"
     bad = tmp_path / "prm.jsonl"
     bad.write_text(
         '{"question": {"problem": "p"}, "label": {"steps": [{"completions": [{"text": "a", '
@@ -137,9 +130,7 @@ def test_cli_auto_on_prm800k_gives_one_clear_line(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    path = DATASETS / "prm800k_phase_labels_sample.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} is not present")
+    path = DATASETS["prm800k_sample"].path
     root = Path(__file__).resolve().parents[2]
     env = {
         **os.environ,

@@ -34,7 +34,7 @@ def configs(max_new: int, chunk: int) -> list[tuple[str, str, dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default=str(ROOT.parent / "shared" / "datasets" / "gsm8k_test.jsonl"))
+    ap.add_argument("--dataset", default="gsm8k", help="a built-in dataset name (srdq datasets) or a file")
     ap.add_argument("--items", type=int, default=12)
     ap.add_argument("--max-new-tokens", type=int, default=192)
     ap.add_argument("--chunk-tokens", type=int, default=64, help="drafting / decision interval Δ")

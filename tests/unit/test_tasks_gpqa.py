@@ -1,5 +1,5 @@
 """GPQA Diamond: loading the authors' CSV columns, the per-item choice order (same in every process),
-letter extraction and grading. The CSV is written by the tests (GPQA is not redistributed in shared/)."""
+letter extraction and grading. The CSV is written by the tests (GPQA is not among the built-in datasets)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,10 @@
 
 A method (DESIGN.md, Contracts: Method) is
 - a frozen ``Params`` dataclass whose fields carry their documentation (``help``) and defaults,
-- a JSON-serialisable per-item ``state`` dict (so the runner can checkpoint after every round),
+- a JSON-serialisable per-item ``state`` dict (so the runner can checkpoint after every round): an
+  ``ItemState`` (the fields below) that each method extends with its own ``TypedDict`` (``pool.py``,
+  ``srd_loop.py``, ``speculative_rejection.py``); the dict types are only annotations, the checkpoint is
+  the plain JSON of the dict, keys in the order the constructors write them,
 - ``step(states, ctx)``: one round over many items at once, so the engine sees one large batch,
 - ``done(state)`` and ``result(state)``.
 
@@ -20,7 +23,7 @@ import time
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 from srd_worker.engines.base import CAP_SAMPLING, Engine, Generation, GenerationRequest, SamplingParams
 from srd_worker.errors import ConfigError
@@ -112,7 +115,41 @@ def derive_seed(run_seed: int, item_id: str, candidate: int, round_: int, kind: 
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") & ((1 << 63) - 1)
 
 
-def new_ledger() -> dict[str, Any]:
+class ComponentLedger(TypedDict):
+    """Invocations and tokens of one component (drafter, scorer, editor, router)."""
+
+    calls: int  # batches the item took part in (one per engine/reward batch, one per routing pass)
+    in_tokens: int
+    out_tokens: int
+
+
+class Ledger(TypedDict):
+    """The per-item compute ledger (ALGORITHMS.md §0.3)."""
+
+    gen_tokens: int
+    prefill_tokens: int
+    lm_calls: int
+    rm_calls: int
+    rm_tokens: int
+    components: dict[str, ComponentLedger]  # keyed by COMPONENTS
+
+
+class ItemState(TypedDict):
+    """Fields every method state has (``new_state``); methods extend it."""
+
+    item_id: str
+    question: str
+    prompt_ids: list[int]
+    round: int
+    done: bool
+    ledger: Ledger
+    timing: dict[str, float]  # wall seconds per component (not deterministic: kept out of the ledger)
+
+
+StateT = TypeVar("StateT", bound=ItemState)
+
+
+def new_ledger() -> Ledger:
     """Per-item compute counts (deterministic; wall time is kept apart in ``state['timing']``)."""
     return {
         "gen_tokens": 0,
@@ -128,7 +165,7 @@ def new_timing() -> dict[str, float]:
     return {c: 0.0 for c in COMPONENTS}
 
 
-def new_state(item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+def new_state(item_id: str, question: str, prompt_ids: Sequence[int]) -> ItemState:
     """Fields every method state has."""
     return {
         "item_id": item_id,
@@ -145,7 +182,7 @@ def new_state(item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[st
 class GenCall:
     """One generation request of a round, with the item state it is charged to."""
 
-    state: dict[str, Any]
+    state: ItemState
     prompt_ids: Sequence[int]
     params: SamplingParams
     component: str = "drafter"
@@ -153,7 +190,7 @@ class GenCall:
 
 @dataclasses.dataclass
 class ScoreCall:
-    state: dict[str, Any]
+    state: ItemState
     response: str
     n_tokens: int
     component: str = "scorer"
@@ -176,7 +213,7 @@ class StepContext:
         self.extract_answer = extract_answer or (lambda text: None)
         self._reward_takes_finished = reward is not None and accepts_finished(reward)
 
-    def seed(self, state: dict[str, Any], candidate: int, kind: str) -> int:
+    def seed(self, state: ItemState, candidate: int, kind: str) -> int:
         return derive_seed(self.run_seed, state["item_id"], candidate, state["round"], kind)
 
     def generate(self, calls: Sequence[GenCall]) -> list[Generation]:
@@ -189,7 +226,7 @@ class StepContext:
         if len(gens) != len(calls):
             raise RuntimeError(f"engine returned {len(gens)} generations for {len(calls)} requests")
         total_out = sum(len(g.token_ids) for g in gens) or 1
-        touched: dict[int, tuple[dict[str, Any], str]] = {}
+        touched: dict[int, tuple[ItemState, str]] = {}
         for c, g in zip(calls, gens, strict=True):
             led = c.state["ledger"]
             comp = led["components"][c.component]
@@ -219,7 +256,7 @@ class StepContext:
         elapsed = time.perf_counter() - t0
         if len(scores) != len(calls):
             raise RuntimeError(f"reward returned {len(scores)} scores for {len(calls)} responses")
-        touched: dict[int, tuple[dict[str, Any], str]] = {}
+        touched: dict[int, tuple[ItemState, str]] = {}
         for c in calls:
             led = c.state["ledger"]
             led["rm_calls"] += 1
@@ -235,8 +272,10 @@ class StepContext:
         return self.engine.tokenizer.decode(ids)
 
 
-class Method:
-    """Base class: subclasses set ``name``, ``Params``, ``needs_reward`` and implement the hooks."""
+class Method(Generic[StateT]):
+    """Base class: subclasses set ``name``, ``Params``, ``needs_reward`` and implement the hooks.
+
+    ``StateT`` is the method's state type (an ``ItemState`` extension)."""
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]]
@@ -247,14 +286,14 @@ class Method:
     def __init__(self, params: MethodParams) -> None:
         self.params = params
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> StateT:
         raise NotImplementedError
 
-    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+    def step(self, states: list[StateT], ctx: StepContext) -> list[StateT]:
         raise NotImplementedError
 
-    def done(self, state: dict[str, Any]) -> bool:
+    def done(self, state: StateT) -> bool:
         return bool(state["done"])
 
-    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+    def result(self, state: StateT) -> dict[str, Any]:
         raise NotImplementedError

@@ -12,8 +12,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from srd_worker.methods.base import Method, ScoreCall, StepContext, new_state
-from srd_worker.methods.drafting import PoolParams, draft_round, is_finished, new_candidate
+from srd_worker.methods.base import Method, StepContext, new_state
+from srd_worker.methods.pool import (
+    PoolParams,
+    PoolState,
+    draft_round,
+    is_finished,
+    new_candidate,
+    score_responses,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,35 +37,29 @@ def argmax_first(values: Sequence[float]) -> int:
     return best
 
 
-class BestOfN(Method):
+class BestOfN(Method[PoolState]):
     name = "best_of_n"
     Params = BestOfNParams
     summary = "draft n candidates, keep the one the reward model scores highest"
     needs_reward = True
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
-        state = new_state(item_id, question, prompt_ids)
-        state["candidates"] = [new_candidate() for _ in range(self.params.n)]
-        return state
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> PoolState:
+        return {
+            **new_state(item_id, question, prompt_ids),
+            "candidates": [new_candidate() for _ in range(self.params.n)],
+        }
 
-    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+    def step(self, states: list[PoolState], ctx: StepContext) -> list[PoolState]:
         draft_round(states, ctx, self.params)
         ready = [s for s in states if all(is_finished(c) for c in s["candidates"])]
-        calls = [
-            ScoreCall(s, c["text"], len(c["tokens"]), finished=c["finish"] in ("eos", "stop"))
-            for s in ready
-            for c in s["candidates"]
-        ]
-        scores = iter(ctx.score(calls))
+        score_responses(ctx, [(s, c) for s in ready for c in s["candidates"]])
         for s in ready:
-            for c in s["candidates"]:
-                c["reward"] = next(scores)
             s["done"] = True
         for s in states:
             s["round"] += 1
         return states
 
-    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+    def result(self, state: PoolState) -> dict[str, Any]:
         rewards = [c["reward"] for c in state["candidates"]]
         best = argmax_first(rewards)
         cand = state["candidates"][best]

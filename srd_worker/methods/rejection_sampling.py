@@ -1,9 +1,14 @@
 """Rejection sampling baselines (ALGORITHMS.md §3.2, §1.8) on SRD's incremental loop.
 
+Design: ``RejectionSamplingParams.srd_params()`` builds the SRD configuration of the ablation and the
+method runs its own ``srd_loop.SRDLoop`` with it, passing the routing rule as a strategy
+(``routing.RankRouter`` or ``routing.ThresholdRouter``); ``result`` drops SRD's refinement fields and
+adds the variant. Nothing is inherited from the ``srd`` method.
+
 ``variant=rank`` — SRD's own rejection-sampling ablation [PAPER SRD App. G, "spec_rej mode"]: the SRD
 incremental loop (Algorithm B, §1.7) with no editor (``n_refine=0``) and θ_low = θ_high = ``theta``
 (0.5): every round, the candidates whose rank-normalised score u ≥ θ survive and the rest are
-discarded. It runs ``srd.SRD`` itself, so with the same run seed it shares SRD's drafts (seed kind
+discarded. It runs SRD's loop itself, so with the same run seed it shares SRD's drafts (seed kind
 ``draft`` per candidate id and round) — the coupled Δ_n experiment of §1.10 — and SRD with
 ``n_refine=0, theta_low=theta_high`` gives exactly this method's results.
 
@@ -26,9 +31,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.errors import ConfigError
-from srd_worker.methods.base import Method, param
-from srd_worker.methods.drafting import PoolParams
-from srd_worker.methods.srd import DISCARD, KEEP, SRD, SRDParams, rank_order
+from srd_worker.methods.base import Method, StepContext, param
+from srd_worker.methods.pool import PoolParams
+from srd_worker.methods.routing import RankRouter, ThresholdRouter
+from srd_worker.methods.srd import SRDParams
+from srd_worker.methods.srd_loop import SRDLoop, SRDState
 
 VARIANTS = ("rank", "absolute")
 
@@ -76,29 +83,34 @@ class RejectionSamplingParams(PoolParams):
         )
 
 
-class RejectionSampling(SRD):
+class RejectionSampling(Method[SRDState]):
     name = "rejection_sampling"
     Params = RejectionSamplingParams
     summary = (
         "prune n partial drafts every round by reward rank (SRD without editor) or an absolute threshold"
     )
+    needs_reward = True
 
     def __init__(self, params: RejectionSamplingParams) -> None:
-        Method.__init__(self, params)
-        self.cfg = params.srd_params()
+        super().__init__(params)
+        #: the SRD configuration the loop runs with
+        self.cfg: SRDParams = params.srd_params()
         self.variant = params.variant
         self.threshold = params.threshold
+        if params.variant == "rank":
+            router = RankRouter(self.cfg.theta_high, self.cfg.theta_low)
+        else:
+            router = ThresholdRouter(params.threshold)
+        self.loop = SRDLoop(self.cfg, router)
 
-    def _route_pool(self, scores: Sequence[float]) -> list[str]:
-        if self.variant == "rank":
-            return super()._route_pool(scores)
-        tiers = [KEEP if s >= self.threshold else DISCARD for s in scores]  # NaN never passes
-        if KEEP not in tiers and tiers:
-            tiers[rank_order(scores)[0]] = KEEP  # min-1 guard: the best survives
-        return tiers
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> SRDState:
+        return self.loop.init_state(item_id, question, prompt_ids)
 
-    def result(self, state: dict[str, Any]) -> dict[str, Any]:
-        res = super().result(state)
+    def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
+        return self.loop.step(states, ctx)
+
+    def result(self, state: SRDState) -> dict[str, Any]:
+        res = self.loop.result(state)
         res["variant"] = self.variant
         res["threshold"] = self.threshold if self.variant == "absolute" else self.cfg.theta_high
         for key in (

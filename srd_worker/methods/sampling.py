@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.methods.base import Method, StepContext, new_state
-from srd_worker.methods.drafting import DraftParams, draft_round, is_finished, new_candidate
+from srd_worker.methods.pool import DraftParams, PoolState, draft_round, is_finished, new_candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,23 +18,21 @@ class SamplingParams(DraftParams):
     pass
 
 
-class Sampling(Method):
+class Sampling(Method[PoolState]):
     name = "sampling"
     Params = SamplingParams
     summary = "one sampled candidate per problem"
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
-        state = new_state(item_id, question, prompt_ids)
-        state["candidates"] = [new_candidate()]
-        return state
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> PoolState:
+        return {**new_state(item_id, question, prompt_ids), "candidates": [new_candidate()]}
 
-    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+    def step(self, states: list[PoolState], ctx: StepContext) -> list[PoolState]:
         draft_round(states, ctx, self.params)
         for state in states:
             state["round"] += 1
             state["done"] = all(is_finished(c) for c in state["candidates"])
         return states
 
-    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+    def result(self, state: PoolState) -> dict[str, Any]:
         cand = state["candidates"][0]
         return {"response": cand["text"], "reward": None, "finish_reason": cand["finish"], "chosen": 0}

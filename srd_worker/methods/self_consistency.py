@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.methods.base import Method, StepContext, new_state, param
-from srd_worker.methods.drafting import PoolParams, draft_round, is_finished, new_candidate
+from srd_worker.methods.pool import PoolParams, PoolState, draft_round, is_finished, new_candidate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,17 +37,22 @@ def majority(answers: Sequence[str | None]) -> int | None:
     return first[best]
 
 
-class SelfConsistency(Method):
+class VoteState(PoolState, total=False):
+    answers: list[str | None]  # extracted final answers, set once every candidate has finished
+
+
+class SelfConsistency(Method[VoteState]):
     name = "self_consistency"
     Params = SelfConsistencyParams
     summary = "draft n candidates, answer by majority vote over their final answers"
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
-        state = new_state(item_id, question, prompt_ids)
-        state["candidates"] = [new_candidate() for _ in range(self.params.n)]
-        return state
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> VoteState:
+        return {
+            **new_state(item_id, question, prompt_ids),
+            "candidates": [new_candidate() for _ in range(self.params.n)],
+        }
 
-    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+    def step(self, states: list[VoteState], ctx: StepContext) -> list[VoteState]:
         draft_round(states, ctx, self.params)
         for s in states:
             s["round"] += 1
@@ -56,7 +61,7 @@ class SelfConsistency(Method):
                 s["done"] = True
         return states
 
-    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+    def result(self, state: VoteState) -> dict[str, Any]:
         answers = state["answers"]
         chosen = majority(answers)
         chosen = 0 if chosen is None else chosen

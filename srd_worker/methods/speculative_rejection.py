@@ -15,8 +15,9 @@ Follows the reference code's semantics (§2.3, ``Zanette-Labs/SpeculativeRejecti
   of the pool later is never lost from the final pool, as in ``postprocess/gather_best_ans.py``); ties →
   earliest finished round, then lowest candidate id.
 
-Seeds come from ``ctx.seed(state, candidate_id, "draft")`` — the same draws as Best-of-N, SRD and
-rejection sampling for the same candidate and round.
+Drafting, scoring and the answer rule are ``pool.py``'s; the survivor count ``keep_count`` lives in
+``routing.py`` (re-exported here). Seeds come from ``ctx.seed(state, candidate_id, "draft")`` — the
+same draws as Best-of-N, SRD and rejection sampling for the same candidate and round.
 
 Left out: the memory-driven initial batch size and decision points (``get_memory_constrained_batch_size``,
 ``LLM.get_gen_len``) — replaced by the explicit ``n`` and a fixed Δ (§2.4; §10 item 9); the self-reward
@@ -30,22 +31,21 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.errors import ConfigError
-from srd_worker.methods.base import Method, StepContext, new_state, param
-from srd_worker.methods.drafting import PoolParams
-from srd_worker.methods.srd import (
-    apply_generation,
+from srd_worker.methods.base import ItemState, Method, StepContext, new_state, param
+from srd_worker.methods.pool import (
+    ArchiveEntry,
+    PoolParams,
+    Trajectory,
     archive_entry,
     best_completed,
-    draft_call,
-    new_srd_candidate,
-    rank_order,
+    draft_round,
+    is_finished,
+    new_trajectory,
     score_positions,
 )
+from srd_worker.methods.routing import keep_count, rank_order
 
-
-def keep_count(alpha: float, pool_size: int) -> int:
-    """Survivors of one decision: ``round((1 - α)·|pool|)`` with Python's round, at least 1."""
-    return max(1, int(round((1 - alpha) * pool_size)))
+__all__ = ["SpeculativeRejection", "SpeculativeRejectionParams", "keep_count"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,35 +59,33 @@ class SpeculativeRejectionParams(PoolParams):
             raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
 
 
-class SpeculativeRejection(Method):
+class SpecRejState(ItemState):
+    candidates: list[Trajectory]  # the current pool, in candidate-id order
+    finished: list[ArchiveEntry]  # every completed trajectory, in the order it finished
+    pool_sizes: list[list[int]]  # [pool size, kept] per decision
+
+
+class SpeculativeRejection(Method[SpecRejState]):
     name = "speculative_rejection"
     Params = SpeculativeRejectionParams
     summary = "draft in Δ-token intervals, drop the lowest-reward fraction alpha of the pool at each"
     needs_reward = True
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> dict[str, Any]:
-        state = new_state(item_id, question, prompt_ids)
-        state["candidates"] = [new_srd_candidate(i) for i in range(self.params.n)]
-        state["finished"] = []  # every completed trajectory, in the order it finished
-        state["pool_sizes"] = []  # (pool size, kept) per decision
-        return state
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> SpecRejState:
+        return {
+            **new_state(item_id, question, prompt_ids),
+            "candidates": [new_trajectory(i) for i in range(self.params.n)],
+            "finished": [],
+            "pool_sizes": [],
+        }
 
-    def step(self, states: list[dict[str, Any]], ctx: StepContext) -> list[dict[str, Any]]:
+    def step(self, states: list[SpecRejState], ctx: StepContext) -> list[SpecRejState]:
         p = self.params
-        calls, targets = [], []
-        for state in states:
-            for cand in state["candidates"]:
-                if cand["finish"] is None:
-                    call, budget = draft_call(ctx, state, cand, p, kind="draft")
-                    calls.append(call)
-                    targets.append((state, cand, budget))
-        jobs = []
-        for (state, cand, budget), gen in zip(targets, ctx.generate(calls), strict=True):
-            apply_generation(ctx, state, cand, gen, budget, p.max_new_tokens)
-            jobs.append((state, cand, [len(cand["tokens"])]))
+        drafted = draft_round(states, ctx, p)
+        jobs = [(state, cand, [len(cand["tokens"])]) for state, cand, _ in drafted]
         score_positions(ctx, jobs)
         for state, cand, _ in jobs:
-            if cand["finish"] is not None:
+            if is_finished(cand):
                 state["finished"].append(archive_entry(cand))
         for state in states:
             pool = state["candidates"]
@@ -96,10 +94,10 @@ class SpeculativeRejection(Method):
             state["candidates"] = sorted((pool[i] for i in order[:k]), key=lambda c: c["id"])
             state["pool_sizes"].append([len(pool), k])
             state["round"] += 1
-            state["done"] = all(c["finish"] is not None for c in state["candidates"])
+            state["done"] = all(is_finished(c) for c in state["candidates"])
         return states
 
-    def result(self, state: dict[str, Any]) -> dict[str, Any]:
+    def result(self, state: SpecRejState) -> dict[str, Any]:
         best = best_completed(state["finished"])
         return {
             "response": best["text"] if best else "",

@@ -1,0 +1,328 @@
+"""The candidate pool every sampling-based method builds on: candidates, drafting, scoring, the archive.
+
+Candidates (typed dicts, stored as they are in the checkpointed state)
+    ``PoolCandidate`` — a response drafted in chunks: tokens, text, ``finish`` (None while drafting,
+    else the finish reason) and ``reward``. Sampling, Best-of-N and self-consistency keep a fixed list
+    of them; a candidate is identified by its position in that list.
+    ``Trajectory`` — a pool candidate that can be pruned, cut back and regenerated (SRD, rejection
+    sampling, speculative rejection): it adds a stable ``id`` (its initial index, which follows it
+    through its edits), ``S`` (checkpoint scores: str(position) → reward of tokens[:position]), ``c``
+    (refinements so far) and ``finished_round``.
+
+Drafting (ALGORITHMS.md §1.3: the paper setting for every method is temperature 0.8, top-p 0.9, top-k 50)
+    ONE path: ``continuation_call`` builds an engine request that continues a candidate from its token
+    ids (prompt + kept prefix, never re-tokenised text); ``draft_call`` sizes it as one drafting chunk;
+    ``apply_generation`` appends the generated tokens and applies the finish rules; ``draft_round``
+    extends every unfinished candidate of many items by one chunk in ONE engine batch. Seeds are
+    ``ctx.seed(state, candidate id, kind)`` — kind ``draft`` for drafts, so every method draws the same
+    chunk for the same candidate and round.
+
+Scoring
+    ``score_responses`` (the whole response of each candidate) and ``score_positions`` (checkpoints of
+    trajectories), each ONE reward batch; the reward is told whether a text is a finished response
+    (EOS / stop string) or a prefix.
+
+Archive
+    ``archive_entry`` records a completed trajectory; ``best_completed`` picks the answer among entries
+    (highest reward; ties → earliest finished round, then lowest id, then earliest listed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import TypedDict
+
+from srd_worker.engines.base import Generation, SamplingParams
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import GenCall, ItemState, MethodParams, ScoreCall, StepContext, param
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftParams(MethodParams):
+    temperature: float = param(0.8, "drafter sampling temperature (0 = greedy)")
+    top_p: float = param(0.9, "drafter nucleus (top-p) mass")
+    top_k: int = param(50, "drafter top-k (0 = off)")
+    max_new_tokens: int = param(
+        500, "maximum generated tokens per candidate (paper: 500 MATH500/HotpotQA, 1000 GPQA/AlpacaEval)"
+    )
+    chunk_tokens: int = param(100, "tokens drafted per round (the drafting interval; a checkpoint per round)")
+
+    def validate(self) -> None:
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.chunk_tokens < 1:
+            raise ConfigError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolParams(DraftParams):
+    """Drafting parameters plus the pool size n (methods redeclare n to set their own default/help)."""
+
+    n: int = param(4, "number of candidates drafted per problem")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n < 1:
+            raise ConfigError(f"n must be >= 1, got {self.n}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Candidates
+
+
+class PoolCandidate(TypedDict):
+    tokens: list[int]
+    text: str  # decode(tokens)
+    finish: str | None  # None while drafting; "eos" | "stop" | "length" once finished
+    reward: float | None
+
+
+class Trajectory(PoolCandidate):
+    """A candidate with an identity and a history (key order: id, tokens, text, finish, reward, S, c,
+    finished_round — as ``new_trajectory`` writes it)."""
+
+    id: int
+    S: dict[str, float]  # str(position) → reward of tokens[:position]
+    c: int  # refinements over the trajectory's life (SRD's N_refine counter)
+    finished_round: int | None
+
+
+class PoolState(ItemState):
+    """State of the fixed-pool methods (sampling, Best-of-N, self-consistency)."""
+
+    candidates: list[PoolCandidate]
+
+
+class ArchiveEntry(TypedDict):
+    """A completed trajectory, as kept for the answer rule."""
+
+    id: int
+    text: str
+    reward: float | None
+    finish: str | None
+    round: int | None  # the round it finished in
+    n_tokens: int
+
+
+def new_candidate() -> PoolCandidate:
+    """An empty candidate (not drafted yet)."""
+    return {"tokens": [], "text": "", "finish": None, "reward": None}
+
+
+def new_trajectory(cid: int) -> Trajectory:
+    """An empty trajectory with the stable id ``cid``."""
+    return {"id": cid, **new_candidate(), "S": {}, "c": 0, "finished_round": None}
+
+
+def is_finished(cand: PoolCandidate) -> bool:
+    return cand["finish"] is not None
+
+
+def cut_back(ctx: StepContext, cand: Trajectory, j: int) -> Trajectory:
+    """A copy of ``cand`` cut back to its first ``j`` tokens, unfinished, unscored at the end (its
+    checkpoint scores up to j stay); same id and refinement count."""
+    return {
+        **cand,
+        "tokens": cand["tokens"][:j],
+        "text": ctx.decode(cand["tokens"][:j]),
+        "finish": None,
+        "reward": None,
+        "S": {k: v for k, v in cand["S"].items() if int(k) <= j},
+        "finished_round": None,
+    }
+
+
+def scores(cands: Sequence[PoolCandidate]) -> list[float]:
+    """Rewards for ranking: an unscored candidate counts as NaN (ranks last)."""
+    return [math.nan if c["reward"] is None else c["reward"] for c in cands]
+
+
+def checkpoint_scores(cand: Trajectory) -> dict[int, float]:
+    """``S`` keyed by int position."""
+    return {int(k): v for k, v in cand["S"].items()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Drafting
+
+
+def continuation_call(
+    ctx: StepContext,
+    state: ItemState,
+    cand: PoolCandidate,
+    *,
+    cid: int,
+    kind: str,
+    budget: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    component: str,
+) -> GenCall:
+    """An engine request continuing ``cand`` by at most ``budget`` tokens, seeded by (cid, kind)."""
+    sp = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        max_new_tokens=budget,
+        seed=ctx.seed(state, cid, kind),
+    )
+    return GenCall(state, state["prompt_ids"] + cand["tokens"], sp, component)
+
+
+def draft_call(
+    ctx: StepContext,
+    state: ItemState,
+    cand: PoolCandidate,
+    p: DraftParams,
+    *,
+    cid: int,
+    kind: str = "draft",
+    component: str = "drafter",
+) -> tuple[GenCall, int]:
+    """A drafter continuation of ``cand`` by one chunk (and its token budget)."""
+    budget = min(p.chunk_tokens, p.max_new_tokens - len(cand["tokens"]))
+    call = continuation_call(
+        ctx,
+        state,
+        cand,
+        cid=cid,
+        kind=kind,
+        budget=budget,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        component=component,
+    )
+    return call, budget
+
+
+def apply_generation(
+    ctx: StepContext,
+    state: ItemState,
+    cand: PoolCandidate,
+    gen: Generation,
+    budget: int,
+    max_new_tokens: int,
+) -> None:
+    """Append a continuation and apply the finish rules: the engine's finish reason (EOS / stop string),
+    else "length" at the ``max_new_tokens`` cap or when the engine stopped short of ``budget`` (the
+    context window is full). A trajectory records the round it finished in."""
+    cand["tokens"].extend(gen.token_ids)
+    cand["text"] = ctx.decode(cand["tokens"])
+    if gen.finished:
+        cand["finish"] = gen.finish_reason
+    elif len(cand["tokens"]) >= max_new_tokens or len(gen.token_ids) < budget or not gen.token_ids:
+        cand["finish"] = "length"
+    if cand["finish"] is not None and "finished_round" in cand:
+        cand["finished_round"] = state["round"]
+
+
+def candidate_id(cand: PoolCandidate, index: int) -> int:
+    """The seed identity of a candidate: a trajectory's ``id``, else its position in the pool."""
+    return cand["id"] if "id" in cand else index
+
+
+def draft_round(
+    states: Sequence[PoolState], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
+) -> list[tuple[PoolState, PoolCandidate, int]]:
+    """Extend every unfinished candidate (pool candidate or trajectory) of every state by one chunk, in
+    ONE engine batch (states in order, candidates in pool order). Returns (state, candidate, length
+    before) per drafted candidate, in batch order."""
+    calls: list[GenCall] = []
+    targets: list[tuple[PoolState, PoolCandidate, int]] = []
+    budgets: list[int] = []
+    for state in states:
+        for index, cand in enumerate(state["candidates"]):
+            if is_finished(cand):
+                continue
+            call, budget = draft_call(ctx, state, cand, p, cid=candidate_id(cand, index), kind=kind)
+            calls.append(call)
+            budgets.append(budget)
+            targets.append((state, cand, len(cand["tokens"])))
+    for (state, cand, _), budget, gen in zip(targets, budgets, ctx.generate(calls), strict=True):
+        apply_generation(ctx, state, cand, gen, budget, p.max_new_tokens)
+    return targets
+
+
+# ---------------------------------------------------------------------------------------------------
+# Scoring
+
+
+def _complete(cand: PoolCandidate, j: int) -> bool:
+    """Is tokens[:j] a finished response (not a prefix)?"""
+    return j == len(cand["tokens"]) and cand["finish"] in ("eos", "stop")
+
+
+def score_responses(ctx: StepContext, jobs: Sequence[tuple[ItemState, PoolCandidate]]) -> None:
+    """ONE reward batch: ``reward`` = R(question, text) of each candidate's current text."""
+    calls = [
+        ScoreCall(state, cand["text"], len(cand["tokens"]), finished=_complete(cand, len(cand["tokens"])))
+        for state, cand in jobs
+    ]
+    for (_, cand), r in zip(jobs, ctx.score(calls), strict=True):
+        cand["reward"] = r
+
+
+def new_positions(m: int, old_len: int, new_len: int, eager: bool) -> list[int]:
+    """Positions to score after tokens (old_len, new_len] appeared: the end, plus multiples of m if eager."""
+    pos = list(range((old_len // m + 1) * m, new_len + 1, m)) if eager else []
+    if new_len not in pos:
+        pos.append(new_len)
+    return pos
+
+
+def score_positions(ctx: StepContext, jobs: Sequence[tuple[ItemState, Trajectory, Sequence[int]]]) -> None:
+    """ONE reward batch: S[j] = R(question, decode(tokens[:j])) for every (state, cand, positions) job;
+    ``reward`` becomes S[len(tokens)] when that was scored."""
+    calls: list[ScoreCall] = []
+    where: list[tuple[Trajectory, int]] = []
+    for state, cand, positions in jobs:
+        for j in sorted(set(positions)):
+            text = cand["text"] if j == len(cand["tokens"]) else ctx.decode(cand["tokens"][:j])
+            calls.append(ScoreCall(state, text, j, "scorer", finished=_complete(cand, j)))
+            where.append((cand, j))
+    for (cand, j), r in zip(where, ctx.score(calls), strict=True):
+        cand["S"][str(j)] = r
+    for _, cand, _ in jobs:
+        end = str(len(cand["tokens"]))
+        if end in cand["S"]:
+            cand["reward"] = cand["S"][end]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Archive and answer
+
+
+def archive_entry(cand: Trajectory) -> ArchiveEntry:
+    return {
+        "id": cand["id"],
+        "text": cand["text"],
+        "reward": cand["reward"],
+        "finish": cand["finish"],
+        "round": cand["finished_round"],
+        "n_tokens": len(cand["tokens"]),
+    }
+
+
+def best_completed(entries: Sequence[ArchiveEntry]) -> ArchiveEntry | None:
+    """Highest reward; ties → earliest finished round, then lowest id, then earliest listed."""
+
+    def key(item: tuple[int, ArchiveEntry]) -> tuple[float, int, int, int]:
+        pos, e = item
+        r = e["reward"]
+        r = -math.inf if r is None or math.isnan(r) else r
+        return (-r, e["round"] if e["round"] is not None else 1 << 30, e["id"], pos)
+
+    if not entries:
+        return None
+    return min(enumerate(entries), key=key)[1]

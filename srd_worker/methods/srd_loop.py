@@ -1,0 +1,507 @@
+"""The SRD decoding loop (ALGORITHMS.md §1.5-§1.7, §1.10): one engine shared by SRD and rejection sampling.
+
+``SRDLoop`` runs an incremental pool of trajectories (``pool.py``) under an SRD configuration
+(``SRDParams``) and a routing strategy (``routing.Router``): SRD gives it ``RankRouter(θ_high, θ_low)``;
+rejection sampling gives it its own configuration (no editor, no REFINE band) and a ``RankRouter(θ, θ)``
+or a ``ThresholdRouter``. Both methods hold a loop and delegate ``init_state``/``step``/``result`` to it;
+neither inherits from the other.
+
+Implemented
+    §1.5  Algorithm A, the literal batch form (``form=batch``): draft every candidate to completion,
+          route once, then run the refinement queue; a refined trajectory that lost its EOS is extended
+          to EOS / max length at the drafter temperature before it is judged.
+    §1.6  all refinement policies: reroute_global (default), keep_on_refine, self_compare (with the
+          drop-both or fall-back-to-τ failure path), force_keep and refine_bob.
+    §1.7  Algorithm B, the incremental form (``form=incremental``, default): per round one batched
+          DRAFT, one batched SCORE, ROUTE, then REFINE in waves (one engine batch per wave over every
+          item; a wave is one generation of the refinement queue; decisions are applied sequentially in
+          rank order per item, exactly as the sequential Algorithm 1 would); the min-1 guard; finished
+          candidates stay in the pool (or, with ``rank_unfinished_only``, leave it and are kept as they
+          are); the ``archive_all`` answer rule; lazy or eager checkpoint scoring.
+    §1.10 per-item routing statistics: tier counts per routing event (p_H, p_M, p_L), refinements and
+          how many ended in KEEP (ρ), the efficiency gain 1 + ρ·p_M/p_H, mean reward before → after
+          refinement, R_max.
+
+PROPOSED choices (ALGORITHMS.md marks them so)
+    - Lazy checkpoint scoring scores only what routing needs (chunk ends; final ends in the batch form)
+      and fills S on demand before an edit (``routing.resolve_boundary``), in one reward batch per wave.
+      Decisions are identical to eager by construction (tested).
+    - N_refine counts refinements per trajectory over its whole life (Alg. 1's c, never reset); a
+      REFINE-tier candidate with c ≥ N_refine is dropped. ``n_refine = 0`` disables the editor.
+    - Editor: same LM, temperature ``editor_temperature`` (1.0), drafter top-p / top-k; the regeneration
+      budget is length - j* and it stops early at EOS. In the incremental form an edited trajectory that
+      lost its EOS continues drafting in the next round.
+    - self_compare failure drops τ' and τ (``self_compare_fallback=true`` keeps τ instead).
+    - refine_bob: B regenerations from the same boundary, the highest reward wins (ties: lowest b),
+      then reroute_global decides on the winner.
+    - Routing statistics: p_H/p_M/p_L pool the tiers of the per-round routing of the candidate pool
+      (batch form: the single initial routing); re-routing decisions on refined trajectories are
+      counted apart (``refine_outcomes``: keep / requeue / discard). ρ = refinements whose τ' went to
+      KEEP in that decision / refinements.
+      Gain = 1 + ρ·p_M/p_H; None when p_H = 0, or when p_M > 0 but nothing was refined; 1.0 when p_M = 0.
+    - Seeds: ``ctx.seed(state, candidate_id, kind)`` with kinds ``draft`` (shared with rejection
+      sampling and Best-of-N), ``edit<w>`` (wave w of the round), ``bob<w>.<b>`` and ``extend<b>``;
+      candidate ids are the initial indices and follow a trajectory through its edits.
+    - Ledger: drafts are charged to ``drafter``, regenerations to ``editor`` (batch-form extensions of an
+      edited trajectory to ``drafter``), every reward call to ``scorer``; ``router`` counts one call per
+      item per routing pass (initial routing, each wave's decisions) and its wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
+
+from srd_worker.methods.base import GenCall, ItemState, StepContext, new_state
+from srd_worker.methods.pool import (
+    ArchiveEntry,
+    Trajectory,
+    apply_generation,
+    archive_entry,
+    best_completed,
+    checkpoint_scores,
+    continuation_call,
+    cut_back,
+    draft_call,
+    draft_round,
+    is_finished,
+    new_positions,
+    new_trajectory,
+    score_positions,
+    scores,
+)
+from srd_worker.methods.routing import (
+    DISCARD,
+    KEEP,
+    REFINE,
+    Router,
+    efficiency_gain,
+    rank_normalise,
+    rank_order,
+    resolve_boundary,
+    route,
+)
+
+if TYPE_CHECKING:
+    from srd_worker.methods.srd import SRDParams
+
+
+class RoundLog(TypedDict):
+    round: int
+    pool: int
+    keep: int
+    refine: int
+    discard: int
+    waves: list[int]  # queue length of each refinement wave
+
+
+class SRDStats(TypedDict):
+    routing: dict[str, int]  # KEEP / REFINE / DISCARD → routing events
+    refine_outcomes: dict[str, int]  # keep / requeue / discard → decisions on refined trajectories
+    refinements: int
+    refine_kept: int
+    refine_improved: int
+    exhausted: int
+    reward_before_sum: float
+    reward_after_sum: float
+    rounds: list[RoundLog]
+
+
+class PendingEdit(TypedDict):
+    """Batch form: the regeneration(s) of one queued trajectory, awaiting completion."""
+
+    id: int
+    variants: list[Trajectory]
+
+
+class SRDState(ItemState):
+    candidates: list[Trajectory]
+    archive: list[ArchiveEntry]  # every completed trajectory ever produced
+    dropped: list[int]
+    stats: SRDStats
+    phase: str  # batch form: draft → refine → done
+    queue: list[int]  # batch form: ids waiting for the next wave, in order
+    pending: list[PendingEdit]  # batch form: regenerations of the current wave awaiting completion
+    wave: int
+
+
+class Edit(NamedTuple):
+    """One editor regeneration: the engine call, the new trajectory, its budget and boundary j*."""
+
+    call: GenCall
+    new: Trajectory
+    budget: int
+    boundary: int
+
+
+def new_stats() -> SRDStats:
+    return {
+        "routing": {KEEP: 0, REFINE: 0, DISCARD: 0},
+        "refine_outcomes": {"keep": 0, "requeue": 0, "discard": 0},
+        "refinements": 0,
+        "refine_kept": 0,
+        "refine_improved": 0,
+        "exhausted": 0,
+        "reward_before_sum": 0.0,
+        "reward_after_sum": 0.0,
+        "rounds": [],
+    }
+
+
+class SRDLoop:
+    """SRD's Algorithms A and B over many items at once, routed by ``router``."""
+
+    def __init__(self, cfg: SRDParams, router: Router) -> None:
+        self.cfg = cfg
+        self.router = router
+
+    # -- state ---------------------------------------------------------------------------------------
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> SRDState:
+        return {
+            **new_state(item_id, question, prompt_ids),
+            "candidates": [new_trajectory(i) for i in range(self.cfg.n)],
+            "archive": [],
+            "dropped": [],
+            "stats": new_stats(),
+            "phase": "draft",
+            "queue": [],
+            "pending": [],
+            "wave": 0,
+        }
+
+    def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
+        if self.cfg.form == "batch":
+            self._step_batch(states, ctx)
+        else:
+            self._step_incremental(states, ctx)
+        return states
+
+    # -- building blocks -----------------------------------------------------------------------------
+    @property
+    def _eager(self) -> bool:
+        return self.cfg.checkpoint_scoring == "eager"
+
+    @property
+    def _l_max(self) -> float:
+        return self.cfg.l_max if self.cfg.l_max > 0 else math.inf
+
+    def _charge_router(self, state: SRDState, t0: float) -> None:
+        state["timing"]["router"] += time.perf_counter() - t0
+        state["ledger"]["components"]["router"]["calls"] += 1
+
+    def _archive(self, state: SRDState, cand: Trajectory) -> None:
+        if is_finished(cand):
+            state["archive"].append(archive_entry(cand))
+
+    def _resolve(self, cand: Trajectory) -> tuple[int | None, list[int]]:
+        return resolve_boundary(
+            checkpoint_scores(cand), self.cfg.scoring_interval, len(cand["tokens"]), self._l_max
+        )
+
+    def _fill_boundaries(self, ctx: StepContext, jobs: Sequence[tuple[SRDState, Trajectory]]) -> None:
+        """Lazy scoring: one reward batch with every checkpoint FINDBOUNDARY still needs."""
+        need = []
+        for state, cand in jobs:
+            j, missing = self._resolve(cand)
+            if j is None:
+                need.append((state, cand, missing))
+        score_positions(ctx, need)
+
+    def _boundary(self, cand: Trajectory) -> int:
+        j, missing = self._resolve(cand)
+        if j is None:  # lazy filling runs first; reaching this is a bug
+            raise RuntimeError(f"candidate {cand['id']}: checkpoint scores missing at {missing}")
+        return j
+
+    def _edits(self, ctx: StepContext, state: SRDState, cand: Trajectory, wave: int) -> list[Edit]:
+        """The editor regeneration(s) of ``cand`` from its boundary [PAPER Eq. 5]."""
+        p = self.cfg
+        j = self._boundary(cand)
+        budget = len(cand["tokens"]) - j
+        out = []
+        for b in range(p.bob_b if p.policy == "refine_bob" else 1):
+            new = cut_back(ctx, cand, j)
+            new["c"] = cand["c"] + 1
+            call = continuation_call(
+                ctx,
+                state,
+                new,
+                cid=cand["id"],
+                kind=f"bob{wave}.{b}" if p.policy == "refine_bob" else f"edit{wave}",
+                budget=budget,
+                temperature=p.editor_temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
+                component="editor",
+            )
+            out.append(Edit(call, new, budget, j))
+        return out
+
+    def _decide(
+        self,
+        state: SRDState,
+        keep: list[Trajectory],
+        entries: list[Trajectory],
+        variants: list[list[Trajectory]],
+    ) -> list[Trajectory]:
+        """Apply one wave's outcomes sequentially in queue (rank) order; returns the next wave's queue.
+        ``keep`` grows in place; an entry that is neither kept nor re-queued is dropped (§1.6)."""
+        p = self.cfg
+        st = state["stats"]
+        t0 = time.perf_counter()
+        next_gen: list[Trajectory] = []
+        for idx, (tau, outs) in enumerate(zip(entries, variants, strict=True)):
+            new = outs[0]
+            if p.policy == "refine_bob":
+                new = outs[rank_order(scores(outs))[0]]
+            st["refinements"] += 1
+            st["reward_before_sum"] += tau["reward"]
+            st["reward_after_sum"] += new["reward"]
+            st["refine_improved"] += int(new["reward"] > tau["reward"])
+            if p.policy in ("reroute_global", "keep_on_refine", "refine_bob"):
+                pool = sorted(keep + entries[idx + 1 :] + next_gen + [new], key=lambda c: c["id"])
+                u = rank_normalise(scores(pool))[next(k for k, c in enumerate(pool) if c is new)]
+                tier = route(u, p.theta_high, p.theta_low)
+                if tier == REFINE and p.policy == "keep_on_refine":
+                    tier = KEEP
+            elif p.policy == "force_keep":
+                tier = KEEP
+            else:  # self_compare
+                tier = KEEP if new["reward"] >= tau["reward"] + p.self_compare_delta else DISCARD
+            if tier == KEEP:
+                keep.append(new)
+                st["refine_kept"] += 1
+                st["refine_outcomes"]["keep"] += 1
+            elif tier == REFINE and new["c"] < p.n_refine:
+                next_gen.append(new)
+                st["refine_outcomes"]["requeue"] += 1
+            else:
+                st["refine_outcomes"]["discard"] += 1
+                if p.policy == "self_compare" and p.self_compare_fallback:
+                    keep.append(tau)
+                else:
+                    state["dropped"].append(new["id"])
+        self._charge_router(state, t0)
+        return next_gen
+
+    def _initial_route(
+        self, state: SRDState, pool: list[Trajectory]
+    ) -> tuple[list[Trajectory], list[Trajectory]]:
+        """Route the pool (candidate-id order): returns (KEEP, refinement queue in rank order)."""
+        t0 = time.perf_counter()
+        st = state["stats"]
+        pool_scores = scores(pool)
+        tiers = self.router(pool_scores)
+        keep, queue = [], []
+        for i in rank_order(pool_scores):
+            cand, tier = pool[i], tiers[i]
+            st["routing"][tier] += 1
+            if tier == KEEP:
+                keep.append(cand)
+            elif tier == REFINE and cand["c"] < self.cfg.n_refine:
+                queue.append(cand)
+            else:
+                if tier == REFINE:
+                    st["exhausted"] += 1
+                state["dropped"].append(cand["id"])
+        st["rounds"].append(
+            {
+                "round": state["round"],
+                "pool": len(pool),
+                **{t: tiers.count(t) for t in (KEEP, REFINE, DISCARD)},
+                "waves": [],
+            }
+        )
+        self._charge_router(state, t0)
+        return keep, queue
+
+    # -- Algorithm B: incremental form (§1.7) ----------------------------------------------------------
+    def _step_incremental(self, states: list[SRDState], ctx: StepContext) -> None:
+        p = self.cfg
+        # (1) DRAFT: one engine batch over every unfinished candidate of every item
+        drafted = draft_round(states, ctx, p)
+        jobs = [
+            (state, cand, new_positions(p.scoring_interval, old, len(cand["tokens"]), self._eager))
+            for state, cand, old in drafted
+        ]
+        # (2) SCORE: one reward batch (chunk ends; every new checkpoint if eager)
+        score_positions(ctx, jobs)
+        for state, cand, _ in jobs:
+            self._archive(state, cand)
+        # (3) ROUTE every item's pool
+        keeps: dict[int, list[Trajectory]] = {}
+        queues: dict[int, list[Trajectory]] = {}
+        tops: dict[int, Trajectory | None] = {}
+        for i, state in enumerate(states):
+            cands = state["candidates"]
+            pool = [c for c in cands if not is_finished(c)] if p.rank_unfinished_only else list(cands)
+            bypass = [c for c in cands if is_finished(c)] if p.rank_unfinished_only else []
+            tops[i] = pool[rank_order(scores(pool))[0]] if pool else None
+            if pool:
+                keeps[i], queues[i] = self._initial_route(state, pool)
+            else:
+                keeps[i], queues[i] = [], []
+            keeps[i].extend(bypass)
+        # (4) REFINE in waves: each wave is ONE editor batch and ONE reward batch over every item
+        wave = 0
+        while any(queues.values()):
+            self._refine_wave(states, ctx, keeps, queues, wave)
+            wave += 1
+        # (5) survivors; min-1 guard; stop rule
+        for i, state in enumerate(states):
+            survivors = keeps[i]
+            top = tops[i]
+            if not survivors and top is not None:
+                survivors = [top]
+                if top["id"] in state["dropped"]:
+                    state["dropped"].remove(top["id"])
+            state["candidates"] = sorted(survivors, key=lambda c: c["id"])
+            state["round"] += 1
+            state["done"] = all(is_finished(c) for c in state["candidates"])
+            if state["done"]:
+                state["phase"] = "done"
+
+    def _refine_wave(
+        self,
+        states: list[SRDState],
+        ctx: StepContext,
+        keeps: dict[int, list[Trajectory]],
+        queues: dict[int, list[Trajectory]],
+        wave: int,
+    ) -> None:
+        p = self.cfg
+        active = [i for i in queues if queues[i]]
+        if not self._eager:
+            self._fill_boundaries(ctx, [(states[i], c) for i in active for c in queues[i]])
+        made: list[tuple[int, list[Edit]]] = []
+        for i in active:
+            states[i]["stats"]["rounds"][-1]["waves"].append(len(queues[i]))
+            for cand in queues[i]:
+                made.append((i, self._edits(ctx, states[i], cand, wave)))
+        gens = iter(ctx.generate([e.call for _, edits in made for e in edits]))
+        jobs = []
+        for i, edits in made:
+            for e in edits:
+                apply_generation(ctx, states[i], e.new, next(gens), e.budget, p.max_new_tokens)
+                positions = new_positions(p.scoring_interval, e.boundary, len(e.new["tokens"]), self._eager)
+                jobs.append((states[i], e.new, positions))
+        score_positions(ctx, jobs)
+        for state, new, _ in jobs:
+            self._archive(state, new)
+        by_item: dict[int, list[list[Trajectory]]] = {i: [] for i in active}
+        for i, edits in made:
+            by_item[i].append([e.new for e in edits])
+        for i in active:
+            queues[i] = self._decide(states[i], keeps[i], queues[i], by_item[i])
+
+    # -- Algorithm A: batch form (§1.5) ----------------------------------------------------------------
+    def _step_batch(self, states: list[SRDState], ctx: StepContext) -> None:
+        """One engine batch per step: drafts of items still drafting, the editor wave of items whose
+        queue is ready, and extensions of edited trajectories that lost their EOS."""
+        p = self.cfg
+        starting = [s for s in states if s["phase"] == "refine" and not s["pending"]]
+        by_id = {id(s): {c["id"]: c for c in s["candidates"]} for s in states}
+        if not self._eager:
+            self._fill_boundaries(ctx, [(s, by_id[id(s)][cid]) for s in starting for cid in s["queue"]])
+        calls: list[GenCall] = []
+        targets: list[tuple[SRDState, Trajectory, int, int]] = []
+        for s in states:
+            if s["phase"] == "draft":
+                for cand in s["candidates"]:
+                    if not is_finished(cand):
+                        call, budget = draft_call(ctx, s, cand, p, cid=cand["id"], kind="draft")
+                        calls.append(call)
+                        targets.append((s, cand, budget, len(cand["tokens"])))
+            elif s["phase"] == "refine" and not s["pending"]:
+                s["stats"]["rounds"][-1]["waves"].append(len(s["queue"]))
+                for cid in s["queue"]:
+                    edits = self._edits(ctx, s, by_id[id(s)][cid], s["wave"])
+                    s["pending"].append({"id": cid, "variants": [e.new for e in edits]})
+                    for e in edits:
+                        calls.append(e.call)
+                        targets.append((s, e.new, e.budget, e.boundary))
+            elif s["phase"] == "refine":
+                for entry in s["pending"]:
+                    for b, new in enumerate(entry["variants"]):
+                        if not is_finished(new):
+                            call, budget = draft_call(ctx, s, new, p, cid=new["id"], kind=f"extend{b}")
+                            calls.append(call)
+                            targets.append((s, new, budget, len(new["tokens"])))
+        jobs = []
+        for (s, cand, budget, old), gen in zip(targets, ctx.generate(calls), strict=True):
+            apply_generation(ctx, s, cand, gen, budget, p.max_new_tokens)
+            if self._eager:
+                jobs.append((s, cand, new_positions(p.scoring_interval, old, len(cand["tokens"]), True)))
+            elif is_finished(cand):  # lazy: the batch form only needs final rewards
+                jobs.append((s, cand, [len(cand["tokens"])]))
+        score_positions(ctx, jobs)
+        for s, cand, _ in jobs:
+            self._archive(s, cand)
+        for s in states:
+            if s["phase"] == "draft" and all(is_finished(c) for c in s["candidates"]):
+                keep, queue = self._initial_route(s, s["candidates"])
+                s["candidates"] = sorted(keep + queue, key=lambda c: c["id"])
+                s["queue"] = [c["id"] for c in queue]
+                s["phase"] = "refine" if queue else "done"
+            elif (
+                s["phase"] == "refine"
+                and s["pending"]
+                and all(is_finished(v) for e in s["pending"] for v in e["variants"])
+            ):
+                cands = {c["id"]: c for c in s["candidates"]}
+                entries = [cands[cid] for cid in s["queue"]]
+                keep = [c for c in s["candidates"] if c["id"] not in set(s["queue"])]
+                next_gen = self._decide(s, keep, entries, [e["variants"] for e in s["pending"]])
+                s["candidates"] = sorted(keep + next_gen, key=lambda c: c["id"])
+                s["queue"] = [c["id"] for c in next_gen]
+                s["pending"] = []
+                s["wave"] += 1
+                if not next_gen:
+                    s["phase"] = "done"
+            s["round"] += 1
+            s["done"] = s["phase"] == "done"
+
+    # -- result --------------------------------------------------------------------------------------
+    def result(self, state: SRDState) -> dict[str, Any]:
+        """The answer (argmax final reward over the completed kept trajectories, or over the archive with
+        ``archive_all``; ties → earliest finished round, then lowest id) and the §1.10 statistics."""
+        p = self.cfg
+        kept = [archive_entry(c) for c in state["candidates"] if is_finished(c)]
+        best = best_completed(state["archive"] if p.archive_all else kept)
+        best_kept = best_completed(kept)
+        st = state["stats"]
+        events = sum(st["routing"].values())
+        p_h, p_m, p_l = ((st["routing"][t] / events if events else None) for t in (KEEP, REFINE, DISCARD))
+        n_ref = st["refinements"]
+        rho = st["refine_kept"] / n_ref if n_ref else None
+        return {
+            "response": best["text"] if best else "",
+            "reward": best["reward"] if best else None,
+            "finish_reason": best["finish"] if best else None,
+            "chosen": best["id"] if best else None,
+            "rewards": [c["reward"] for c in state["candidates"]],
+            "kept_ids": [c["id"] for c in state["candidates"]],
+            "form": p.form,
+            "policy": p.policy,
+            "checkpoint_scoring": p.checkpoint_scoring,
+            "routing": dict(st["routing"]),
+            "refine_outcomes": dict(st["refine_outcomes"]),
+            "p_H": p_h,
+            "p_M": p_m,
+            "p_L": p_l,
+            "refinements": n_ref,
+            "refine_kept": st["refine_kept"],
+            "refine_improved": st["refine_improved"],
+            "refine_exhausted": st["exhausted"],
+            "rho": rho,
+            "efficiency_gain": efficiency_gain(p_h, p_m, rho),
+            "reward_before_refine": st["reward_before_sum"] / n_ref if n_ref else None,
+            "reward_after_refine": st["reward_after_sum"] / n_ref if n_ref else None,
+            "R_max": best_kept["reward"] if best_kept else None,
+            "archive_size": len(state["archive"]),
+            "rounds": state["round"],
+            "round_log": st["rounds"],
+            "ledger_components": {k: dict(v) for k, v in state["ledger"]["components"].items()},
+        }

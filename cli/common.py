@@ -56,14 +56,11 @@ def db_url(db: str | None) -> str:
 def open_db(db: str | None = None):
     """An engine for ``--db``, checked with one query: a clear message if the database is unreachable or
     was never migrated."""
-    from sqlalchemy import text
-
-    from srd_worker.store.db import make_engine
+    from srd_worker.store.db import check_reachable, make_engine
 
     engine = make_engine(db_url(db))
     try:
-        with engine.connect() as conn:
-            conn.execute(text("select 1 from run limit 1"))
+        check_reachable(engine)
     except Exception as exc:  # noqa: BLE001 - any failure here is the user's setup
         engine.dispose()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

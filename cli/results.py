@@ -1,5 +1,6 @@
-"""``srdq export``, ``srdq report`` and ``srdq sync``: thin shells over ``srd_worker.results`` and
-``srd_worker.reports`` (parse, wire, call, print). Registered on the main group by ``register(cli)``.
+"""``srdq export``, ``srdq report``, ``srdq sync`` and ``srdq compare``: thin shells over
+``srd_worker.export``, ``srd_worker.reports``, ``srd_worker.sync`` and ``srd_worker.coupled`` (parse, wire,
+call, print). Registered on the main group by ``register(cli)``.
 
 Every command reads the database named by ``--db`` (a SQLAlchemy URL, or the path of an embedded run's
 SQLite file such as ``srdq-out/srdq.db``), by default ``SRDQ_DATABASE_URL``.
@@ -44,7 +45,7 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
 
     Example: srdq export run-1a2b3c4d5e6f --format csv --out results.csv --db srdq-out/srdq.db
     """
-    from srd_worker.results import export_run
+    from srd_worker.export import export_run
     from srd_worker.settings import get_settings
 
     engine = open_db(db)
@@ -76,8 +77,8 @@ def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
 
     Example: srdq report run-aaa run-bbb --out report/ --db srdq-out/srdq.db
     """
+    from srd_worker.export import load_report_runs
     from srd_worker.reports import build_report
-    from srd_worker.results import load_report_runs
 
     engine = open_db(db)
     try:
@@ -113,7 +114,7 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
 
     Example: srdq sync run-1a2b3c4d5e6f --verify
     """
-    from srd_worker.results import sync_run
+    from srd_worker.sync import sync_run
 
     store = _store(store_url)
     engine = open_db(db)

@@ -1,6 +1,6 @@
 """``srdq regrade``: re-grade a run's stored responses with the current graders (no generation).
 
-A thin shell over ``srd_worker.tasks.regrade``; registered on the ``srdq`` group by ``cli/main.py``.
+A thin shell over ``srd_worker.regrade``; registered on the ``srdq`` group by ``cli/main.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def regrade_command(run_id: str, db: str | None, out_dir: str | None, as_json: b
     Updates each result's answer, correct, metrics and grader_version. Example (a local run):
     srdq regrade run-0123456789ab --out srdq-out
     """
-    from srd_worker.tasks.regrade import regrade
+    from srd_worker.regrade import regrade
 
     if db and out_dir:
         raise click.UsageError("give --db or --out, not both")
@@ -51,7 +51,7 @@ def regrade_command(run_id: str, db: str | None, out_dir: str | None, as_json: b
 
 def _rewrite_local_results(engine, out: Path, run_id: str) -> None:  # noqa: ANN001
     """Bring OUT/RUN_ID/results.jsonl and summary.json in line with the regraded store."""
-    from srd_worker.local import summarise, write_results
+    from srd_worker.local import Summary, write_results, write_summary
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
 
@@ -68,8 +68,8 @@ def _rewrite_local_results(engine, out: Path, run_id: str) -> None:  # noqa: ANN
         except (ValueError, TypeError, AttributeError):
             wall = 0.0
     path = write_results(out / run_id, records)
-    summary = summarise(run_id, method, records, wall, path)
-    summary_path.write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    summary = Summary.of(run_id, method, records, wall, path)
+    write_summary(summary_path, summary)
 
 
 def register(cli: click.Group) -> None:

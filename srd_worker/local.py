@@ -15,7 +15,6 @@ Output folder layout::
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -24,9 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker import __version__
+from srd_worker.encoding import sorted_json
 from srd_worker.errors import SrdqError
+from srd_worker.fileutil import write_atomic
 from srd_worker.runner import RoundReport, run_shard
 from srd_worker.spec import PreparedRun
+from srd_worker.wiring import check_spec, wire
 
 
 @dataclass
@@ -46,6 +48,26 @@ class Summary:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def of(cls, run_id: str, method: str, records: list[dict[str, Any]], wall: float, path: Path) -> Summary:
+        """The summary of a run's records (figures from ``reports.score_records``, as ``srdq report``)."""
+        from srd_worker.reports import score_records
+
+        scores = score_records(records)
+        return cls(
+            run_id=run_id,
+            method=method,
+            items=len(records),
+            done=scores.done,
+            failed=scores.failed,
+            correct=scores.correct,
+            accuracy=scores.accuracy,
+            mean_gen_tokens=scores.mean_gen_tokens or 0.0,
+            mean_reward=scores.mean_reward,
+            wall_seconds=wall,
+            results_path=str(path),
+        )
+
 
 def versions() -> dict[str, str]:
     """Package versions recorded with a run."""
@@ -60,51 +82,32 @@ def versions() -> dict[str, str]:
     return out
 
 
-def summarise(run_id: str, method: str, records: list[dict[str, Any]], wall: float, path: Path) -> Summary:
-    ok = [r for r in records if not r.get("error")]
-    graded = [r for r in ok if r.get("correct") is not None]
-    correct = sum(1 for r in graded if r["correct"])
-    rewards = [r["reward"] for r in ok if r.get("reward") is not None]
-    gen = [r["ledger"]["gen_tokens"] for r in records if r.get("ledger")]
-    return Summary(
-        run_id=run_id,
-        method=method,
-        items=len(records),
-        done=len(ok),
-        failed=len(records) - len(ok),
-        correct=correct,
-        accuracy=(correct / len(graded)) if graded else None,
-        mean_gen_tokens=(sum(gen) / len(gen)) if gen else 0.0,
-        mean_reward=(sum(rewards) / len(rewards)) if rewards else None,
-        wall_seconds=wall,
-        results_path=str(path),
-    )
-
-
-def _write_atomic(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for line in lines:
-            fh.write(line + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+def _write_lines(path: Path, lines: list[str]) -> None:
+    write_atomic(path, "".join(line + "\n" for line in lines).encode("utf-8"))
 
 
 def write_results(out_dir: Path, records: list[dict[str, Any]]) -> Path:
     """results.jsonl (deterministic fields) and timings.jsonl, written atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
     results = [
-        json.dumps({k: v for k, v in r.items() if k != "timing"}, sort_keys=True, ensure_ascii=False)
+        sorted_json({k: v for k, v in r.items() if k != "timing"}, compact=False, allow_nan=True)
         for r in records
     ]
     timings = [
-        json.dumps({"item_id": r["item_id"], "timing": r.get("timing")}, sort_keys=True) for r in records
+        sorted_json(
+            {"item_id": r["item_id"], "timing": r.get("timing")}, compact=False, ascii=True, allow_nan=True
+        )
+        for r in records
     ]
     path = out_dir / "results.jsonl"
-    _write_atomic(path, results)
-    _write_atomic(out_dir / "timings.jsonl", timings)
+    _write_lines(path, results)
+    _write_lines(out_dir / "timings.jsonl", timings)
     return path
+
+
+def write_summary(path: Path, summary: Summary) -> None:
+    """summary.json (atomically)."""
+    write_atomic(path, (json.dumps(summary.to_dict(), indent=2) + "\n").encode("utf-8"))
 
 
 def run_local(
@@ -117,15 +120,13 @@ def run_local(
     on_round: Callable[[RoundReport], None] | None = None,
 ) -> Summary:
     """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results."""
-    from srd_worker.engines.registry import build_engine
-    from srd_worker.methods.registry import check_compatible
-    from srd_worker.rewards.registry import build_reward
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
     from srd_worker.store.shard_store import SqlShardStore
 
     t0 = time.perf_counter()
     spec = prepared.spec
+    check_spec(prepared.method, engine=spec.engine, reward=spec.reward)  # before anything is written
     run_id = spec.run_id()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,15 +149,7 @@ def run_local(
             items = crud.list_items(session=session, run_id=run_id)
         pending = [s for s in shards if s.status != "done"]
         if pending:
-            if engine is None:
-                engine = build_engine(spec.engine, spec.model, settings)
-            reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None
-            check_compatible(
-                prepared.method,
-                engine_name=engine.name,
-                capabilities=engine.capabilities,
-                has_reward=reward is not None,
-            )
+            wired = wire(spec, settings=settings, engine=engine)
             by_key = {it.id: it for it in prepared.items}
             if on_start is not None:
                 on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
@@ -184,10 +177,10 @@ def run_local(
                 outcome = run_shard(
                     items=[by_key[r.item_key] for r in rows],
                     positions=[r.position for r in rows],
-                    method=prepared.method,
-                    task=prepared.task,
-                    engine=engine,
-                    reward=reward,
+                    method=wired.method,
+                    task=wired.task,
+                    engine=wired.engine,
+                    reward=wired.reward,
                     run_seed=spec.seed,
                     store=SqlShardStore(db, run_id, shard.index),
                     on_round=report,
@@ -203,6 +196,6 @@ def run_local(
     if len(records) != len(prepared.items):
         raise SrdqError(f"run {run_id} has {len(records)} results for {len(prepared.items)} items")
     path = write_results(out / run_id, records)
-    summary = summarise(run_id, spec.method, records, time.perf_counter() - t0, path)
-    (out / run_id / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    summary = Summary.of(run_id, spec.method, records, time.perf_counter() - t0, path)
+    write_summary(out / run_id / "summary.json", summary)
     return summary

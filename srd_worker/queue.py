@@ -60,10 +60,9 @@ def runtime() -> dict[str, Any]:
         if not _runtime:
             from srd_worker.service import EngineCache, SliceConfig
             from srd_worker.store.db import make_engine
+            from srd_worker.sync import store_from_settings
 
             settings = get_settings()
-            from srd_worker.results import store_from_settings
-
             _runtime.update(
                 settings=settings,
                 db=make_engine(settings.database_url),
@@ -124,10 +123,9 @@ class Reaper(threading.Thread):
     def run(self) -> None:
         from srd_worker.service import reap
         from srd_worker.store.db import make_engine
+        from srd_worker.sync import PendingUploads, store_from_settings
 
         db = make_engine(self.settings.database_url)
-        from srd_worker.results import PendingUploads, store_from_settings
-
         uploads = PendingUploads(store_from_settings(self.settings), interval_s=self.settings.reap_interval_s)
         while not self.stop_event.wait(self.settings.reap_interval_s):
             uploads.poke(db)  # shards whose upload failed (store down): retried in the background

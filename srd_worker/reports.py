@@ -14,16 +14,15 @@ What a report holds, per ALGORITHMS.md §0.3 and §1.10 and the SRD paper's layo
   frequencies pooled over every routing event of the run (not averages of per-item ratios), ρ̂ =
   refinements whose result went to KEEP / refinements, gain = 1 + ρ̂·p̂_M/p̂_H.
 
-Definitions (the same as ``srdq run``'s summary): accuracy = correct / graded, over items that did not
-fail (failed items are counted in ``failed``, not as wrong answers); mean reward over items that did not
-fail and have one; token and time means over the items that have a compute ledger (a problem whose
+Definitions (``score_records``, shared with ``srdq run``'s summary.json): accuracy = correct / graded,
+over items that did not fail (failed items are counted in ``failed``, not as wrong answers); mean reward
+over items that did not fail and have one; token and time means over the items that have a compute ledger (a problem whose
 prompt did not fit the context has none). Wall time = the run's last status change minus its creation.
 Time per component comes from each record's ``timing`` (absent in ``results.jsonl``: shown as n/a).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +30,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-COMPONENTS = ("drafter", "scorer", "editor", "router")
+from srd_worker.methods.base import COMPONENTS
+from srd_worker.report_tables import (
+    budget_text,
+    component_table,
+    component_tokens_table,
+    markdown_table,
+    routing_table,
+    summary_table,
+)
+
 TASK_LABELS = {
     "gsm8k": "GSM8K",
     "math500": "MATH500",
@@ -115,13 +123,40 @@ class RunSummary:
     wall_s: float | None
 
 
-def summarise(run: RunRecords) -> RunSummary:
-    records = run.records
+@dataclass
+class Scores:
+    """The figures every summary of result records reports (``srdq run``'s summary.json and the
+    report's run table), by the definitions in this module's docstring."""
+
+    done: int
+    failed: int
+    graded: int
+    correct: int
+    accuracy: float | None
+    mean_reward: float | None
+    mean_gen_tokens: float | None
+
+
+def score_records(records: Sequence[dict[str, Any]]) -> Scores:
     ok = [r for r in records if _ok(r)]
     graded = [r for r in ok if r.get("correct") is not None]
     correct = sum(1 for r in graded if r["correct"])
     rewards = [float(r["reward"]) for r in ok if isinstance(r.get("reward"), int | float)]
     gen = [float(led.get("gen_tokens", 0)) for r in records if (led := _ledger(r)) is not None]
+    return Scores(
+        done=len(ok),
+        failed=len(records) - len(ok),
+        graded=len(graded),
+        correct=correct,
+        accuracy=correct / len(graded) if graded else None,
+        mean_reward=_mean(rewards),
+        mean_gen_tokens=_mean(gen),
+    )
+
+
+def summarise(run: RunRecords) -> RunSummary:
+    """The report's summary of one run: ``score_records`` plus the run's spec, status and wall time."""
+    scores = score_records(run.records)
     return RunSummary(
         run_id=run.run_id,
         name=run.name,
@@ -133,14 +168,14 @@ def summarise(run: RunRecords) -> RunSummary:
         budget=run.budget,
         status=run.status,
         items=run.n_items,
-        done=len(ok),
-        failed=len(records) - len(ok),
-        pending=max(run.n_items - len(records), 0),
-        graded=len(graded),
-        correct=correct,
-        accuracy=correct / len(graded) if graded else None,
-        mean_reward=_mean(rewards),
-        mean_gen_tokens=_mean(gen),
+        done=scores.done,
+        failed=scores.failed,
+        pending=max(run.n_items - len(run.records), 0),
+        graded=scores.graded,
+        correct=scores.correct,
+        accuracy=scores.accuracy,
+        mean_reward=scores.mean_reward,
+        mean_gen_tokens=scores.mean_gen_tokens,
         wall_s=run.wall_s,
     )
 
@@ -353,148 +388,6 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     return path
 
 
-# ------------------------------------------------------------------------------------------ markdown
-def _num(x: float | None, digits: int = 3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
-
-
-def _seconds(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    return "<0.01" if x < 0.01 else f"{x:.2f}"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
-    """A GitHub-flavoured Markdown table; ``align`` holds one of l/r per column (default: l then r)."""
-    align = align or "l" + "r" * (len(headers) - 1)
-    sep = ["---" if a == "l" else "---:" for a in align]
-    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |", "|" + "|".join(sep) + "|"]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-def _params_text(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "defaults"
-
-
-def _n(budget: int | None) -> str:
-    return "–" if budget is None else str(budget)
-
-
-def summary_table(summaries: Sequence[RunSummary]) -> str:
-    rows = []
-    for s in summaries:
-        acc = "n/a" if s.accuracy is None else f"{s.accuracy:.3f} ({s.correct}/{s.graded})"
-        rows.append(
-            [
-                s.run_id,
-                s.method,
-                _params_text(s.params),
-                _n(s.budget),
-                s.model,
-                s.reward or "–",
-                s.items,
-                s.done,
-                s.failed,
-                s.pending,
-                acc,
-                _num(s.mean_reward),
-                _num(s.mean_gen_tokens, 1),
-                "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s",
-            ]
-        )
-    return markdown_table(
-        [
-            "run",
-            "method",
-            "params",
-            "N",
-            "model",
-            "reward",
-            "items",
-            "done",
-            "failed",
-            "pending",
-            "accuracy",
-            "mean reward",
-            "mean gen tokens",
-            "wall time",
-        ],
-        rows,
-        align="lllrllrrrrrrrr",
-    )
-
-
-def component_table(rows: Sequence[ComponentRow]) -> str:
-    body = []
-    for r in rows:
-        cells = [f"{_seconds(r.components[c].time_s)} / {r.components[c].calls:.1f}" for c in COMPONENTS]
-        body.append(
-            [
-                r.run_id,
-                r.method,
-                _n(r.budget),
-                _pct(r.accuracy),
-                _seconds(r.time_s),
-                f"{r.in_tokens:.0f}",
-                f"{r.out_tokens:.0f}",
-                *cells,
-            ]
-        )
-    return markdown_table(
-        ["run", "method", "N", "Acc", "Time", "In tok", "Out tok", "Drafter", "Scorer", "Editor", "Router"],
-        body,
-        align="llrrrrrrrrr",
-    )
-
-
-def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
-    body = [
-        [
-            r.run_id,
-            r.method,
-            _n(r.budget),
-            *(f"{r.components[c].in_tokens:.0f} / {r.components[c].out_tokens:.0f}" for c in COMPONENTS),
-        ]
-        for r in rows
-    ]
-    return markdown_table(
-        ["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body, align="llrrrrr"
-    )
-
-
-def routing_table(rows: Sequence[RoutingRow]) -> str:
-    body = [
-        [
-            r.run_id,
-            r.method,
-            _n(r.budget),
-            _pct(r.p_h),
-            _pct(r.p_m),
-            _pct(r.p_l),
-            _num(r.rho, 2),
-            "n/a" if r.gain is None else f"{r.gain:.2f}×",
-            r.events,
-            r.refinements,
-            r.items,
-        ]
-        for r in rows
-    ]
-    return markdown_table(
-        ["run", "method", "N", "p_H", "p_M", "p_L", "ρ̂", "gain", "routing events", "refinements", "items"],
-        body,
-        align="llrrrrrrrrr",
-    )
-
-
 # -------------------------------------------------------------------------------------------- report
 @dataclass
 class Report:
@@ -564,7 +457,7 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
             markdown_table(
                 ["method", "N", "run", "mean gen tokens", what.lower()],
                 [
-                    [p.method, _n(p.budget), p.run_id, f"{p.x:.1f}", f"{p.y:.3f}"]
+                    [p.method, budget_text(p.budget), p.run_id, f"{p.x:.1f}", f"{p.y:.3f}"]
                     for p in sorted(group, key=lambda p: (p.method, p.x))
                 ],
                 align="lrlrr",

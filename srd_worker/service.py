@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlmodel import select
 
 from srd_worker.errors import SrdqError, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
-from srd_worker.store import crud, leases
+from srd_worker.store import crud, leases, queries
 from srd_worker.store.db import session_scope
-from srd_worker.store.models import Checkpoint, Result, Run, Shard, utcnow
+from srd_worker.store.models import Run, Shard, utcnow
 from srd_worker.tasks.base import Item
+from srd_worker.wiring import check_spec, wire
 
 log = logging.getLogger("srdq.service")
 
@@ -60,14 +60,17 @@ def submit(
 
     The same dataset and spec give the same run id, so a second submit returns the existing run and
     enqueues nothing; ``new=True`` salts the id to start a fresh run. If the broker is down after the
-    run is stored, nothing is lost: the shards stay pending and the reaper enqueues them.
+    run is stored, nothing is lost: the shards stay pending and the reaper enqueues them. A method the
+    spec's engine cannot run (or one lacking the reward it needs) is refused before anything is stored,
+    as ``srdq run`` refuses it (``wiring.check_spec``; the worker checks the built engine again).
     """
     spec = prepared.spec
+    check_spec(prepared.method, engine=spec.engine, reward=spec.reward)
     run_id = spec.run_id()
     if new:
         run_id = f"{run_id}-{utcnow().strftime('%Y%m%d%H%M%S%f')}"
     with session_scope(db) as session:
-        existed = session.get(Run, run_id) is not None
+        existed = queries.run_exists(session=session, run_id=run_id)
         run = crud.create_run(
             session=session,
             run_id=run_id,
@@ -171,11 +174,8 @@ def process_shard(
     this worker's writes were refused), or ``error`` (recorded on the shard, re-enqueued; the attempt
     cap turns a poison shard into ``failed``).
     """
-    from srd_worker.methods.registry import build_method
-    from srd_worker.rewards.registry import build_reward
     from srd_worker.runner import run_shard
     from srd_worker.store.shard_store import SqlShardStore
-    from srd_worker.tasks.registry import get_task
 
     owner = owner or worker_id()
     with session_scope(db) as session:
@@ -193,18 +193,16 @@ def process_shard(
         rows = crud.list_items(session=session, run_id=run_id, shard_index=shard_index)
     try:
         items, positions = _items(rows)
-        method = build_method(spec.method, spec.params)
-        engine = engines.get(spec.model, spec.engine)
-        reward = build_reward(spec.reward, engine, settings=engines.settings) if spec.reward else None
+        wired = wire(spec, settings=engines.settings, engine=engines.get(spec.model, spec.engine))
         store = SqlShardStore(db, run_id, shard_index, lease=lease)
         with Heartbeat(db, lease, cfg.lease_ttl_s):
             outcome = run_shard(
                 items=items,
                 positions=positions,
-                method=method,
-                task=get_task(spec.task, fields=spec.fields),
-                engine=engine,
-                reward=reward,
+                method=wired.method,
+                task=wired.task,
+                engine=wired.engine,
+                reward=wired.reward,
                 run_seed=spec.seed,
                 store=store,
                 max_rounds=cfg.slice_rounds,
@@ -226,8 +224,8 @@ def process_shard(
         enqueue(run_id, shard_index)
         return "error"
     if outcome.finished:
-        if objects is not None:  # upload parts + manifests (srd_worker.results); never fails the shard
-            from srd_worker.results import upload_finished_shard
+        if objects is not None:  # upload parts + manifests (srd_worker.sync); never fails the shard
+            from srd_worker.sync import upload_finished_shard
 
             upload_finished_shard(db=db, store=objects, run_id=run_id, shard_index=shard_index)
         return "done"  # results and the done status were written, fenced, by SqlShardStore
@@ -306,14 +304,8 @@ def run_status(*, db: Engine, run_id: str) -> RunStatus:
     with session_scope(db) as session:
         run = crud.get_run(session=session, run_id=run_id)
         shards = crud.list_shards(session=session, run_id=run_id)
-        results = session.exec(
-            select(Result.item_id, Result.shard_index, Result.error, Result.record).where(
-                Result.run_id == run_id
-            )
-        ).all()
-        ckpts = session.exec(
-            select(Checkpoint.item_id, Checkpoint.state).where(Checkpoint.run_id == run_id)
-        ).all()
+        results = queries.result_rows(session=session, run_id=run_id)
+        ckpts = queries.checkpoint_states(session=session, run_id=run_id)
     done_by: dict[int, int] = {}
     failed_by: dict[int, int] = {}
     tokens = 0
@@ -365,7 +357,7 @@ def run_status(*, db: Engine, run_id: str) -> RunStatus:
 
 def recent_runs(*, db: Engine, limit: int = 20) -> list[Run]:
     with session_scope(db) as session:
-        return list(session.exec(select(Run).order_by(Run.created_at.desc()).limit(limit)).all())
+        return queries.recent_runs(session=session, limit=limit)
 
 
 def shard_rows(*, db: Engine, run_id: str) -> list[Shard]:
@@ -375,5 +367,5 @@ def shard_rows(*, db: Engine, run_id: str) -> list[Shard]:
 
 def ensure_run(*, db: Engine, run_id: str) -> None:
     with session_scope(db) as session:
-        if session.get(Run, run_id) is None:
+        if not queries.run_exists(session=session, run_id=run_id):
             raise SrdqError(f"no run '{run_id}' in the database")

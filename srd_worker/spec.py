@@ -8,13 +8,13 @@ starting over.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from srd_worker.encoding import sorted_json
 from srd_worker.errors import ConfigError, DatasetError
 from srd_worker.methods.base import Method
 from srd_worker.methods.registry import build_method
@@ -44,7 +44,8 @@ class RunSpec(BaseModel):
 
     def config_hash(self) -> str:
         body = self.model_dump(exclude={"dataset"} | (set() if self.fields else {"fields"}))  # old ids stay
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        text = sorted_json(body, compact=False, ascii=True, allow_nan=True)  # the format old run ids hashed
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def run_id(self) -> str:
         return "run-" + self.config_hash()[:12]
@@ -98,20 +99,17 @@ def prepare_run(
     ``dataset`` is a file path or a built-in dataset name (``srd_worker.datasets``; an existing file wins).
     The spec records it as given, with the file's sha256."""
     from srd_worker.datasets import builtin_dataset, resolve_dataset
-    from srd_worker.engines.registry import engine_capabilities
-    from srd_worker.methods.registry import check_compatible
     from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
     from srd_worker.tasks.registry import load_items
+    from srd_worker.wiring import check_spec
 
     built = build_method(method, params)  # unknown method / parameter fails before the dataset is read
     if reward is not None:
         check_reward_name(reward)
     if reward == "none":
         reward = None
-    check_compatible(
-        built, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None
-    )
+    check_spec(built, engine=engine, reward=reward)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     path = resolve_dataset(dataset)

@@ -16,9 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from srd_worker.errors import ObjectStoreError
-from srd_worker.objects import (
-    ObjectStore,
+from srd_worker.artifacts import (
     read_run,
     read_shard,
     records_from_table,
@@ -28,6 +26,8 @@ from srd_worker.objects import (
     write_run_manifest,
     write_shard,
 )
+from srd_worker.errors import ObjectStoreError
+from srd_worker.objects import ObjectStore
 
 RUN = "run-abc"
 SPEC = {"method": "srd", "params": {"k": 4}, "seed": 0}

@@ -294,6 +294,16 @@ def load_results(*, session: Session, run_id: str) -> list[dict[str, Any]]:
     )
 
 
+def update_result_records(*, session: Session, records: dict[int, dict[str, Any]]) -> None:
+    """Replace the record (and its ``correct`` and ``error`` columns) of each result id in ``records``."""
+    for result_id, record in records.items():
+        session.exec(
+            update(Result)
+            .where(col(Result.id) == result_id)
+            .values(record=record, correct=record["correct"], error=record["error"])
+        )
+
+
 def set_shard_status(
     *, session: Session, run_id: str, shard_index: int, status: str, error: str | None = None
 ) -> None:

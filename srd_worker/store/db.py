@@ -62,6 +62,15 @@ def upgrade(url: str) -> None:
         command.upgrade(config, "head")
 
 
+def check_reachable(engine: Engine) -> None:
+    """One query that needs the ``run`` table: raises (the driver's error) when the database is
+    unreachable or was never migrated."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        conn.execute(text("select 1 from run limit 1"))
+
+
 @contextmanager
 def session_scope(engine: Engine) -> Iterator[Session]:
     """One session and one transaction: commit when the block succeeds, roll back when it raises.

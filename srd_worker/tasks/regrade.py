@@ -1,4 +1,5 @@
-"""Re-grade a run's stored responses with the current grader, without generating anything again.
+"""Re-grading stored responses with the current grader, without generating anything again (pure: the
+database side is ``srd_worker.regrade``).
 
 For every result of the run that has a response, the run's task (rebuilt from the stored spec, with its
 ``--field`` mapping) extracts the answer and grades it again from the stored item (question, gold, meta);
@@ -20,12 +21,6 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, update
-from sqlmodel import col, select
-
-from srd_worker.store import crud
-from srd_worker.store.db import session_scope
-from srd_worker.store.models import Result
 from srd_worker.tasks.base import Item, Task
 
 
@@ -74,37 +69,23 @@ def regrade_record(task: Task, item: Item, record: dict[str, Any]) -> dict[str, 
     return new
 
 
-def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> RegradeReport:
-    """Re-grade every stored response of ``run_id``; ``StoreError`` if there is no such run.
-
-    ``task`` defaults to the run's own task, rebuilt from its stored spec (name and field mapping).
-    """
-    from srd_worker.tasks.registry import get_task
-
-    with session_scope(engine) as session:
-        run = crud.get_run(session=session, run_id=run_id)
-        spec = dict(run.spec)
-        rows = {row.id: row for row in crud.list_items(session=session, run_id=run_id)}
-        results = [
-            (r.id, r.item_id, dict(r.record))
-            for r in session.exec(
-                select(Result).where(Result.run_id == run_id).order_by(col(Result.position))
-            )
-        ]
-    task = task or get_task(spec["task"], fields=spec.get("fields") or {})
+def regrade_results(
+    task: Task, run_id: str, items: dict[int, Item], results: list[tuple[int, int, dict[str, Any]]]
+) -> tuple[RegradeReport, dict[int, dict[str, Any]]]:
+    """Grade ``results`` ((result id, item row id, record) in dataset order) again with ``task``;
+    ``items`` maps item row ids to their items. Returns the report and the new record per result id
+    (results without a response are skipped and not returned)."""
     report = RegradeReport(
         run_id=run_id, task=task.name, grader_version=task.grader_version, results=len(results)
     )
     before: Counter[str] = Counter()
-    updates: list[tuple[int, dict[str, Any]]] = []
+    updates: dict[int, dict[str, Any]] = {}
     for result_id, item_row_id, record in results:
         before[str(record.get("grader_version") or "unrecorded")] += 1
         if record.get("response") is None:
             report.skipped += 1
             continue
-        row = rows[item_row_id]
-        item = Item(id=row.item_key, question=row.question, gold=row.gold, meta=dict(row.meta or {}))
-        new = regrade_record(task, item, record)
+        new = regrade_record(task, items[item_row_id], record)
         report.regraded += 1
         report.errors += new["error"] is not None
         if (new.get("answer"), new.get("correct"), new.get("error")) != (
@@ -113,13 +94,6 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
             record.get("error"),
         ):
             report.changed += 1
-        updates.append((result_id, new))
+        updates[result_id] = new
     report.previous_versions = dict(before)
-    with session_scope(engine) as session:
-        for result_id, new in updates:
-            session.exec(
-                update(Result)
-                .where(col(Result.id) == result_id)
-                .values(record=new, correct=new["correct"], error=new["error"])
-            )
-    return report
+    return report, updates

@@ -29,7 +29,7 @@ from srd_worker.engines.base import (
     SamplingParams,
 )
 from srd_worker.engines.registry import ENGINES, build_engine, engine_capabilities
-from srd_worker.errors import CapabilityError, ConfigError, EngineError, RewardError
+from srd_worker.errors import CapabilityError, ConfigError, EngineError, RewardError, StoreError
 from tests.unit import fake_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +116,73 @@ def test_prepare_run_refuses_missing_capability_before_reading_the_dataset(needy
             dataset=dataset, method="best_of_n", params={}, model="m", reward="hf-orm:nvidia/AceMath-7B-RM"
         ).spec.run_id()
     )
+
+
+def test_fleet_submit_refuses_what_the_local_run_refuses(needy_methods, dataset, tmp_path):
+    """A spec whose engine lacks a capability the method needs (here a hand-edited one, as a client of
+    ``service.submit`` other than ``prepare_run`` could send): ``service.submit`` refuses it before
+    storing or enqueuing anything, with the same error ``run_local`` gives before writing anything."""
+    import dataclasses
+
+    from srd_worker.local import run_local
+    from srd_worker.service import submit
+    from srd_worker.settings import Settings
+    from srd_worker.store import crud
+    from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
+
+    ok = prepare_run_for(dataset, "needs_full_logits")
+    bad = dataclasses.replace(ok, spec=ok.spec.model_copy(update={"engine": "vllm"}))
+    url = sqlite_url(tmp_path / "fleet.db")
+    upgrade(url)
+    db = make_engine(url)
+    enqueued: list[tuple[str, int]] = []
+    try:
+        with pytest.raises(CapabilityError, match="full_logits.*'vllm' engine") as fleet_error:
+            submit(bad, db=db, enqueue=lambda run_id, index: enqueued.append((run_id, index)))
+        with session_scope(db) as session, pytest.raises(StoreError, match="no run"):
+            crud.get_run(session=session, run_id=bad.spec.run_id())
+        assert enqueued == []
+        out = tmp_path / "local"
+        with pytest.raises(CapabilityError) as local_error:
+            run_local(bad, out_dir=out, settings=Settings(cache_dir=tmp_path))
+        assert str(local_error.value) == str(fleet_error.value) and not out.exists()
+        done = submit(ok, db=db, enqueue=lambda run_id, index: enqueued.append((run_id, index)))
+        assert done.created and enqueued == [(done.run_id, 0)]
+    finally:
+        db.dispose()
+
+
+def prepare_run_for(dataset: Path, method: str, **kw):
+    from srd_worker.spec import prepare_run
+
+    kw.setdefault("reward", None)
+    return prepare_run(dataset=dataset, method=method, params={}, model="tiny-random-llama", **kw)
+
+
+def test_wire_checks_the_engine_it_is_given(needy_methods, dataset, shim, tiny_engine, tmp_path):
+    """``wire`` (both paths: ``run_local`` and a fleet worker's ``process_shard``) builds the method and
+    task from the spec and refuses an engine instance that lacks what the method needs, even when the
+    engine the spec names would have it (a worker's cached engine is what actually runs)."""
+    from srd_worker.settings import Settings
+    from srd_worker.wiring import wire
+
+    settings = Settings(cache_dir=tmp_path)
+    spec = prepare_run_for(dataset, "needs_full_logits").spec
+    with pytest.raises(CapabilityError, match="full_logits.*'vllm' engine"):
+        wire(spec, settings=settings, engine=shim)
+    wired = wire(spec, settings=settings, engine=tiny_engine)
+    assert (wired.method.name, wired.task.name, wired.engine, wired.reward) == (
+        "needs_full_logits",
+        "gsm8k",
+        tiny_engine,
+        None,
+    )
+    assert wired.method.params.to_dict() == spec.params
+    no_reward = prepare_run_for(dataset, "best_of_n", reward="arithmetic").spec.model_copy(
+        update={"reward": None}
+    )
+    with pytest.raises(ConfigError, match="needs a reward model"):
+        wire(no_reward, settings=settings, engine=tiny_engine)
 
 
 # ------------------------------------------------------------------------------------- without vLLM

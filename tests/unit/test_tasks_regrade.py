@@ -17,13 +17,13 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, update
 from sqlmodel import col, select
 
+from srd_worker.regrade import regrade
 from srd_worker.store import crud
 from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
 from srd_worker.store.models import Result
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import GRADER_VERSION
 from srd_worker.tasks.hotpotqa import GRADER_VERSION as HOTPOT_VERSION
-from srd_worker.tasks.regrade import regrade
 from tests.unit.test_tasks_gpqa import write_gpqa_csv
 
 ROOT = Path(__file__).resolve().parents[2]

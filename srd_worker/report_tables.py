@@ -1,0 +1,154 @@
+"""The Markdown tables of ``srdq report`` (``reports.build_report`` puts them together): the run
+summary, compute per component (SRD paper Table 2 layout) and routing statistics (Table 6 layout)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from srd_worker.methods.base import COMPONENTS
+
+if TYPE_CHECKING:
+    from srd_worker.reports import ComponentRow, RoutingRow, RunSummary
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def _seconds(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return "<0.01" if x < 0.01 else f"{x:.2f}"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align: str = "") -> str:
+    """A GitHub-flavoured Markdown table; ``align`` holds one of l/r per column (default: l then r)."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    sep = ["---" if a == "l" else "---:" for a in align]
+    lines = ["| " + " | ".join(_cell(h) for h in headers) + " |", "|" + "|".join(sep) + "|"]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "defaults"
+
+
+def budget_text(budget: int | None) -> str:
+    return "–" if budget is None else str(budget)
+
+
+def summary_table(summaries: Sequence[RunSummary]) -> str:
+    rows = []
+    for s in summaries:
+        acc = "n/a" if s.accuracy is None else f"{s.accuracy:.3f} ({s.correct}/{s.graded})"
+        rows.append(
+            [
+                s.run_id,
+                s.method,
+                _params_text(s.params),
+                budget_text(s.budget),
+                s.model,
+                s.reward or "–",
+                s.items,
+                s.done,
+                s.failed,
+                s.pending,
+                acc,
+                _num(s.mean_reward),
+                _num(s.mean_gen_tokens, 1),
+                "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s",
+            ]
+        )
+    return markdown_table(
+        [
+            "run",
+            "method",
+            "params",
+            "N",
+            "model",
+            "reward",
+            "items",
+            "done",
+            "failed",
+            "pending",
+            "accuracy",
+            "mean reward",
+            "mean gen tokens",
+            "wall time",
+        ],
+        rows,
+        align="lllrllrrrrrrrr",
+    )
+
+
+def component_table(rows: Sequence[ComponentRow]) -> str:
+    body = []
+    for r in rows:
+        cells = [f"{_seconds(r.components[c].time_s)} / {r.components[c].calls:.1f}" for c in COMPONENTS]
+        body.append(
+            [
+                r.run_id,
+                r.method,
+                budget_text(r.budget),
+                _pct(r.accuracy),
+                _seconds(r.time_s),
+                f"{r.in_tokens:.0f}",
+                f"{r.out_tokens:.0f}",
+                *cells,
+            ]
+        )
+    return markdown_table(
+        ["run", "method", "N", "Acc", "Time", "In tok", "Out tok", "Drafter", "Scorer", "Editor", "Router"],
+        body,
+        align="llrrrrrrrrr",
+    )
+
+
+def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
+    body = [
+        [
+            r.run_id,
+            r.method,
+            budget_text(r.budget),
+            *(f"{r.components[c].in_tokens:.0f} / {r.components[c].out_tokens:.0f}" for c in COMPONENTS),
+        ]
+        for r in rows
+    ]
+    return markdown_table(
+        ["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body, align="llrrrrr"
+    )
+
+
+def routing_table(rows: Sequence[RoutingRow]) -> str:
+    body = [
+        [
+            r.run_id,
+            r.method,
+            budget_text(r.budget),
+            _pct(r.p_h),
+            _pct(r.p_m),
+            _pct(r.p_l),
+            _num(r.rho, 2),
+            "n/a" if r.gain is None else f"{r.gain:.2f}×",
+            r.events,
+            r.refinements,
+            r.items,
+        ]
+        for r in rows
+    ]
+    return markdown_table(
+        ["run", "method", "N", "p_H", "p_M", "p_L", "ρ̂", "gain", "routing events", "refinements", "items"],
+        body,
+        align="llrrrrrrrrr",
+    )

@@ -1,0 +1,87 @@
+"""Read-only queries behind ``srdq export``, ``report``, ``status`` and ``regrade``.
+
+Like ``crud``, every function takes the session as a keyword argument. The export and report reads
+select only the columns they need, so a database at an older schema (an old ``srdq-out/srdq.db``) can
+still be exported and reported.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlmodel import Session, col, select
+
+from srd_worker.errors import StoreError
+from srd_worker.store.models import Checkpoint, ItemRow, Result, Run
+
+
+def require_run(*, session: Session, run_id: str) -> None:
+    """``StoreError`` unless the run exists (reads only its id)."""
+    if session.exec(select(Run.id).where(Run.id == run_id)).first() is None:
+        raise StoreError(f"no run {run_id!r} in the database")
+
+
+def run_exists(*, session: Session, run_id: str) -> bool:
+    return session.get(Run, run_id) is not None
+
+
+def items_with_records(*, session: Session, run_id: str) -> list[tuple[int, str, int, str, str, Any]]:
+    """(position, item_key, shard_index, question, gold, record or None) per item, in dataset order."""
+    return list(
+        session.exec(
+            select(
+                ItemRow.position,
+                ItemRow.item_key,
+                ItemRow.shard_index,
+                ItemRow.question,
+                ItemRow.gold,
+                Result.record,
+            )
+            .select_from(ItemRow)
+            .outerjoin(Result, col(Result.item_id) == col(ItemRow.id))
+            .where(ItemRow.run_id == run_id)
+            .order_by(col(ItemRow.position))
+        ).all()
+    )
+
+
+def run_header(*, session: Session, run_id: str) -> tuple[str, str, dict, str, int, datetime, datetime]:
+    """(id, name, spec, status, n_items, created_at, updated_at) of the run; ``StoreError`` if none."""
+    row = session.exec(
+        select(Run.id, Run.name, Run.spec, Run.status, Run.n_items, Run.created_at, Run.updated_at).where(
+            Run.id == run_id
+        )
+    ).first()
+    if row is None:
+        raise StoreError(f"no run {run_id!r} in the database")
+    return tuple(row)  # type: ignore[return-value]
+
+
+def result_rows(*, session: Session, run_id: str) -> list[tuple[int, int, str | None, dict[str, Any]]]:
+    """(item row id, shard_index, error, record) of every result of the run."""
+    return list(
+        session.exec(
+            select(Result.item_id, Result.shard_index, Result.error, Result.record).where(
+                Result.run_id == run_id
+            )
+        ).all()
+    )
+
+
+def checkpoint_states(*, session: Session, run_id: str) -> list[tuple[int, dict[str, Any]]]:
+    """(item row id, state) of every checkpoint of the run."""
+    return list(
+        session.exec(select(Checkpoint.item_id, Checkpoint.state).where(Checkpoint.run_id == run_id)).all()
+    )
+
+
+def results_by_position(*, session: Session, run_id: str) -> list[tuple[int, int, dict[str, Any]]]:
+    """(result id, item row id, record copy) of every result of the run, in dataset order."""
+    rows = session.exec(select(Result).where(Result.run_id == run_id).order_by(col(Result.position)))
+    return [(r.id, r.item_id, dict(r.record)) for r in rows]
+
+
+def recent_runs(*, session: Session, limit: int = 20) -> list[Run]:
+    """The ``limit`` newest runs, newest first."""
+    return list(session.exec(select(Run).order_by(col(Run.created_at).desc()).limit(limit)).all())

@@ -1,0 +1,57 @@
+"""One ``wire(spec)``: the method, engine, reward and task a run spec names, built and checked the same
+way on every path (``srdq run`` in ``local.py``, a fleet worker in ``service.py``).
+
+``check_spec`` is the static half of the check: the method's needs against the engine's declared
+capabilities (``engines.registry``, no model loaded) and the reward it needs. It runs at submit time on
+both paths (``spec.prepare_run``, and again in ``service.submit`` before anything is stored), and
+``wire`` runs it again before building anything, then checks the built engine's own capabilities.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from srd_worker.methods.base import Method
+from srd_worker.tasks.base import Task
+
+
+@dataclass
+class Wired:
+    method: Method
+    engine: Any
+    reward: Any
+    task: Task
+
+
+def check_spec(method: Method, *, engine: str, reward: str | None) -> None:
+    """Refuse ``method`` on the engine named ``engine`` (by its static capabilities) or without a
+    reward it needs: ``CapabilityError`` / ``ConfigError``. Builds and imports nothing heavy."""
+    from srd_worker.engines.registry import engine_capabilities
+    from srd_worker.methods.registry import check_compatible
+
+    check_compatible(
+        method, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None
+    )
+
+
+def wire(spec: Any, *, settings: Any, engine: Any = None) -> Wired:
+    """Build what ``spec`` (a ``RunSpec``) runs with: the method from its name and params, the engine
+    (``engine`` if given, e.g. a worker's cached one, else built from ``spec.engine`` and ``spec.model``),
+    the reward over that engine, and the task with its ``--field`` mapping. Raises before building the
+    engine when the spec is incompatible, and after when the built engine lacks a capability."""
+    from srd_worker.engines.registry import build_engine
+    from srd_worker.methods.registry import build_method, check_compatible
+    from srd_worker.rewards.registry import build_reward
+    from srd_worker.tasks.registry import get_task
+
+    method = build_method(spec.method, spec.params)
+    check_spec(method, engine=spec.engine, reward=spec.reward)
+    task = get_task(spec.task, fields=spec.fields)
+    if engine is None:
+        engine = build_engine(spec.engine, spec.model, settings)
+    reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None
+    check_compatible(
+        method, engine_name=engine.name, capabilities=engine.capabilities, has_reward=reward is not None
+    )
+    return Wired(method=method, engine=engine, reward=reward, task=task)

@@ -269,3 +269,16 @@ def test_srdq_run_then_regrade_end_to_end(tmp_path: Path) -> None:
         json.dumps({k: v for k, v in r.items() if k != "timing"}, sort_keys=True, ensure_ascii=False)
         for r in first
     ]
+
+
+def test_tasks_do_not_import_the_store() -> None:
+    """Layering: ``srd_worker.tasks`` (regrade included) is pure; the database side is ``srd_worker.regrade``."""
+    code = (
+        "import pkgutil, sys, importlib, srd_worker.tasks as t\n"
+        "for m in pkgutil.iter_modules(t.__path__):\n"
+        "    importlib.import_module('srd_worker.tasks.' + m.name)\n"
+        "bad = sorted(n for n in sys.modules if n.startswith(('srd_worker.store', 'sqlalchemy', 'sqlmodel')))\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -11,8 +11,9 @@ task adapter that reads it (``tasks/registry.py``), record count, size, sha256, 
    ``gsm8k`` file shadows the built-in GSM8K);
 2. otherwise a built-in name resolves to the packaged file; a *directory* with a built-in name (say an
    ``--out gsm8k`` folder) does not shadow it, since a directory is never a dataset;
-3. otherwise an existing path (a directory) is returned for the reader to refuse with its own message,
-   and a value that does not exist raises ``DatasetError`` naming it and listing the built-in names.
+3. otherwise an existing path (a directory) is returned for the reader to refuse with its own message;
+   a value that does not exist raises ``DatasetError``: ``FILE: file not found`` when it looks like a
+   path (a separator or a suffix), else a message naming it and listing the built-in names.
 
 Left out: downloading (srdq never fetches data), versions of a dataset, and GPQA Diamond, whose authors
 distribute it only inside a password-protected archive.
@@ -142,8 +143,9 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
     """The file to read for ``name_or_path``: an existing file, else a built-in dataset's packaged file.
 
     Another existing path (a directory) that is not a built-in name is returned as is, so the dataset
-    reader reports why it cannot be read. Raises ``DatasetError`` naming the value and the built-in names when it is neither, or when a built-in
-    dataset's file is missing from the installation.
+    reader reports why it cannot be read. Raises ``DatasetError`` when the value is neither (``file not
+    found`` for a path, the list of built-in names for a bare name), or when a built-in dataset's file is
+    missing from the installation.
     """
     value = str(name_or_path)
     path = Path(value)
@@ -151,9 +153,12 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
     if path.is_file() or (path.exists() and entry is None):
         return path  # a directory that is not a built-in name: the reader says why it cannot be used
     if entry is None:
-        looks_like_path = "/" in value or "\\" in value or bool(path.suffix)
-        what = "file not found" if looks_like_path else "not a built-in dataset name, and no such file"
-        raise DatasetError(f"{what} (built-in datasets: {names()}; see `srdq datasets`)", path=value)
+        if "/" in value or "\\" in value or path.suffix:
+            raise DatasetError("file not found", path=value)  # clearly a path: the reader's own message
+        raise DatasetError(
+            f"not a built-in dataset name, and no such file (built-in datasets: {names()}; see `srdq datasets`)",
+            path=value,
+        )
     if not entry.path.is_file():
         raise DatasetError(
             f"built-in dataset {entry.name!r} is missing from this installation (reinstall srdq)",

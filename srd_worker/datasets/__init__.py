@@ -156,7 +156,8 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
         if "/" in value or "\\" in value or path.suffix:
             raise DatasetError("file not found", path=value)  # clearly a path: the reader's own message
         raise DatasetError(
-            f"not a built-in dataset name, and no such file (built-in datasets: {names()}; see `srdq datasets`)",
+            "not a built-in dataset name, and no such file "
+            f"(built-in datasets: {names()}; see `srdq datasets`)",
             path=value,
         )
     if not entry.path.is_file():

@@ -1,7 +1,8 @@
-"""Every built-in dataset file (srd_worker/datasets/data): ``--task auto`` picks the right adapter (or says clearly why the file is
-not a task), every row loads, gold answers grade correct against themselves and known wrong answers grade
-wrong. Row-level details per benchmark live in test_tasks.py (GSM8K, MATH-500), test_tasks_hotpotqa.py and
-test_tasks_generic.py (AlpacaEval)."""
+"""Every built-in dataset file (srd_worker/datasets/data): ``--task auto`` picks the right adapter (or says
+clearly why the file is not a task), every row loads, gold answers grade correct against themselves and
+known wrong answers grade wrong. Row-level details per benchmark live in test_tasks.py (GSM8K, MATH-500),
+test_tasks_hotpotqa.py and test_tasks_generic.py (AlpacaEval); the registry itself in
+test_datasets_registry.py."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def _sampling(dataset: str | Path, params: dict | None = None, **kwargs):
     )
 
 
-# --- registry and resolution ----------------------------------------------------------------------------------
+# --- registry and resolution --------------------------------------------------------------------------------
 
 
 def test_registry_names_and_tasks() -> None:
@@ -59,11 +59,8 @@ def test_packaged_file_matches_the_registry(name: str) -> None:
 
 def test_provenance_readme_names_every_file_and_checksum() -> None:
     readme = (DATA_DIR / "README.md").read_text(encoding="utf-8")
-    for entry in DATASETS.values():
-        assert (
-            f"| `{entry.name}` | `{entry.filename}` | {entry.records:,} | {entry.bytes:,} | `{entry.sha256}` |"
-            in (readme)
-        )
+    for d in DATASETS.values():
+        assert f"| `{d.name}` | `{d.filename}` | {d.records:,} | {d.bytes:,} | `{d.sha256}` |" in readme
     assert "CC BY-NC 4.0" in readme and "CC BY-SA 4.0" in readme
 
 
@@ -115,7 +112,7 @@ def test_unknown_name_lists_the_builtin_names(tmp_path: Path, monkeypatch: pytes
     assert str(info.value) == "data/missing.jsonl: file not found"  # a path: the reader's message, as before
 
 
-# --- run spec -------------------------------------------------------------------------------------------------
+# --- run spec -----------------------------------------------------------------------------------------------
 
 
 def test_spec_records_the_name_and_keeps_the_run_id_of_the_file() -> None:
@@ -138,7 +135,7 @@ def test_prm800k_sample_is_refused_by_name(task: str) -> None:
     assert "load_prm800k" in message and "\n" not in message
 
 
-# --- CLI ------------------------------------------------------------------------------------------------------
+# --- CLI ----------------------------------------------------------------------------------------------------
 
 
 def test_srdq_datasets_table() -> None:
@@ -213,5 +210,6 @@ def test_srdq_submit_dataset_dry_run_takes_a_name() -> None:
     assert result.exit_code == 0, result.output
     expected = _sampling("math500", {"max_new_tokens": 8}, limit=5, shard_size=2)
     assert result.stdout.strip() == (
-        f"{expected.spec.run_id()}: 5 items in 3 shards (task math500, method sampling); dry run, nothing stored"
+        f"{expected.spec.run_id()}: 5 items in 3 shards (task math500, method sampling); "
+        "dry run, nothing stored"
     )

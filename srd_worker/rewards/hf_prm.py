@@ -6,8 +6,8 @@ it, so a response that ends mid-step is scored on the steps completed so far and
 ignored. Whitespace-only steps are skipped. When no step is completed yet, the text so far (possibly empty)
 is scored as one step, so every response gets a score. ``score(..., finished=[...])`` marks responses that
 have ended (EOS or stop string): their trailing step counts as completed, so a final answer written after
-the last separator is scored. (The RewardModel protocol carries no such flag today; without it every
-response is treated as possibly partial.)
+the last separator is scored. The methods pass it through ``ScoreCall.finished`` (see ``rewards/base.py``);
+a caller that omits it has every response treated as possibly partial.
 
 Two conventions, chosen by ``style``:
 

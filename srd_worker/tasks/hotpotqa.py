@@ -1,7 +1,7 @@
 """HotpotQA (Yang et al., 2018), distractor setting: dataset adapter, passages prompt, official EM / F1.
 
 Rows: ``question``, ``answer`` and ``context``, the paragraphs shown to the model, either as
-``{"title", "paragraph_text"}`` objects (the shared ``hotpotqa_dev_500.jsonl``) or as the official
+``{"title", "paragraph_text"}`` objects (the built-in ``hotpotqa`` dataset, ``hotpotqa_dev_500.jsonl``) or as the official
 ``[title, [sentence, ...]]`` pairs (sentences joined as they are, like the official files). The id is ``id``
 (or the official ``_id``), else ``line-<N>``; ``type``, ``supporting_titles`` and the paragraph titles are
 kept in ``Item.meta``. ``Item.question`` is the numbered passages followed by the question, so the policy
@@ -14,7 +14,7 @@ normalises to ``yes``, ``no`` or ``noanswer`` and the two differ. The predicted 
 ``\\boxed{}`` (``\\text{}`` unwrapped); without one, the text after the last "answer is" / "Answer:". A
 response with no answer scores EM 0 and F1 0. ``grade`` is EM; ``metrics`` gives em, f1, precision, recall.
 
-Left out: supporting-fact (sp) and joint metrics (the shared subset has paragraph-level labels only and
+Left out: supporting-fact (sp) and joint metrics (the built-in subset has paragraph-level labels only and
 the prompt asks for citations, not sentence ids), and the test split (it has no answers).
 """
 

@@ -18,9 +18,8 @@ Implemented
           rank order per item, exactly as the sequential Algorithm 1 would); the min-1 guard; finished
           candidates stay in the pool (or, with ``rank_unfinished_only``, leave it and are kept as they
           are); the ``archive_all`` answer rule; lazy or eager checkpoint scoring.
-    §1.10 per-item routing statistics: tier counts per routing event (p_H, p_M, p_L), refinements and
-          how many ended in KEEP (ρ), the efficiency gain 1 + ρ·p_M/p_H, mean reward before → after
-          refinement, R_max.
+    §1.10 per-item routing statistics (p_H, p_M, p_L, ρ, the efficiency gain, mean reward before →
+          after refinement, R_max), see below.
 
 PROPOSED choices (ALGORITHMS.md marks them so)
     - Lazy checkpoint scoring scores only what routing needs (chunk ends; final ends in the batch form)
@@ -37,8 +36,7 @@ PROPOSED choices (ALGORITHMS.md marks them so)
     - Routing statistics: p_H/p_M/p_L pool the tiers of the per-round routing of the candidate pool
       (batch form: the single initial routing); re-routing decisions on refined trajectories are
       counted apart (``refine_outcomes``: keep / requeue / discard). ρ = refinements whose τ' went to
-      KEEP in that decision / refinements.
-      Gain = 1 + ρ·p_M/p_H; None when p_H = 0, or when p_M > 0 but nothing was refined; 1.0 when p_M = 0.
+      KEEP in that decision / refinements; gain = 1 + ρ·p_M/p_H (``routing.efficiency_gain``).
     - Seeds: ``ctx.seed(state, candidate_id, kind)`` with kinds ``draft`` (shared with rejection
       sampling and Best-of-N), ``edit<w>`` (wave w of the round), ``bob<w>.<b>`` and ``extend<b>``;
       candidate ids are the initial indices and follow a trajectory through its edits.
@@ -154,8 +152,7 @@ class SRDLoop:
     """SRD's Algorithms A and B over many items at once, routed by ``router``."""
 
     def __init__(self, cfg: SRDParams, router: Router) -> None:
-        self.cfg = cfg
-        self.router = router
+        self.cfg, self.router = cfg, router
 
     # -- state ---------------------------------------------------------------------------------------
     def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> SRDState:

@@ -159,6 +159,7 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
     import json
 
     from srd_worker.coupled import compare as coupled_compare
+    from srd_worker.coupled import coupling_mismatches
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
 
@@ -169,11 +170,11 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
             records = {rid: crud.load_results(session=session, run_id=rid) for rid in (srd_run, rs_run)}
     finally:
         engine.dispose()
-    for rid, want in ((srd_run, "srd"), (rs_run, "rejection_sampling")):
-        if runs[rid].spec.get("method") != want:
-            raise click.ClickException(f"{rid} is a {runs[rid].spec.get('method')} run, not {want}")
-    if runs[srd_run].spec.get("seed") != runs[rs_run].spec.get("seed"):
-        raise click.ClickException("the two runs used different seeds: their drafts are not coupled")
+    problems = coupling_mismatches(runs[srd_run].spec, runs[rs_run].spec)
+    if problems:
+        raise click.ClickException(
+            f"{srd_run} and {rs_run} are not a coupled SRD / rejection-sampling pair: " + "; ".join(problems)
+        )
     try:
         result = coupled_compare(records[srd_run], records[rs_run])
     except ValueError as exc:

@@ -14,6 +14,47 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+#: Spec fields two coupled runs must share: the same rows, prompts, model, reward and run seed.
+SHARED_SPEC = ("dataset_sha256", "task", "fields", "model", "engine", "reward", "seed", "limit")
+#: Method parameters both runs must share so the seeded drafts (and the pool they are ranked in) agree.
+SHARED_PARAMS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "chunk_tokens",
+    "archive_all",
+    "rank_unfinished_only",
+)
+
+
+def coupling_mismatches(srd_spec: dict[str, Any], rs_spec: dict[str, Any]) -> list[str]:
+    """Why two stored run specs are not an SRD run and its coupled rejection-sampling ablation (empty when
+    they are): methods ``srd`` / ``rejection_sampling``, equal data/model/reward/seed (``SHARED_SPEC``),
+    equal drafting parameters (``SHARED_PARAMS``), the rank variant with θ = SRD's θ_high (App. G: the
+    ablation is SRD with θ_low = θ_high and no editor), and SRD's incremental form (the batch form drafts
+    every candidate to the end before routing, so its pool differs from the ablation's from round 2 on)."""
+    problems: list[str] = []
+    if srd_spec.get("method") != "srd":
+        problems.append(f"the first run is a {srd_spec.get('method')} run, not srd")
+    if rs_spec.get("method") != "rejection_sampling":
+        problems.append(f"the second run is a {rs_spec.get('method')} run, not rejection_sampling")
+    for key in SHARED_SPEC:
+        if srd_spec.get(key) != rs_spec.get(key):
+            problems.append(f"{key} differs: {srd_spec.get(key)!r} vs {rs_spec.get(key)!r}")
+    sp, rp = srd_spec.get("params") or {}, rs_spec.get("params") or {}
+    for key in SHARED_PARAMS:
+        if sp.get(key) != rp.get(key):
+            problems.append(f"parameter {key} differs: {sp.get(key)!r} vs {rp.get(key)!r}")
+    if rp.get("variant", "rank") != "rank":
+        problems.append(f"the rejection-sampling run uses variant={rp.get('variant')}, not rank")
+    elif sp.get("theta_high") != rp.get("theta"):
+        problems.append(f"theta {rp.get('theta')!r} differs from SRD's theta_high {sp.get('theta_high')!r}")
+    if sp.get("form", "incremental") != "incremental":
+        problems.append(f"the SRD run uses form={sp.get('form')}; only the incremental form is coupled")
+    return problems
+
 
 @dataclass
 class CoupledComparison:

@@ -84,3 +84,58 @@ def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     assert data["items"] == 3 and data["wins"] + data["ties"] + data["losses"] == 3
     wrong = runner.invoke(cli, ["compare", ids["srd"], ids["best_of_n"], "--db", str(tmp_path / "out")])
     assert wrong.exit_code == 1 and "is a best_of_n run, not rejection_sampling" in wrong.output
+
+
+def _specs():
+    common = {"dataset_sha256": "ab", "task": "gsm8k", "fields": {}, "model": "m", "engine": "transformers"}
+    common |= {"reward": "arithmetic", "seed": 3, "limit": None}
+    draft = {
+        "n": 10,
+        "temperature": 0.8,
+        "top_p": 0.9,
+        "top_k": 50,
+        "max_new_tokens": 500,
+        "chunk_tokens": 100,
+    }
+    draft |= {"archive_all": False, "rank_unfinished_only": False}
+    srd = common | {
+        "method": "srd",
+        "params": draft | {"theta_high": 0.5, "theta_low": 0.3, "form": "incremental"},
+    }
+    rs = common | {"method": "rejection_sampling", "params": draft | {"variant": "rank", "theta": 0.5}}
+    return srd, rs
+
+
+def test_a_coupled_pair_has_no_mismatch():
+    from srd_worker.coupled import coupling_mismatches
+
+    assert coupling_mismatches(*_specs()) == []
+
+
+@pytest.mark.parametrize(
+    "side,path,value,message",
+    [
+        ("rs", ("params", "n"), 8, "parameter n differs: 10 vs 8"),
+        ("rs", ("params", "temperature"), 1.0, "parameter temperature differs"),
+        ("srd", ("params", "max_new_tokens"), 400, "parameter max_new_tokens differs"),
+        ("srd", ("params", "chunk_tokens"), 50, "parameter chunk_tokens differs"),
+        ("rs", ("params", "theta"), 0.6, "theta 0.6 differs from SRD's theta_high 0.5"),
+        ("rs", ("params", "variant"), "absolute", "variant=absolute, not rank"),
+        ("srd", ("params", "form"), "batch", "form=batch"),
+        ("rs", ("seed",), 4, "seed differs: 3 vs 4"),
+        ("rs", ("dataset_sha256",), "cd", "dataset_sha256 differs"),
+        ("rs", ("model",), "other", "model differs"),
+        ("srd", ("reward",), "lm_judge", "reward differs"),
+        ("rs", ("method",), "best_of_n", "the second run is a best_of_n run, not rejection_sampling"),
+    ],
+)
+def test_each_broken_coupling_is_named(side, path, value, message):
+    from srd_worker.coupled import coupling_mismatches
+
+    srd, rs = _specs()
+    target = srd if side == "srd" else rs
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    problems = coupling_mismatches(srd, rs)
+    assert len(problems) == 1 and message in problems[0], problems

@@ -43,7 +43,7 @@ class Settings(BaseSettings):
         "bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32."
     )
     batch_invariant: bool = Field(
-        False,
+        True,
         description="Transformers engine: run requests of equal prompt length as their own batch, so a "
         "seeded request gets the same tokens whatever else is in the batch (false: one padded batch, "
         "fewer forward passes, batch-dependent results).",

@@ -97,7 +97,7 @@ class TransformersEngine:
         *,
         max_batch_size: int = 64,
         model_name: str = "",
-        batch_invariant: bool = False,
+        batch_invariant: bool = True,
     ) -> None:
         import torch
 

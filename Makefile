@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint fmt clean
+.PHONY: install demo test test-fast lint fmt clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,10 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	scripts/with-services $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+## The fast tier only: unit tests of one component each (no servers, no end-to-end runs, no SmolLM2).
+test-fast: install
+	$(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
 
 lint:
 	$(BIN)/ruff check .

@@ -45,6 +45,7 @@ def test_no_refinements_gives_none():
     assert c.refinements == 0 and c.refinements_improved is None and c.reward_before_refine is None
 
 
+@pytest.mark.e2e
 def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     import json
 

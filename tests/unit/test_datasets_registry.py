@@ -163,6 +163,7 @@ def test_srdq_datasets_json() -> None:
     assert all(Path(d["path"]).is_file() for d in data)
 
 
+@pytest.mark.e2e
 def test_srdq_run_a_builtin_name(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["run", "gsm8k", "--limit", "2", "--method", "sampling", *TINY, "--out", str(out)]

@@ -270,6 +270,7 @@ def two_runs(tmp_path_factory, datasets_dir) -> tuple[Path, list[str]]:
     return out, run_ids
 
 
+@pytest.mark.e2e
 def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: Path) -> None:
     from PIL import Image
 
@@ -293,6 +294,7 @@ def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: P
     assert run_ids[1] in routing and run_ids[0] not in routing  # only SRD records routing statistics
 
 
+@pytest.mark.e2e
 def test_export_of_an_embedded_run_equals_its_results_file(two_runs, tmp_path: Path) -> None:
     out, run_ids = two_runs
     dest = tmp_path / "bon.jsonl"
@@ -306,6 +308,7 @@ def test_export_of_an_embedded_run_equals_its_results_file(two_runs, tmp_path: P
     assert all(r["status"] == "done" and r["failed"] is False for r in exported)
 
 
+@pytest.mark.e2e
 def test_report_of_an_unknown_run_is_one_clear_line(two_runs, tmp_path: Path) -> None:
     out, _ = two_runs
     proc = srdq("report", "run-nope", "--out", str(tmp_path), "--db", str(out / "srdq.db"))

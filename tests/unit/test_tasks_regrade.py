@@ -207,6 +207,7 @@ def test_cli_regrade_out_rewrites_local_results(tmp_path: Path) -> None:
     assert unknown.exit_code == 1 and unknown.output.strip() == "Error: no run 'run-9'"
 
 
+@pytest.mark.e2e
 def test_srdq_run_then_regrade_end_to_end(tmp_path: Path) -> None:
     """A real run (tiny random model) on a GPQA CSV records the grader version; regrade restores grades."""
     data = write_gpqa_csv(tmp_path / "gpqa.csv", n=3)

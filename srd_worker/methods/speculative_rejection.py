@@ -11,9 +11,12 @@ Follows the reference code's semantics (§2.3, ``Zanette-Labs/SpeculativeRejecti
   drafted again — by that reward, descending (ties: lowest candidate id), and keep the top
   ``max(1, round((1 - α)·|pool|))`` (Python's ``round``: banker's rounding, as the reference code);
 - stop when no kept candidate is unfinished;
-- answer: the highest reward among every candidate that ever finished (a finished candidate pushed out
-  of the pool later is never lost from the final pool, as in ``postprocess/gather_best_ans.py``); ties →
-  earliest finished round, then lowest candidate id.
+- a candidate that finishes in a round is ranked with that round's pool and archived only if it survives
+  the ranking (the reference code keeps only finished survivors): one rejected in the round it finishes
+  can never be the answer;
+- answer: the highest reward among every archived (finished and surviving) candidate — a finished
+  survivor pushed out of the pool in a later round is not lost, as in ``postprocess/gather_best_ans.py``;
+  ties → earliest finished round, then lowest candidate id.
 
 Drafting, scoring and the answer rule are ``pool.py``'s; the survivor count ``keep_count`` lives in
 ``routing.py`` (re-exported here). Seeds come from ``ctx.seed(state, candidate_id, "draft")`` — the
@@ -61,7 +64,7 @@ class SpeculativeRejectionParams(PoolParams):
 
 class SpecRejState(ItemState):
     candidates: list[Trajectory]  # the current pool, in candidate-id order
-    finished: list[ArchiveEntry]  # every completed trajectory, in the order it finished
+    finished: list[ArchiveEntry]  # every finished survivor, in the order it finished (ties: id order)
     pool_sizes: list[list[int]]  # [pool size, kept] per decision
 
 
@@ -84,14 +87,14 @@ class SpeculativeRejection(Method[SpecRejState]):
         drafted = draft_round(states, ctx, p)
         jobs = [(state, cand, [len(cand["tokens"])]) for state, cand, _ in drafted]
         score_positions(ctx, jobs)
-        for state, cand, _ in jobs:
-            if is_finished(cand):
-                state["finished"].append(archive_entry(cand))
         for state in states:
             pool = state["candidates"]
             k = keep_count(p.alpha, len(pool))
             order = rank_order([c["reward"] for c in pool])
             state["candidates"] = sorted((pool[i] for i in order[:k]), key=lambda c: c["id"])
+            for cand in state["candidates"]:  # finished survivors only, each once: the round it finished
+                if is_finished(cand) and cand["finished_round"] == state["round"]:
+                    state["finished"].append(archive_entry(cand))
             state["pool_sizes"].append([len(pool), k])
             state["round"] += 1
             state["done"] = all(is_finished(c) for c in state["candidates"])

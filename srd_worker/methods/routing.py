@@ -15,6 +15,10 @@ PROPOSED choices (ALGORITHMS.md marks them so)
       The earliest drop is searched over the WHOLE trajectory, so a drop before the last L_max tokens
       yields j* = length - L_max even if a later drop lies inside the tail (literal Alg. 1 reading).
       ``l_max = 0`` disables the cap (the L_max = ∞ ablation of §1.12; callers pass ``math.inf``).
+    - ``search="tail"`` (SRD's ``boundary_search=tail``) looks for the earliest drop only among the
+      checkpoint pairs (a, b) that end inside the regenerable tail (b > length - L_max), so a drop before
+      the tail no longer hides a later one inside it; without such a drop j* = length - L_max as before.
+      With an uncapped tail (L_max = ∞) both readings coincide.
     - ``resolve_boundary`` decides j* from incomplete checkpoint scores (lazy scoring, ``srd_loop.py``):
       because of the whole-trajectory reading above, a drop before the tail decides j*, so the scan runs
       from the start and asks for the missing checkpoints up to the first drop already known (or for
@@ -150,19 +154,31 @@ def _tail_start(length: int, l_max: float) -> int:
     return int(max(0, length - l_max))
 
 
+BOUNDARY_SEARCHES = ("whole", "tail")
+
+
+def _check_search(search: str) -> None:
+    if search not in BOUNDARY_SEARCHES:
+        raise ValueError(f"boundary search must be one of {', '.join(BOUNDARY_SEARCHES)}, got {search!r}")
+
+
 def resolve_boundary(
-    scores: Mapping[int, float], m: int, length: int, l_max: float
+    scores: Mapping[int, float], m: int, length: int, l_max: float, search: str = "whole"
 ) -> tuple[int | None, list[int]]:
     """FINDBOUNDARY on possibly incomplete checkpoint scores.
 
     Returns ``(j*, [])`` when the known scores already decide j* (as ``find_boundary`` would on the full
     set), else ``(None, missing)``: the checkpoints whose scores are needed (every unknown checkpoint
-    before the first drop that is already known).
+    before the first drop that is already known; with ``search="tail"`` only pairs ending inside the tail
+    are read).
     """
+    _check_search(search)
     tail = _tail_start(length, l_max)
     pos = checkpoint_positions(m, length)
     missing: list[int] = []
     for a, b in zip(pos, pos[1:], strict=False):
+        if search == "tail" and b <= tail:
+            continue
         for x in (a, b):
             if x not in scores and (not missing or missing[-1] != x):
                 missing.append(x)
@@ -177,7 +193,9 @@ def resolve_boundary(
     return tail, []
 
 
-def find_boundary(checkpoint_scores: dict[int, float], m: int, length: int, l_max: int) -> int:
+def find_boundary(
+    checkpoint_scores: dict[int, float], m: int, length: int, l_max: float, search: str = "whole"
+) -> int:
     """Regeneration boundary j* [PAPER Eq. 4 + Alg. 1 lines 17-18].
 
     Reading: checkpoints are m, 2m, … ≤ ``length`` plus ``length`` itself when it is not a multiple of m;
@@ -186,10 +204,16 @@ def find_boundary(checkpoint_scores: dict[int, float], m: int, length: int, l_ma
     the last ``l_max`` tokens are regenerated and a drop only matters when it lies inside that tail.
     A checkpoint absent from ``checkpoint_scores`` is skipped (the next checkpoint is the next present
     one); other keys (e.g. 0 or stale chunk ends) are ignored.
+
+    ``search="whole"`` (default) takes the earliest drop over the whole trajectory (literal Alg. 1);
+    ``search="tail"`` only drops between checkpoints a < b with b > length - l_max (inside the tail).
     """
+    _check_search(search)
     tail = _tail_start(length, l_max)
     pos = [j for j in checkpoint_positions(m, length) if j in checkpoint_scores]
     for a, b in zip(pos, pos[1:], strict=False):
+        if search == "tail" and b <= tail:
+            continue
         if checkpoint_scores[b] < checkpoint_scores[a]:
             return max(a, tail)
     return tail

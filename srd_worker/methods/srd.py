@@ -19,6 +19,10 @@ theta_high`` (``rejection_sampling.py`` builds that configuration and its own ``
 
 PROPOSED choices that are parameters here (the others are listed where they are implemented)
     - ``l_max = 0`` disables the span cap (the L_max = ∞ ablation of §1.12).
+    - ``boundary_search``: ``whole`` (default, literal Alg. 1: the earliest drop over the whole trajectory,
+      then the cap — with L_max = 30 in the incremental loop the earliest drop usually lies in chunks
+      already kept, so j* is mostly len - L_max) or ``tail`` (the earliest drop inside the regenerable tail
+      only, which makes the localisation matter under the cap).
     - ``n_refine`` counts refinements per trajectory over its whole life; 0 disables the editor.
     - ``editor_temperature`` (1.0) with the drafter's top-p / top-k.
     - ``self_compare_fallback``: a self_compare failure keeps τ instead of dropping τ' and τ.
@@ -44,6 +48,7 @@ from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, param
 from srd_worker.methods.pool import PoolParams
 from srd_worker.methods.routing import (  # re-exported: SRD's pure functions (§1.4)
+    BOUNDARY_SEARCHES,
     DISCARD,
     KEEP,
     REFINE,
@@ -90,6 +95,11 @@ class SRDParams(PoolParams):
     theta_low: float = param(0.3, "DISCARD if u <= theta_low; REFINE in between")
     scoring_interval: int = param(10, "m: checkpoint spacing in tokens for boundary localisation")
     l_max: int = param(30, "L_max: at most this many trailing tokens are regenerated (0 = no cap)")
+    boundary_search: str = param(
+        "whole",
+        "whole: earliest reward drop over the whole trajectory, then the L_max cap (literal Alg. 1); "
+        "tail: earliest drop inside the regenerable tail [len - L_max, len] only [PROPOSED]",
+    )
     n_refine: int = param(
         2, "N_refine: refinements per trajectory over its life; 0 disables the editor [PROPOSED]"
     )
@@ -129,6 +139,10 @@ class SRDParams(PoolParams):
         )
         _check(self.scoring_interval >= 1, f"scoring_interval must be >= 1, got {self.scoring_interval}")
         _check(self.l_max >= 0, f"l_max must be >= 0 (0 = no cap), got {self.l_max}")
+        _check(
+            self.boundary_search in BOUNDARY_SEARCHES,
+            f"boundary_search must be one of {', '.join(BOUNDARY_SEARCHES)}, got {self.boundary_search!r}",
+        )
         _check(self.n_refine >= 0, f"n_refine must be >= 0, got {self.n_refine}")
         _check(
             self.editor_temperature >= 0, f"editor_temperature must be >= 0, got {self.editor_temperature}"

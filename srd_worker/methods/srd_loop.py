@@ -194,7 +194,11 @@ class SRDLoop:
 
     def _resolve(self, cand: Trajectory) -> tuple[int | None, list[int]]:
         return resolve_boundary(
-            checkpoint_scores(cand), self.cfg.scoring_interval, len(cand["tokens"]), self._l_max
+            checkpoint_scores(cand),
+            self.cfg.scoring_interval,
+            len(cand["tokens"]),
+            self._l_max,
+            self.cfg.boundary_search,
         )
 
     def _fill_boundaries(self, ctx: StepContext, jobs: Sequence[tuple[SRDState, Trajectory]]) -> None:

@@ -321,3 +321,50 @@ def test_coupled_rejection_sampling_drafts_are_srd_drafts(tiny_engine):
     survivors = {(c["id"], c["text"]) for c in rs["candidates"]}
     assert len(survivors) == 3  # u >= 0.5 in a pool of 6: ranks 0, 1, 2
     assert survivors <= srd_drafts
+
+
+def test_boundary_search_whole_and_tail_hand_cases():
+    # m = 10, length 47, L_max = 20 → tail from 27. Drops: 10 → 20 and 30 → 40.
+    s = {10: 1.0, 20: 0.9, 30: 1.0, 40: 0.5, 47: 0.6}
+    # whole: the earliest drop 10 → 20 is before the tail: j* = max(10, 27) = 27
+    assert find_boundary(s, 10, 47, 20, "whole") == 27
+    assert resolve_boundary(s, 10, 47, 20, "whole") == (27, [])
+    # tail: pairs ending after 27 are 20 → 30 (no drop) and 30 → 40 (drop): j* = 30
+    assert find_boundary(s, 10, 47, 20, "tail") == 30
+    assert resolve_boundary(s, 10, 47, 20, "tail") == (30, [])
+    # tail, lazily: 30 and 40 unknown → those are asked for (nothing before the tail is needed)
+    assert resolve_boundary({10: 1.0, 20: 0.9, 47: 0.6}, 10, 47, 20, "tail") == (None, [30, 40])
+    # a drop straddling the tail start (20 → 30 with tail from 27) gives the cap: j* = 27
+    assert find_boundary({10: 0.1, 20: 0.9, 30: 0.5, 40: 0.6, 47: 0.7}, 10, 47, 20, "tail") == 27
+    # no drop inside the tail: 47 - 20 = 27
+    assert find_boundary({10: 0.9, 20: 0.1, 30: 0.2, 40: 0.3, 47: 0.4}, 10, 47, 20, "tail") == 27
+    # uncapped: both readings give the earliest drop, 10
+    assert find_boundary(s, 10, 47, float("inf"), "tail") == find_boundary(s, 10, 47, float("inf")) == 10
+
+
+@pytest.mark.parametrize(("search", "j_star"), [("whole", 12), ("tail", 15)])
+@pytest.mark.parametrize("scoring", ["lazy", "eager"])
+def test_boundary_search_sets_the_edit_budget(tiny_engine, search, j_star, scoring):
+    # length 20, m = 5, L_max = 8 → tail from 12. Candidate 1: 5: .9, 10: .2, 15: .7, 20: .35 — drops
+    # 5 → 10 (before the tail) and 15 → 20 (inside it). whole: the earliest drop 5 → 10 gives
+    # max(5, 12) = 12 (budget 8); tail: the pairs ending after 12 are 10 → 15 (up) and 15 → 20 (drop),
+    # j* = 15 (budget 5).
+    table1 = {5: 0.9, 10: 0.2, 15: 0.7, 20: 0.35}
+    table = {0: {1: 0.9}, 1: table1, 2: {1: 0.1}}
+    params = {**THREE, "l_max": 8, "n_refine": 1, "checkpoint_scoring": scoring, "boundary_search": search}
+    m, spy, _, ctx, state, prompt = setup(tiny_engine, params, scripted(table, {1: 0.95}))
+    cand = state["candidates"][1]
+    if scoring == "eager":
+        cand["S"] = {str(j): table1[j] for j in (5, 10, 15, 20)}
+    tau = list(cand["tokens"])
+    m.step([state], ctx)
+    (req,) = spy.requests
+    assert req.params.max_new_tokens == LENGTH - j_star
+    assert list(req.prompt_ids) == prompt + tau[:j_star]
+
+
+def test_boundary_search_is_validated():
+    from srd_worker.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="boundary_search"):
+        build_method("srd", {"boundary_search": "nope"})

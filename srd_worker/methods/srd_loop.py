@@ -15,11 +15,22 @@ Implemented
     §1.7  Algorithm B, the incremental form (``form=incremental``, default): per round one batched
           DRAFT, one batched SCORE, ROUTE, then REFINE in waves (one engine batch per wave over every
           item; a wave is one generation of the refinement queue; decisions are applied sequentially in
-          rank order per item, exactly as the sequential Algorithm 1 would); the min-1 guard; finished
+          rank order per item, each τ' ranked against KEEP ∪ rest of the queue ∪ re-queued ∪ {τ'}, as the
+          sequential Algorithm 1 processes its queue — see "Incremental vs batch" below for where the
+          two forms differ); the min-1 guard; finished
           candidates stay in the pool (or, with ``rank_unfinished_only``, leave it and are kept as they
           are); the ``archive_all`` answer rule; lazy or eager checkpoint scoring.
     §1.10 per-item routing statistics (p_H, p_M, p_L, ρ, the efficiency gain, mean reward before →
           after refinement, R_max), see below.
+
+Incremental vs batch (ALGORITHMS.md §1.7): the incremental form is NOT the batch form run in rounds.
+    (a) A τ' that lost its EOS (or is otherwise unfinished) is judged on its partial text's reward; the
+        batch form extends it to EOS / max length first and judges the complete response.
+    (b) A kept unfinished τ' makes the item draft another round, which routes the whole pool again
+        (with the defaults, about half survives); the batch form routes the drafts once.
+    (c) Edit seeds ``edit<w>`` include the item's round: the drafting round here, while the batch form
+        bumps the round at every step (drafts, waves, extensions), so the same edit draws differently.
+    They coincide only without refinement when every draft finishes in the first round.
 
 PROPOSED choices (ALGORITHMS.md marks them so)
     - Lazy checkpoint scoring scores only what routing needs (chunk ends; final ends in the batch form)

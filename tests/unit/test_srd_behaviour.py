@@ -114,7 +114,8 @@ def run(m, ctx, state, steps: int = 10):
 THREE = {"n": 3, "theta_high": 0.6, "theta_low": 0.3, "scoring_interval": 5}
 
 
-def test_editor_request_temperature_top_p_top_k_budget_and_prefix(tiny_engine):
+@pytest.mark.parametrize("form", ["incremental", "batch"])
+def test_editor_request_temperature_top_p_top_k_budget_and_prefix(tiny_engine, form):
     # candidate 1 (middle): checkpoints 5: .50, 10: .60, 15: .40, 20: .45 → first drop 10 → 15, j* = 10;
     # L_max = 30 ≥ 20 so the cap is max(0, 20 - 30) = 0 and j* = 10; budget 20 - 10 = 10.
     table = {0: {1: 0.9}, 1: {5: 0.5, 10: 0.6, 15: 0.4, 20: 0.45}, 2: {1: 0.1}}
@@ -126,10 +127,11 @@ def test_editor_request_temperature_top_p_top_k_budget_and_prefix(tiny_engine):
         "top_k": 20,
         "editor_temperature": 1.3,
         "n_refine": 1,
+        "form": form,
     }
     m, spy, _, ctx, state, prompt = setup(tiny_engine, params, scripted(table, {1: 0.95}))
     tau = list(state["candidates"][1]["tokens"])
-    m.step([state], ctx)
+    run(m, ctx, state)
     assert len(spy.requests) == 1  # only the editor ran (drafts were finished)
     req = spy.requests[0]
     assert req.params.temperature == 1.3
@@ -230,21 +232,23 @@ FIVE_TABLE = {0: {1: 0.9}, 1: {1: 0.8}, 2: {5: 0.6, 10: 0.5}, 3: {1: 0.2}, 4: {1
         (0.95, [0, 1, 2], False),
     ],
 )
-def test_reroute_global_ranks_against_keep_and_queue(tiny_engine, edited, kept_ids, dropped_new):
-    m, spy, _, ctx, state, _ = setup(tiny_engine, {**FIVE, "n_refine": 1}, scripted(FIVE_TABLE, {2: edited}))
+@pytest.mark.parametrize("form", ["incremental", "batch"])
+def test_reroute_global_ranks_against_keep_and_queue(tiny_engine, edited, kept_ids, dropped_new, form):
+    params = {**FIVE, "n_refine": 1, "form": form}
+    m, spy, _, ctx, state, _ = setup(tiny_engine, params, scripted(FIVE_TABLE, {2: edited}))
     run(m, ctx, state)
     assert [c["id"] for c in state["candidates"]] == kept_ids
     assert (2 in state["dropped"]) is dropped_new
     assert len(spy.requests) == 1
 
 
+@pytest.mark.parametrize("form", ["incremental", "batch"])
 @pytest.mark.parametrize("n_refine", [1, 2, 3])
-def test_n_refine_refines_exactly_n_times_then_drops(tiny_engine, n_refine):
+def test_n_refine_refines_exactly_n_times_then_drops(tiny_engine, n_refine, form):
     # R(τ') = .85 always: in {.9, .8, .85} it has rank 1, u = .5 → REFINE → requeued while c < N_refine;
     # so exactly N_refine regenerations, N_refine - 1 requeues, then dropped.
-    m, spy, _, ctx, state, _ = setup(
-        tiny_engine, {**FIVE, "n_refine": n_refine}, scripted(FIVE_TABLE, {2: 0.85})
-    )
+    params = {**FIVE, "n_refine": n_refine, "form": form}
+    m, spy, _, ctx, state, _ = setup(tiny_engine, params, scripted(FIVE_TABLE, {2: 0.85}))
     run(m, ctx, state)
     res = m.result(state)
     assert len(spy.requests) == n_refine

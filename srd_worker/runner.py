@@ -76,6 +76,37 @@ def _is_done(method: Method, state: dict[str, Any]) -> bool:
     return bool(state.get("error")) or method.done(state)
 
 
+def _safe(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Exception:  # one candidate's extraction or grading failure leaves its field empty
+        return None
+
+
+def candidate_records(
+    method: Method, task: Task, item: Item, candidates: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]] | None:
+    """The record's ``candidates``: each candidate of the method's result with its extracted ``answer``
+    (``task.extract_answer``) and ``correct`` (``task.grade``; None when ungraded), kept as the method's
+    ``keep_candidates`` parameter says: ``full`` keeps the text, ``answers`` drops it, ``none`` keeps
+    nothing (the field is null); ``auto`` is full for up to 64 candidates, else answers."""
+    mode_of = getattr(method.params, "candidates_mode", None)
+    mode = mode_of(len(candidates)) if mode_of is not None else "full"
+    if mode == "none":
+        return None
+    out = []
+    for cand in candidates:
+        text = cand.get("text") or ""
+        entry = dict(cand)
+        entry["answer"] = _safe(lambda t=text: task.extract_answer(t))
+        graded = _safe(lambda t=text: task.grade(t, item))
+        entry["correct"] = None if graded is None else bool(graded)
+        if mode != "full":
+            entry.pop("text", None)
+        out.append(entry)
+    return out
+
+
 def build_record(
     method: Method, task: Task, item: Item, position: int, state: dict[str, Any]
 ) -> dict[str, Any]:
@@ -96,6 +127,7 @@ def build_record(
         "ledger": state.get("ledger"),
         "error": state.get("error"),
         "extra": {},
+        "candidates": None,
         "timing": state.get("timing"),
     }
     if record["error"]:
@@ -105,8 +137,11 @@ def build_record(
         record["response"] = res.pop("response")
         record["reward"] = res.pop("reward", None)
         record["finish_reason"] = res.pop("finish_reason", None)
+        candidates = res.pop("candidates", None)
         record["extra"] = res
         record["answer"] = task.extract_answer(record["response"])
+        if candidates is not None:
+            record["candidates"] = candidate_records(method, task, item, candidates)
         record["correct"] = None if (graded := task.grade(record["response"], item)) is None else bool(graded)
         record["metrics"] = task.metrics(record["response"], item)
     except Exception as exc:  # one item's grading failure must not stop the run

@@ -19,6 +19,7 @@ from srd_worker.methods.pool import (
     draft_round,
     is_finished,
     new_candidate,
+    pool_entries,
     score_responses,
 )
 
@@ -69,4 +70,5 @@ class BestOfN(Method[PoolState]):
             "finish_reason": cand["finish"],
             "chosen": best,
             "rewards": rewards,
+            "candidates": pool_entries(state["candidates"]),
         }

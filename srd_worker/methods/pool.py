@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from srd_worker.engines.base import Generation, SamplingParams
 from srd_worker.errors import ConfigError
@@ -40,6 +40,12 @@ from srd_worker.methods.base import GenCall, ItemState, MethodParams, ScoreCall,
 
 # ---------------------------------------------------------------------------------------------------
 # Parameters
+
+#: ``keep_candidates`` values; ``auto`` is the default and is left out of ``to_dict`` so the run ids of
+#: runs made before the parameter existed do not change.
+KEEP_CANDIDATES = ("auto", "full", "answers", "none")
+#: ``auto`` keeps the candidates' text up to this many candidates per problem.
+FULL_CANDIDATES_MAX = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +57,17 @@ class DraftParams(MethodParams):
         500, "maximum generated tokens per candidate (paper: 500 MATH500/HotpotQA, 1000 GPQA/AlpacaEval)"
     )
     chunk_tokens: int = param(100, "tokens drafted per round (the drafting interval; a checkpoint per round)")
+    keep_candidates: str = param(
+        "auto",
+        "what the result record keeps of every candidate: full (text, reward, answer, tokens, finish), "
+        "answers (the same without the text), none; auto = full for up to 64 candidates, else answers",
+    )
 
     def validate(self) -> None:
+        if self.keep_candidates not in KEEP_CANDIDATES:
+            raise ConfigError(
+                f"keep_candidates must be one of {', '.join(KEEP_CANDIDATES)}, got {self.keep_candidates!r}"
+            )
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -61,6 +76,20 @@ class DraftParams(MethodParams):
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.chunk_tokens < 1:
             raise ConfigError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The parameters; ``keep_candidates`` only when it is not ``auto`` (run ids made before it
+        existed stay the same)."""
+        out = super().to_dict()
+        if out.get("keep_candidates") == "auto":
+            del out["keep_candidates"]
+        return out
+
+    def candidates_mode(self, n_candidates: int) -> str:
+        """``full``, ``answers`` or ``none`` for a problem with ``n_candidates`` candidates."""
+        if self.keep_candidates != "auto":
+            return self.keep_candidates
+        return "full" if n_candidates <= FULL_CANDIDATES_MAX else "answers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +140,7 @@ class ArchiveEntry(TypedDict):
     finish: str | None
     round: int | None  # the round it finished in
     n_tokens: int
+    c: int  # refinements of the trajectory when it finished (absent in checkpoints older than the field)
 
 
 def new_candidate() -> PoolCandidate:
@@ -311,7 +341,69 @@ def archive_entry(cand: Trajectory) -> ArchiveEntry:
         "finish": cand["finish"],
         "round": cand["finished_round"],
         "n_tokens": len(cand["tokens"]),
+        "c": cand["c"],
     }
+
+
+class CandidateEntry(TypedDict, total=False):
+    """One candidate of a problem as a method's result lists it (``result()['candidates']``); the runner
+    adds the extracted ``answer`` and ``correct`` and applies ``keep_candidates`` (``runner.build_record``)."""
+
+    id: int  # candidate index (fixed pools) or trajectory id (SRD family, speculative rejection)
+    text: str
+    reward: float | None
+    finish: str | None
+    n_tokens: int
+    status: str  # SRD family / speculative rejection only: kept | discarded
+    refined: bool  # SRD family only: the trajectory went through at least one edit
+
+
+def pool_entries(cands: Sequence[PoolCandidate]) -> list[CandidateEntry]:
+    """Every candidate of a fixed pool (sampling, Best-of-N, self-consistency), in index order."""
+    return [
+        {
+            "id": i,
+            "text": c["text"],
+            "reward": c["reward"],
+            "finish": c["finish"],
+            "n_tokens": len(c["tokens"]),
+        }
+        for i, c in enumerate(cands)
+    ]
+
+
+def archive_entries(entries: Sequence[ArchiveEntry], pool: Sequence[Trajectory]) -> list[CandidateEntry]:
+    """Every completed trajectory of an SRD-family item (its archive, in the order they finished):
+    ``status`` kept when it is still in the final pool (same id and tokens), else discarded; ``refined``
+    when it went through at least one edit. Drafts pruned before they finished are not listed."""
+    final = {(c["id"], len(c["tokens"]), c["text"]) for c in pool if is_finished(c)}
+    return [
+        {
+            "id": e["id"],
+            "text": e["text"],
+            "reward": e["reward"],
+            "finish": e["finish"],
+            "n_tokens": e["n_tokens"],
+            "status": "kept" if (e["id"], e["n_tokens"], e["text"]) in final else "discarded",
+            "refined": bool(e.get("c", 0)),
+        }
+        for e in entries
+    ]
+
+
+def finished_entries(entries: Sequence[ArchiveEntry]) -> list[CandidateEntry]:
+    """Speculative rejection: every finished survivor, in the order it finished (drafts rejected before
+    they finished are not listed)."""
+    return [
+        {
+            "id": e["id"],
+            "text": e["text"],
+            "reward": e["reward"],
+            "finish": e["finish"],
+            "n_tokens": e["n_tokens"],
+        }
+        for e in entries
+    ]
 
 
 def best_completed(entries: Sequence[ArchiveEntry]) -> ArchiveEntry | None:

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.methods.base import Method, StepContext, new_state
-from srd_worker.methods.pool import DraftParams, PoolState, draft_round, is_finished, new_candidate
+from srd_worker.methods.pool import (
+    DraftParams,
+    PoolState,
+    draft_round,
+    is_finished,
+    new_candidate,
+    pool_entries,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,4 +42,10 @@ class Sampling(Method[PoolState]):
 
     def result(self, state: PoolState) -> dict[str, Any]:
         cand = state["candidates"][0]
-        return {"response": cand["text"], "reward": None, "finish_reason": cand["finish"], "chosen": 0}
+        return {
+            "response": cand["text"],
+            "reward": None,
+            "finish_reason": cand["finish"],
+            "chosen": 0,
+            "candidates": pool_entries(state["candidates"]),
+        }

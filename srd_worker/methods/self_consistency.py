@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.methods.base import Method, StepContext, new_state, param
-from srd_worker.methods.pool import PoolParams, PoolState, draft_round, is_finished, new_candidate
+from srd_worker.methods.pool import (
+    PoolParams,
+    PoolState,
+    draft_round,
+    is_finished,
+    new_candidate,
+    pool_entries,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,4 +85,5 @@ class SelfConsistency(Method[VoteState]):
             "chosen": chosen,
             "votes": votes if answers[chosen] is not None else 0,
             "answers": answers,
+            "candidates": pool_entries(state["candidates"]),
         }

@@ -42,6 +42,7 @@ from srd_worker.methods.pool import (
     archive_entry,
     best_completed,
     draft_round,
+    finished_entries,
     is_finished,
     new_trajectory,
     score_positions,
@@ -110,6 +111,7 @@ class SpeculativeRejection(Method[SpecRejState]):
             "rewards": [e["reward"] for e in state["finished"]],
             "finished_ids": [e["id"] for e in state["finished"]],
             "pool_sizes": state["pool_sizes"],
+            "candidates": finished_entries(state["finished"]),
             "rounds": state["round"],
             "ledger_components": {k: dict(v) for k, v in state["ledger"]["components"].items()},
         }

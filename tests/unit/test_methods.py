@@ -153,3 +153,73 @@ def test_step_context_passes_finished_only_to_rewards_that_take_it(tiny_engine):
     assert StepContext(tiny_engine, Plain(), 0).score(calls) == [0.0, 0.0]
     assert StepContext(tiny_engine, Aware(), 0).score(calls) == [1.0, 1.0]
     assert seen == {"plain": 2, "aware": [True, False]}
+
+
+# --------------------------------------------------------------------------- every candidate kept
+def _records(method, states):
+    from srd_worker.runner import build_record
+    from srd_worker.tasks.base import Item
+    from srd_worker.tasks.gsm8k import GSM8KTask
+
+    task = GSM8KTask()
+    items = [Item(f"q{i}", q, "7") for i, q in enumerate(QUESTIONS)]
+    return task, [
+        build_record(method, task, it, i, s) for i, (it, s) in enumerate(zip(items, states, strict=True))
+    ]
+
+
+@pytest.mark.parametrize("name,n", [("sampling", 1), ("best_of_n", 3), ("self_consistency", 3)])
+def test_records_list_every_candidate(tiny_engine, name, n):
+    params = {"max_new_tokens": 24, "chunk_tokens": 12} | ({} if name == "sampling" else {"n": n})
+    method = build_method(name, params)
+    states = run_to_end(method, tiny_engine, ArithmeticReward())
+    task, records = _records(method, states)
+    for state, rec in zip(states, records, strict=True):
+        cands = rec["candidates"]
+        assert [c["id"] for c in cands] == list(range(n))
+        assert [c["text"] for c in cands] == [c["text"] for c in state["candidates"]]
+        assert [c["n_tokens"] for c in cands] == [len(c["tokens"]) for c in state["candidates"]]
+        assert sum(c["n_tokens"] for c in cands) == rec["ledger"]["gen_tokens"]
+        assert [c["answer"] for c in cands] == [task.extract_answer(c["text"]) for c in state["candidates"]]
+        assert all(c["finish"] in ("eos", "stop", "length") for c in cands)
+        assert cands[rec["extra"]["chosen"]]["text"] == rec["response"]
+        if name == "best_of_n":
+            assert [c["reward"] for c in cands] == rec["extra"]["rewards"]
+        json.dumps(rec)
+
+
+def test_keep_candidates_modes(tiny_engine):
+    base = {"n": 2, "max_new_tokens": 12, "chunk_tokens": 12}
+    assert "keep_candidates" not in build_method("best_of_n", base).params.to_dict()  # old run ids stay
+    assert build_method("best_of_n", {**base, "keep_candidates": "answers"}).params.to_dict()[
+        "keep_candidates"
+    ] == ("answers")
+    with pytest.raises(ConfigError, match="keep_candidates"):
+        build_method("best_of_n", {**base, "keep_candidates": "some"})
+    full = build_method("best_of_n", base)
+    answers = build_method("best_of_n", {**base, "keep_candidates": "answers"})
+    none = build_method("best_of_n", {**base, "keep_candidates": "none"})
+    states = run_to_end(full, tiny_engine, ArithmeticReward())
+    _, rec_full = _records(full, states)
+    _, rec_ans = _records(answers, states)
+    _, rec_none = _records(none, states)
+    for f, a, z in zip(rec_full, rec_ans, rec_none, strict=True):
+        assert [{k: v for k, v in c.items() if k != "text"} for c in f["candidates"]] == a["candidates"]
+        assert z["candidates"] is None and z["response"] == f["response"]
+    assert full.params.candidates_mode(64) == "full" and full.params.candidates_mode(65) == "answers"
+
+
+def test_srd_records_list_completed_trajectories(tiny_engine):
+    srd = build_method(
+        "srd", {"n": 4, "max_new_tokens": 24, "chunk_tokens": 8, "scoring_interval": 4, "l_max": 8}
+    )
+    states = run_to_end(srd, tiny_engine, ArithmeticReward())
+    _, records = _records(srd, states)
+    for state, rec in zip(states, records, strict=True):
+        cands = rec["candidates"]
+        assert len(cands) == len(state["archive"])
+        kept = [c for c in cands if c["status"] == "kept"]
+        assert sorted(c["id"] for c in kept) == sorted(c["id"] for c in state["candidates"] if c["finish"])
+        assert all(c["status"] in ("kept", "discarded") and isinstance(c["refined"], bool) for c in cands)
+        if rec["extra"]["chosen"] is not None:
+            assert rec["response"] in [c["text"] for c in cands]

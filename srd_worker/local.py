@@ -110,6 +110,16 @@ def write_summary(path: Path, summary: Summary) -> None:
     write_atomic(path, (json.dumps(summary.to_dict(), indent=2) + "\n").encode("utf-8"))
 
 
+def close_all(objs: list[Any]) -> None:
+    """Call the optional ``close()`` of engines (engines/base.py): vLLM's processes go away with them, so
+    ``srdq run`` exits when it is done, fails or is interrupted. (Rewards are cached process-wide by the
+    reward registry; a vLLM reward closes itself at interpreter exit.)"""
+    for obj in objs:
+        close = getattr(obj, "close", None)
+        if callable(close):
+            close()
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -133,6 +143,7 @@ def run_local(
     url = sqlite_url(out / "srdq.db")
     upgrade(url)
     db = make_engine(url)
+    built: list[Any] = []  # the engine this call built: closed on the way out, also on Ctrl-C
     try:
         with session_scope(db) as session:
             crud.create_run(
@@ -149,6 +160,11 @@ def run_local(
             items = crud.list_items(session=session, run_id=run_id)
         pending = [s for s in shards if s.status != "done"]
         if pending:
+            if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
+                from srd_worker.engines.registry import build_engine
+
+                engine = build_engine(spec.engine, spec.model, settings)
+                built.append(engine)
             wired = wire(spec, settings=settings, engine=engine)
             by_key = {it.id: it for it in prepared.items}
             if on_start is not None:
@@ -193,6 +209,7 @@ def run_local(
             records = crud.load_results(session=session, run_id=run_id)
     finally:
         db.dispose()
+        close_all(built)
     if len(records) != len(prepared.items):
         raise SrdqError(f"run {run_id} has {len(records)} results for {len(prepared.items)} items")
     path = write_results(out / run_id, records)

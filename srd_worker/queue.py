@@ -8,7 +8,8 @@ PostgreSQL holds the truth, and each worker's reaper thread re-enqueues shards w
 or whose lease expired. A database that goes away mid-slice is retried with backoff (tenacity): the
 task leases its shard again once the database is back and resumes from the last checkpoint.
 
-The engine is built once per worker process, after the fork (``EngineCache`` inside the child).
+The engine is built once per worker process, after the fork (``EngineCache`` inside the child), and
+closed when that process shuts down (``worker_process_shutdown``), so vLLM's processes end with it.
 """
 
 from __future__ import annotations
@@ -77,6 +78,24 @@ def runtime() -> dict[str, Any]:
 def _after_fork(**_: Any) -> None:
     # connections inherited from the parent must not be shared with it
     _runtime.clear()
+
+
+@signals.worker_process_shutdown.connect
+def _before_exit(**_: Any) -> None:
+    """A pool child exits (SIGTERM/SIGINT of the worker, or recycling): close its engines, so vLLM's
+    engine core and workers do not outlive it."""
+    engines = _runtime.get("engines")
+    if engines is not None:
+        engines.close()
+    from srd_worker.rewards import registry
+
+    for reward in list(getattr(registry, "_BUILT", {}).values()):  # vllm-rm holds its own vLLM engine
+        close = getattr(reward, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - on the way out
+                log.warning("closing reward: %s", exc)
 
 
 def enqueue(run_id: str, shard_index: int) -> None:

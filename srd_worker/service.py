@@ -107,6 +107,19 @@ class EngineCache:
                 self._engines[(engine, model)] = build_engine(engine, model, self.settings)
             return self._engines[(engine, model)]
 
+    def close(self) -> None:
+        """Close every cached engine (its optional ``close()``, engines/base.py): a vLLM engine's processes
+        go away with it. Called when the worker process shuts down (queue.py); the cache is empty after."""
+        with self._lock:
+            engines, self._engines = list(self._engines.values()), {}
+        for eng in engines:
+            close = getattr(eng, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:  # noqa: BLE001 - on the way out: log, close the others
+                    log.warning("closing engine %s: %s", getattr(eng, "name", eng), exc)
+
 
 class Heartbeat:
     """Renews a lease every ttl/3 seconds in a thread; ``lost`` is set when renewal fails."""

@@ -56,7 +56,19 @@ class Settings(BaseSettings):
         gt=0,
         le=1,
         description="vLLM engine: share of each GPU's memory vLLM takes (weights + KV cache); "
-        "the rest is left to a reward model on the same GPU.",
+        "the rest is left to a reward model on the same GPU. Not used by vLLM's CPU build "
+        "(see vllm_cpu_kv_cache_gb).",
+    )
+    vllm_cpu_kv_cache_gb: float = Field(
+        2.0,
+        gt=0,
+        description="vLLM engine on vLLM's CPU build (no GPU): GiB of RAM for the KV cache, passed as "
+        "vLLM's kv_cache_memory_bytes instead of a share of the machine's memory.",
+    )
+    vllm_enforce_eager: bool = Field(
+        False,
+        description="vLLM engine: run the model eagerly (no torch.compile / CUDA graphs): much faster "
+        "start-up, slower decoding. Tests and short runs on vLLM's CPU build use it.",
     )
     queue: str = Field("srdq", description="Celery queue shards are sent to and workers listen on.")
     lease_ttl_s: float = Field(

@@ -93,7 +93,14 @@ class Tokenizer(Protocol):
 
 @runtime_checkable
 class Engine(Protocol):
-    """A generation engine. Implementations: transformers (CPU/GPU), vLLM (GPU, optional extra)."""
+    """A generation engine. Implementations: transformers (CPU/GPU), vLLM (GPU or vLLM's CPU build,
+    optional extra).
+
+    Optional ``close() -> None`` (not part of the structural check): release what the engine holds
+    beyond Python memory (vLLM's engine-core and worker processes). Idempotent; the engine is unusable
+    afterwards. Whoever built the engine closes it: ``run_local`` in a ``finally`` (run end, error,
+    Ctrl-C), a worker's ``EngineCache.close()`` at process shutdown. The transformers engine's is a no-op.
+    """
 
     name: str
     capabilities: frozenset[str]

@@ -7,6 +7,8 @@
   place, so an interrupted export never leaves a half-written cache.
 - Any other name is passed to ``from_pretrained``: a local folder, or a Hugging Face model id that is
   already in the local HF cache (srdq never asks for downloads itself).
+- ``testbed`` / ``testbed-draft`` are the CPU testbed's trained policy and draft (``srd_worker/testbed``,
+  committed under ``srd_worker/testbed/artifacts``).
 - ``tiny-random-llama`` builds a randomly initialised 2-layer Llama with a byte-level tokenizer, for
   fast tests and for smoke runs without any weights.
 """
@@ -25,6 +27,9 @@ from srd_worker.errors import ModelLoadError
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny-random-llama"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The testbed's committed models (``srdq testbed build``), by name.
+TESTBED_DIR = Path(__file__).resolve().parents[1] / "testbed" / "artifacts"
+TESTBED_MODELS = {"testbed": "policy", "testbed-draft": "draft"}
 
 # A ChatML template (the format SmolLM2 uses), used for the tiny model's byte tokenizer.
 CHATML_TEMPLATE = (
@@ -90,6 +95,8 @@ def resolve_model_path(name: str, cache_dir: Path) -> str:
     """Map a model name to something ``from_pretrained`` can open."""
     if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
         return str(export_smollm2(cache_dir))
+    if name in TESTBED_MODELS:
+        return str(TESTBED_DIR / TESTBED_MODELS[name])
     return name
 
 

@@ -150,6 +150,9 @@ class TransformersEngine:
         return [g[s : s + self.max_batch_size] for g in groups for s in range(0, len(g), self.max_batch_size)]
 
     # ------------------------------------------------------------------ generation
+    def close(self) -> None:
+        """Nothing to release (no processes; the model is freed with the object). engines/base.py."""
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         slots: list[Generation | None] = [None] * len(requests)
         t0 = time.perf_counter()

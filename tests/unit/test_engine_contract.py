@@ -2,8 +2,8 @@
 
 - ``transformers``: the tiny random Llama in float32 (tests/conftest.py ``tiny_engine``);
 - ``vllm``: the real vLLM engine over the same tiny model family (``VLLMEngine.from_name("tiny-random-llama")``,
-  float32 unless SRDQ_TEST_VLLM_DTYPE says otherwise); skipped with the reason where vLLM is not installed
-  or there is no CUDA GPU;
+  float32), run in the vllm tier (``make test-vllm``: tests/vllm/test_contract.py imports these tests with
+  its own ``engine`` fixture on vLLM's CPU build), not here;
 - ``vllm-shim``: the vLLM adapter over tests/unit/fake_vllm.py (a stand-in for vLLM backed by the
   transformers engine), so the adapter's translation of parameters, finish reasons, EOS and logprobs is
   held to the contract on every CI machine. It says nothing about vLLM itself.
@@ -17,9 +17,7 @@ than the context refused.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import os
 
 import pytest
 
@@ -32,17 +30,7 @@ PROMPTS = ["hello there", "what is 2+2? think", "a much longer prompt about duck
 TOLERANCE = {"transformers": 1e-4, "vllm-shim": 1e-4, "vllm": 2e-3}
 
 
-def vllm_skip_reason() -> str | None:
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install 'srdq[vllm]' on a CUDA machine); the vllm contract runs only there"
-    import torch
-
-    if not torch.cuda.is_available():
-        return "vLLM is installed but there is no CUDA GPU here"
-    return None
-
-
-@pytest.fixture(scope="module", params=["transformers", "vllm-shim", "vllm"])
+@pytest.fixture(scope="module", params=["transformers", "vllm-shim"])
 def engine(request, tmp_path_factory):
     kind = request.param
     if kind == "transformers":
@@ -56,18 +44,6 @@ def engine(request, tmp_path_factory):
         with fake_vllm.installed(backend=tiny) as vllm:
             yield VLLMEngine(vllm.LLM(model="tiny"), tiny.tokenizer, model_name="tiny-random-llama")
         return
-    reason = vllm_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    from srd_worker.engines.vllm_engine import VLLMEngine
-    from srd_worker.settings import Settings
-
-    settings = Settings(
-        cache_dir=tmp_path_factory.mktemp("vllm-cache"),
-        dtype=os.environ.get("SRDQ_TEST_VLLM_DTYPE", "float32"),
-        gpu_memory_utilization=0.3,
-    )
-    yield VLLMEngine.from_name("tiny-random-llama", settings=settings, max_model_len=2048)
 
 
 def kind_of(engine) -> str:

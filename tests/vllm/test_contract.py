@@ -1,0 +1,28 @@
+"""The engine contract (tests/unit/test_engine_contract.py) on the real vLLM engine (CPU build), over the
+tiny random Llama in float32; plus prefix caching on."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit import test_engine_contract as contract
+
+for _name in dir(contract):
+    if _name.startswith("test_"):
+        globals()[_name] = getattr(contract, _name)
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_engine):
+    return vllm_engine
+
+
+def test_real_vllm_not_the_shim(engine):
+    assert contract.kind_of(engine) == "vllm"
+    assert type(engine.llm).__module__.startswith("vllm.")
+
+
+def test_prefix_caching_is_on(engine):
+    cfg = engine.llm.llm_engine.vllm_config.cache_config
+    assert cfg.enable_prefix_caching is True
+    assert cfg.kv_cache_memory_bytes == 1 << 30  # SRDQ_VLLM_CPU_KV_CACHE_GB=1, not a share of RAM

@@ -149,17 +149,33 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
 @click.argument("rs_run")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--paired",
+    is_flag=True,
+    help="Compare any two runs on the same problems (not only SRD vs its rejection-sampling ablation): "
+    "wins / ties / losses, exact McNemar p and the paired 95% bootstrap CI of the difference.",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["auto", "accuracy", "reward"]),
+    default="auto",
+    show_default=True,
+    help="With --paired: per-item correctness or reward (auto: accuracy when both runs are graded).",
+)
 @friendly_errors
-def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
+def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool, paired: bool, metric: str) -> None:
     """Coupled comparison of an SRD run with its rejection-sampling ablation run on the same items and
-    seed (identical seeded drafts): mean R_max, wins / ties / losses, Δ_n (SRD paper Table 7 layout).
+    seed (identical seeded drafts): mean R_max, wins / ties / losses, Δ_n with its paired 95% bootstrap
+    CI (SRD paper Table 7 layout). With --paired, any two runs A and B on the same problems.
 
     Example: srdq compare run-srd0123abcd run-rs0123abcd0 --db srdq-out
+
+    Example: srdq compare run-aaaaaaaaaaaa run-bbbbbbbbbbbb --paired --db srdq-out
     """
     import json
 
     from srd_worker.coupled import compare as coupled_compare
-    from srd_worker.coupled import coupling_mismatches
+    from srd_worker.coupled import coupling_mismatches, paired_records
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
 
@@ -170,6 +186,33 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
             records = {rid: crud.load_results(session=session, run_id=rid) for rid in (srd_run, rs_run)}
     finally:
         engine.dispose()
+    if paired:
+        try:
+            used, res = paired_records(records[srd_run], records[rs_run], metric=metric)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        spec_a, spec_b = runs[srd_run].spec or {}, runs[rs_run].spec or {}
+        notes = [
+            f"{k} differs: {spec_a.get(k)!r} vs {spec_b.get(k)!r}"
+            for k in ("dataset_sha256", "seed", "limit")
+            if spec_a.get(k) != spec_b.get(k)
+        ]
+        if as_json:
+            click.echo(json.dumps({"metric": used, **res.to_dict(), "notes": notes}, indent=2))
+            return
+
+        def g(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.4f}"
+
+        click.echo(f"A {srd_run} ({spec_a.get('method')}) vs B {rs_run} ({spec_b.get('method')}), {used}")
+        click.echo(f"pairs (problems x seeds)  {res.pairs} ({res.problems} x {res.seeds})")
+        click.echo(f"mean A / B               {g(res.mean_a)} / {g(res.mean_b)}")
+        click.echo(f"A - B [95% CI]           {res.diff.text(4)}")
+        click.echo(f"wins / ties / losses     {res.wins} / {res.ties} / {res.losses}")
+        click.echo(f"McNemar exact p          {g(res.mcnemar_p)}")
+        for note in notes:
+            click.echo(f"note: {note}")
+        return
     problems = coupling_mismatches(runs[srd_run].spec, runs[rs_run].spec)
     if problems:
         raise click.ClickException(
@@ -188,7 +231,9 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool) -> None:
 
     click.echo(f"items compared          {result.items}")
     click.echo(f"mean R_max  SRD / RS    {f3(result.mean_rmax_srd)} / {f3(result.mean_rmax_rs)}")
-    click.echo(f"Δ_n (mean R_max gain)   {f3(result.delta_n)}")
+    lo, hi = result.delta_n_ci
+    ci = "" if lo is None or hi is None else f" [95% CI {lo:.4f}, {hi:.4f}]"
+    click.echo(f"Δ_n (mean R_max gain)   {f3(result.delta_n)}{ci}")
     click.echo(f"wins / ties / losses    {result.wins} / {result.ties} / {result.losses}")
     click.echo(f"refinements (improved)  {result.refinements} ({f3(result.refinements_improved)})")
     click.echo(

@@ -69,6 +69,7 @@ class CoupledComparison:
     refinements_improved: float | None  # share of refinements whose reward went up
     reward_before_refine: float | None
     reward_after_refine: float | None
+    delta_n_ci: tuple[float | None, float | None] = (None, None)  # paired bootstrap 95% CI of Δ_n
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,6 +108,9 @@ def compare(
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
+    from srd_worker.stats import bootstrap_ci
+
+    ci = bootstrap_ci([x - y for x, y in both])
     return CoupledComparison(
         items=len(both),
         mean_rmax_srd=mean([a for a, _ in both]),
@@ -119,4 +123,31 @@ def compare(
         refinements_improved=improved / refinements if refinements else None,
         reward_before_refine=before / refinements if refinements else None,
         reward_after_refine=after / refinements if refinements else None,
+        delta_n_ci=(ci.low, ci.high),
     )
+
+
+# ----------------------------------------------------------------------------- generic paired comparison
+def paired_records(
+    a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]], *, metric: str = "auto", seed: int = 0
+) -> tuple[str, Any]:
+    """Any two runs on the same problems: pair records by item id and compare per-item correctness
+    (``metric=accuracy``; 1/0, failed or ungraded items left out) or reward (``metric=reward``); ``auto``
+    picks accuracy when both runs have graded items. Returns (metric, ``stats.Paired``): wins / ties /
+    losses of A against B, the exact McNemar p (accuracy) and the paired bootstrap CI of mean(A - B)."""
+    from srd_worker.reports import correct_value, reward_value
+    from srd_worker.stats import paired
+
+    by_id = {r["item_id"]: r for r in b}
+    common = [r for r in a if r["item_id"] in by_id]
+    if not common:
+        raise ValueError("the two runs share no item: a paired comparison needs the same problems")
+    if metric == "auto":
+        graded = any(correct_value(r) is not None for r in common) and any(
+            correct_value(by_id[r["item_id"]]) is not None for r in common
+        )
+        metric = "accuracy" if graded else "reward"
+    if metric not in ("accuracy", "reward"):
+        raise ValueError(f"unknown metric {metric!r} (accuracy, reward or auto)")
+    value = correct_value if metric == "accuracy" else reward_value
+    return metric, paired([value(r) for r in common], [value(by_id[r["item_id"]]) for r in common], seed=seed)

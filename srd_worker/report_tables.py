@@ -27,6 +27,13 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _interval(ci: Any, digits: int = 3) -> str:
+    """``[low, high]`` of a ``stats.Interval`` (n/a when there is none)."""
+    if ci is None or ci.low is None or ci.high is None:
+        return "n/a"
+    return f"[{ci.low:.{digits}f}, {ci.high:.{digits}f}]"
+
+
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -68,6 +75,10 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
                 _num(s.mean_reward),
                 _num(s.mean_gen_tokens, 1),
                 "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s",
+                s.problems,
+                s.seeds,
+                _interval(s.accuracy_ci),
+                _interval(s.tokens_ci, 1),
             ]
         )
     return markdown_table(
@@ -86,9 +97,13 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
             "mean reward",
             "mean gen tokens",
             "wall time",
+            "problems",
+            "seeds",
+            "accuracy 95% CI",
+            "mean gen tokens 95% CI",
         ],
         rows,
-        align="lllrllrrrrrrrr",
+        align="lllrllrrrrrrrrrrrr",
     )
 
 

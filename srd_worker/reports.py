@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from srd_worker.kcurves import NON_ADAPTIVE, KPoint, k_curve
 from srd_worker.methods.base import COMPONENTS
 from srd_worker.report_tables import (
     budget_text,
@@ -39,6 +40,7 @@ from srd_worker.report_tables import (
     routing_table,
     summary_table,
 )
+from srd_worker.stats import Interval, bootstrap_ci
 
 TASK_LABELS = {
     "gsm8k": "GSM8K",
@@ -121,6 +123,11 @@ class RunSummary:
     mean_reward: float | None
     mean_gen_tokens: float | None
     wall_s: float | None
+    problems: int = 0  # items with a grade (accuracy) — the n of the accuracy interval
+    seeds: int = 1
+    accuracy_ci: Interval | None = None
+    tokens_ci: Interval | None = None
+    reward_ci: Interval | None = None
 
 
 @dataclass
@@ -177,7 +184,119 @@ def summarise(run: RunRecords) -> RunSummary:
         mean_reward=scores.mean_reward,
         mean_gen_tokens=scores.mean_gen_tokens,
         wall_s=run.wall_s,
+        problems=scores.graded,
+        seeds=1,
+        accuracy_ci=bootstrap_ci([correct_value(r) for r in run.records]),
+        tokens_ci=bootstrap_ci([tokens_value(r) for r in run.records]),
+        reward_ci=bootstrap_ci([reward_value(r) for r in run.records]),
     )
+
+
+# ------------------------------------------------------------------------------ seeds and intervals
+def correct_value(record: dict[str, Any]) -> float | None:
+    """1/0 for a graded item that did not fail, else None (as ``score_records`` counts accuracy)."""
+    if not _ok(record) or record.get("correct") is None:
+        return None
+    return 1.0 if record["correct"] else 0.0
+
+
+def tokens_value(record: dict[str, Any]) -> float | None:
+    led = _ledger(record)
+    return None if led is None else float(led.get("gen_tokens", 0))
+
+
+def reward_value(record: dict[str, Any]) -> float | None:
+    value = record.get("reward")
+    return float(value) if _ok(record) and isinstance(value, int | float) else None
+
+
+def config_key(spec: dict[str, Any]) -> str:
+    """What makes runs the same experiment up to the seed: the spec without ``seed`` and the dataset's
+    path (its sha256 stays) — runs sharing it are pooled as seeds."""
+    import json
+
+    return json.dumps({k: v for k, v in spec.items() if k not in ("seed", "dataset")}, sort_keys=True)
+
+
+def seed_matrix(runs: Sequence[RunRecords], value: Any) -> list[list[float | None]]:
+    """``problems × seeds``: one row per item id (first-seen order), one column per run."""
+    order: dict[str, None] = {}
+    by_run = []
+    for run in runs:
+        cells = {str(r.get("item_id")): value(r) for r in run.records}
+        order.update(dict.fromkeys(cells))
+        by_run.append(cells)
+    return [[cells.get(item) for cells in by_run] for item in order]
+
+
+@dataclass
+class PooledRun:
+    """Runs of one configuration over several seeds, pooled (intervals over problems and seeds)."""
+
+    run_ids: list[str]
+    method: str
+    task: str
+    budget: int | None
+    seeds: int
+    problems: int
+    accuracy: Interval
+    tokens: Interval
+    reward: Interval
+
+    @property
+    def label(self) -> str:
+        return self.run_ids[0] + (f" (+{len(self.run_ids) - 1} seeds)" if len(self.run_ids) > 1 else "")
+
+
+def pool_seeds(runs: Sequence[RunRecords]) -> list[PooledRun]:
+    """Group runs by ``config_key`` (first-seen order) and pool each group's seeds."""
+    groups: dict[str, list[RunRecords]] = {}
+    for run in runs:
+        groups.setdefault(config_key(run.spec), []).append(run)
+    out = []
+    for group in groups.values():
+        acc = bootstrap_ci(seed_matrix(group, correct_value))
+        out.append(
+            PooledRun(
+                run_ids=[r.run_id for r in group],
+                method=group[0].method,
+                task=str(group[0].spec.get("task", "?")),
+                budget=group[0].budget,
+                seeds=len({r.spec.get("seed") for r in group}),
+                problems=acc.problems,
+                accuracy=acc,
+                tokens=bootstrap_ci(seed_matrix(group, tokens_value)),
+                reward=bootstrap_ci(seed_matrix(group, reward_value)),
+            )
+        )
+    return out
+
+
+def pooled_points(pooled: Sequence[PooledRun]) -> list[Point]:
+    """Frontier points of pooled runs, with their 95% intervals (as ``frontier_points``)."""
+    points = []
+    for g in pooled:
+        if g.tokens.mean is None:
+            continue
+        metric, y = ("accuracy", g.accuracy) if g.accuracy.mean is not None else ("reward", g.reward)
+        if y.mean is None:
+            continue
+        points.append(
+            Point(
+                g.task,
+                metric,
+                g.method,
+                g.budget,
+                g.label,
+                g.tokens.mean,
+                y.mean,
+                x_ci=(g.tokens.low, g.tokens.high),
+                y_ci=(y.low, y.high),
+                seeds=g.seeds,
+                problems=y.problems,
+            )
+        )
+    return points
 
 
 @dataclass
@@ -308,6 +427,10 @@ class Point:
     run_id: str
     x: float
     y: float
+    x_ci: tuple[float | None, float | None] = (None, None)  # 95% interval of x
+    y_ci: tuple[float | None, float | None] = (None, None)
+    seeds: int = 1
+    problems: int = 0
 
     @property
     def label(self) -> str:
@@ -359,6 +482,7 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
             label=method,
             clip_on=False,
         )  # a point at accuracy 0 or 1 sits on the frame, drawn whole
+        _error_bars(ax, series, colors[i])
         for p in series:
             ax.annotate(
                 p.label, (p.x, p.y), textcoords="offset points", xytext=(8, 7), fontsize=8, color=colors[i]
@@ -367,13 +491,15 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     if xs and max(xs) / min(xs) >= 10:
         ax.set_xscale("log")
     if points:
-        lo, hi = min(p.y for p in points), max(p.y for p in points)
+        lo = min(min(p.y, p.y_ci[0] if p.y_ci[0] is not None else p.y) for p in points)
+        hi = max(max(p.y, p.y_ci[1] if p.y_ci[1] is not None else p.y) for p in points)
         pad = max((hi - lo) * 0.15, 0.05 if metric == "accuracy" else abs(hi) * 0.05 or 0.05)
         if metric == "accuracy":
             ax.set_ylim(max(lo - pad, 0.0), min(hi + pad, 1.0))
         else:
             ax.set_ylim(lo - pad, hi + pad)
-        xlo, xhi = min(p.x for p in points), max(p.x for p in points)
+        xlo = min(min(p.x, p.x_ci[0] if p.x_ci[0] is not None else p.x) for p in points)
+        xhi = max(max(p.x, p.x_ci[1] if p.x_ci[1] is not None else p.x) for p in points)
         if ax.get_xscale() == "linear":
             xpad = max((xhi - xlo) * 0.15, xhi * 0.05, 1.0)
             ax.set_xlim(max(xlo - xpad, 0), xhi + xpad)
@@ -388,12 +514,84 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     return path
 
 
+def _error_bars(ax: Any, series: Sequence[Point], color: str) -> None:
+    """95% intervals as error bars (points without an interval get none)."""
+
+    def err(value: float, ci: tuple[float | None, float | None]) -> tuple[float, float]:
+        lo, hi = ci
+        return (0.0, 0.0) if lo is None or hi is None else (max(value - lo, 0.0), max(hi - value, 0.0))
+
+    if not any(p.y_ci[0] is not None or p.x_ci[0] is not None for p in series):
+        return
+    yerr = [[err(p.y, p.y_ci)[0] for p in series], [err(p.y, p.y_ci)[1] for p in series]]
+    xerr = [[err(p.x, p.x_ci)[0] for p in series], [err(p.x, p.x_ci)[1] for p in series]]
+    ax.errorbar(
+        [p.x for p in series],
+        [p.y for p in series],
+        yerr=yerr,
+        xerr=xerr,
+        fmt="none",
+        ecolor=color,
+        elinewidth=1.0,
+        capsize=3,
+        alpha=0.8,
+    )
+
+
+def plot_kcurve(rows: Sequence[KPoint], path: str | Path, *, title: str) -> Path:
+    """pass@k, majority@k, Best-of-k and weighted majority@k against k (log2 x axis) for one run."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.6), dpi=150, layout="constrained")
+    ax = fig.add_subplot()
+    for i, (name, attr) in enumerate(KCURVE_METRICS):
+        pts = [(r.k, getattr(r, attr)) for r in rows if getattr(r, attr) is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=MARKERS[i], label=name, color=f"C{i}", clip_on=False)
+    if rows and rows[-1].k >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("k (candidates per problem)")
+    ax.set_ylabel("Accuracy")
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    path = Path(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+KCURVE_METRICS = (
+    ("pass@k", "pass_at_k"),
+    ("majority@k", "majority"),
+    ("Best-of-k", "best_of"),
+    ("weighted majority@k", "weighted_majority"),
+)
+
+
+def kcurve_ks(n: int) -> list[int]:
+    """The k of a k-curve table: powers of two up to n, and n."""
+    ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
+    return ks + ([n] if ks[-1] != n else [])
+
+
 # -------------------------------------------------------------------------------------------- report
 @dataclass
 class Report:
     markdown: Path
     plots: list[Path]
     summaries: list[RunSummary]
+
+
+def _k(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def ci_text(value: float, ci: tuple[float | None, float | None], digits: int) -> str:
+    lo, hi = ci
+    if lo is None or hi is None:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def _slug(text: str) -> str:
@@ -409,7 +607,8 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         row for r, s in zip(runs, summaries, strict=True) if (row := component_row(r, s)) is not None
     ]
     route_rows = [row for r in runs if (row := routing_row(r)) is not None]
-    points = frontier_points(summaries)
+    pooled = pool_seeds(runs)
+    points = pooled_points(pooled)
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
 
     md = [
@@ -433,7 +632,8 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
     groups = sorted({(p.task, p.metric) for p in points})
     for task, metric in groups:
         group = [p for p in points if (p.task, p.metric) == (task, metric)]
-        names = [s for s in summaries if s.run_id in {p.run_id for p in group}]
+        group_runs = {rid for g in pooled if g.label in {p.run_id for p in group} for rid in g.run_ids}
+        names = [s for s in summaries if s.run_id in group_runs]
         label = TASK_LABELS.get(task, task)
         what = "Accuracy" if metric == "accuracy" else "Mean reward"
         models = ", ".join(sorted({s.model for s in names}))
@@ -452,20 +652,80 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
             "",
             f"![{label} {what.lower()} vs mean generated tokens]({path.name})",
             "",
-            f"One series per method, one point per run (budget N); {subtitle}.",
+            f"One series per method, one point per configuration (budget N; runs that differ only in "
+            f"their seed are pooled); error bars are 95% bootstrap intervals over problems and seeds; "
+            f"{subtitle}.",
             "",
             markdown_table(
-                ["method", "N", "run", "mean gen tokens", what.lower()],
+                ["method", "N", "run", "seeds", "problems", "mean gen tokens", what.lower()],
                 [
-                    [p.method, budget_text(p.budget), p.run_id, f"{p.x:.1f}", f"{p.y:.3f}"]
+                    [
+                        p.method,
+                        budget_text(p.budget),
+                        p.run_id,
+                        p.seeds,
+                        p.problems,
+                        ci_text(p.x, p.x_ci, 1),
+                        ci_text(p.y, p.y_ci, 3),
+                    ]
                     for p in sorted(group, key=lambda p: (p.method, p.x))
                 ],
-                align="lrlrr",
+                align="lrlrrrr",
             ),
             "",
         ]
     if not groups:
         md += ["No run has graded items or rewards yet: nothing to plot.", ""]
+
+    md += ["## k-curves (non-adaptive runs, from each run's candidates)", ""]
+    curves = 0
+    for run in runs:
+        if run.method not in NON_ADAPTIVE:
+            continue
+        has = [len(r["candidates"]) for r in run.records if r.get("candidates") and not r.get("error")]
+        if not has or min(has) < 2:
+            continue
+        rows = k_curve(run.records, kcurve_ks(min(has)))
+        if not rows:
+            continue
+        curves += 1
+        path = plot_kcurve(
+            rows, out / f"kcurve_{_slug(run.run_id)}.png", title=f"{run.run_id} ({run.method})"
+        )
+        plots.append(path)
+        md += [
+            f"### `{run.run_id}` ({run.method}, n={min(has)}, {rows[0].problems} problems)",
+            "",
+            f"![k-curve of {run.run_id}]({path.name})",
+            "",
+            markdown_table(
+                ["k", *(name for name, _ in KCURVE_METRICS), "votes"],
+                [
+                    [
+                        r.k,
+                        *(_k(getattr(r, attr)) for _, attr in KCURVE_METRICS),
+                        "exact" if r.exact else "sampled",
+                    ]
+                    for r in rows
+                ],
+                align="rrrrrl",
+            ),
+            "",
+        ]
+    if curves:
+        md += [
+            "Each k is the expectation over k-subsets of the run's n seeded candidates (the first k are a "
+            "run at n=k): pass@k by the unbiased estimator of Chen et al. (2021), Best-of-k exactly, the "
+            "votes over every subset (*exact*) or 1000 seeded random subsets (*sampled*); "
+            "`srd_worker/kcurves.py`.",
+            "",
+        ]
+    else:
+        md += [
+            "No non-adaptive run (sampling, best_of_n, self_consistency) here keeps graded candidates "
+            "(n >= 2).",
+            "",
+        ]
 
     md += ["## Compute per component (Table 2 layout)", ""]
     if comp_rows:

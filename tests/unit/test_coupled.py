@@ -45,6 +45,33 @@ def test_no_refinements_gives_none():
     assert c.refinements == 0 and c.refinements_improved is None and c.reward_before_refine is None
 
 
+def test_delta_n_has_a_paired_bootstrap_interval():
+    srd = [rec(str(i), 0.5 + 0.1 * (i % 3)) for i in range(12)]
+    rs = [rec(str(i), 0.5) for i in range(12)]
+    c = compare(srd, rs)
+    lo, hi = c.delta_n_ci
+    assert lo <= c.delta_n <= hi and lo >= 0.0 and hi <= 0.2
+
+
+def test_paired_records_of_any_two_runs():
+    from srd_worker.coupled import paired_records
+    from srd_worker.stats import mcnemar_exact
+
+    def graded(item, ok, reward=None):
+        return {"item_id": item, "correct": ok, "reward": reward, "error": None}
+
+    a = [graded(str(i), i < 11) for i in range(14)] + [graded("x", True)]
+    b = [graded(str(i), i >= 10) for i in range(14)]
+    metric, res = paired_records(a, b)  # discordant: A wins 0..9 (10), B wins 11..13 (3)
+    assert metric == "accuracy" and res.pairs == 14 and (res.wins, res.ties, res.losses) == (10, 1, 3)
+    assert res.mcnemar_p == pytest.approx(mcnemar_exact(10, 3))
+    assert res.diff.mean == pytest.approx(7 / 14)
+    metric, res = paired_records([graded("a", None, 0.4)], [graded("a", None, 0.2)])
+    assert metric == "reward" and res.wins == 1 and res.mcnemar_p is None
+    with pytest.raises(ValueError, match="share no item"):
+        paired_records([graded("a", True)], [graded("b", True)])
+
+
 @pytest.mark.e2e
 def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     import json
@@ -85,6 +112,16 @@ def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     assert data["items"] == 3 and data["wins"] + data["ties"] + data["losses"] == 3
     wrong = runner.invoke(cli, ["compare", ids["srd"], ids["best_of_n"], "--db", str(tmp_path / "out")])
     assert wrong.exit_code == 1 and "is a best_of_n run, not rejection_sampling" in wrong.output
+    args = ["compare", ids["srd"], ids["best_of_n"], "--paired", "--db", str(tmp_path / "out")]
+    pj = runner.invoke(cli, [*args, "--json"])
+    assert pj.exit_code == 0, pj.output
+    res = json.loads(pj.output)
+    assert (
+        res["metric"] == "accuracy" and res["pairs"] == 3 and res["wins"] + res["ties"] + res["losses"] == 3
+    )
+    assert 0 <= res["mcnemar_p"] <= 1 and res["notes"] == []
+    text = runner.invoke(cli, args)
+    assert text.exit_code == 0 and "McNemar exact p" in text.output and "wins / ties / losses" in text.output
 
 
 def _specs():

@@ -229,6 +229,61 @@ def test_report_markdown_holds_every_table(tmp_path: Path) -> None:
     assert "policy=self_compare" in text
 
 
+def seeded_run(seed: int, correct: list[bool], n_cands: int = 0) -> RunRecords:
+    recs = []
+    for i, ok in enumerate(correct):
+        rec = record(i, correct=ok, reward=0.5, led=ledger(100 + 10 * i + seed, 20, {}))
+        if n_cands:
+            rec["candidates"] = [
+                {"id": j, "answer": str((i + j) % 2), "correct": (i + j) % 2 == 0, "reward": j / n_cands}
+                for j in range(n_cands)
+            ]
+        recs.append(rec)
+    return RunRecords(
+        run_id=f"run-s{seed}",
+        name="s",
+        status="done",
+        n_items=len(correct),
+        wall_s=1.0,
+        spec={"method": "best_of_n", "task": "gsm8k", "model": "tiny", "params": {"n": 4}, "seed": seed},
+        records=recs,
+    )
+
+
+def test_runs_differing_only_in_seed_are_pooled_with_intervals(tmp_path: Path) -> None:
+    from srd_worker.reports import pool_seeds
+    from srd_worker.stats import bootstrap_ci
+
+    a = seeded_run(0, [True, False, True, True, False, True])
+    b = seeded_run(1, [True, True, False, True, False, False])
+    other = bon_run()
+    pooled = pool_seeds([a, other, b])
+    assert [g.run_ids for g in pooled] == [["run-s0", "run-s1"], ["run-bon"]]
+    g = pooled[0]
+    assert (g.seeds, g.problems) == (2, 6)
+    assert g.accuracy.mean == pytest.approx(7 / 12)
+    assert g.accuracy == bootstrap_ci([[1, 1], [0, 1], [1, 0], [1, 1], [0, 0], [1, 0]])
+    assert g.accuracy.low < 7 / 12 < g.accuracy.high
+    assert g.tokens.mean == pytest.approx(sum(100 + 10 * i for i in range(6)) / 6 + 0.5)
+    text = build_report([a, b], tmp_path).markdown.read_text()
+    assert "| best_of_n | 4 | run-s0 (+1 seeds) | 2 | 6 |" in text
+    assert "accuracy 95% CI" in text and f"[{g.accuracy.low:.3f}, {g.accuracy.high:.3f}]" in text
+
+
+def test_report_has_a_k_curve_for_runs_with_candidates(tmp_path: Path) -> None:
+    from srd_worker.kcurves import k_curve
+
+    run = seeded_run(0, [True, False, True], n_cands=4)
+    report = build_report([run, srd_run()], tmp_path)
+    text = report.markdown.read_text()
+    assert [p.name for p in report.plots] == ["accuracy_vs_tokens_gsm8k.png", "kcurve_run-s0.png"]
+    rows = k_curve(run.records, [1, 2, 4])
+    assert "### `run-s0` (best_of_n, n=4, 3 problems)" in text
+    for r in rows:
+        assert f"| {r.k} | {r.pass_at_k:.3f} | {r.majority:.3f} | {r.best_of:.3f} |" in text
+    assert "## k-curves" in build_report([srd_run()], tmp_path / "b").markdown.read_text()
+
+
 # ------------------------------------------------------------------------------ real embedded runs
 RUN_ARGS = [
     "--n",
@@ -278,7 +333,9 @@ def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: P
     proc = srdq("report", *run_ids, "--out", str(tmp_path / "rep"), "--db", str(out / "srdq.db"))
     assert proc.returncode == 0, proc.stderr
     png = tmp_path / "rep" / "accuracy_vs_tokens_gsm8k.png"
-    assert proc.stdout.split() == [str(tmp_path / "rep" / "report.md"), str(png)]
+    kcurve = tmp_path / "rep" / f"kcurve_{run_ids[0]}.png"  # Best-of-N keeps its 4 candidates
+    assert proc.stdout.split() == [str(tmp_path / "rep" / "report.md"), str(png), str(kcurve)]
+    assert kcurve.stat().st_size > 0
     with Image.open(png) as image:
         image.verify()
     with Image.open(png) as image:
@@ -292,6 +349,8 @@ def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: P
     assert "## Routing statistics (Table 6 layout)" in text
     routing = text.split("## Routing statistics (Table 6 layout)")[1]
     assert run_ids[1] in routing and run_ids[0] not in routing  # only SRD records routing statistics
+    kpart = text.split("## k-curves")[1].split("## Compute per component")[0]
+    assert f"### `{run_ids[0]}` (best_of_n, n=4, 4 problems)" in kpart and run_ids[1] not in kpart
 
 
 @pytest.mark.e2e

@@ -10,7 +10,8 @@ and read status. ALGORITHMS.md §0.4 lists what the offline API gives; this adap
   ``kv_cache_memory_bytes`` = ``SRDQ_VLLM_CPU_KV_CACHE_GB`` (default 2 GiB): vLLM's CPU backend reads
   ``gpu_memory_utilization`` as a share of the machine's RAM and refuses to start when that much is not
   free. A start-up that fails for memory is re-raised as an EngineError naming srdq's setting;
-  ``SRDQ_VLLM_ENFORCE_EAGER`` skips torch.compile (faster start-up, slower decoding);
+  ``SRDQ_VLLM_ENFORCE_EAGER`` skips torch.compile (faster start-up, slower decoding); chunked prefill is
+  off on the CPU build (``cpu_prefill_kwargs``: vLLM 0.32's CPU build crashes on seeded chunked prefills);
 - continuation from token ids: each request is ``TokensPrompt(prompt_token_ids=prompt + kept prefix)``,
   never re-tokenised text, and repeated prefixes hit the prefix cache;
 - one vLLM ``SamplingParams`` per request: temperature (0 = greedy), top_p, top_k (-1 = off),
@@ -39,7 +40,9 @@ so the speculative-decoding family and gradient-based methods are refused at sub
 Lifecycle: ``close()`` shuts vLLM's engine core down (``llm.llm_engine.engine_core.shutdown()``, vLLM
 0.32; the offline ``LLM`` has no shutdown method of its own), drops the ``LLM`` and waits for (then kills)
 the child processes vLLM started, so ``srdq run`` exits and a worker leaves no orphans. ``run_local`` and
-the worker's process shutdown call it.
+the worker's process shutdown call it. A process that dies without closing (SIGKILL, ``os._exit``) would
+leave vLLM's engine core running (it does not watch its parent), so ``start_guard`` keeps a tiny watchdog
+process beside it that kills vLLM's processes when this one is gone.
 
 Verified on vLLM's CPU build (``make test-vllm``, tests/vllm): the engine contract on a tiny random
 Llama, every method ``--engine vllm`` admits, crash/resume, the fleet and the clean shutdown. Not verified:
@@ -125,6 +128,21 @@ def memory_hint(settings: Any, on_cpu: bool) -> str:
     )
 
 
+def cpu_prefill_kwargs(path: str, max_model_len: int | None) -> dict[str, Any]:
+    """No chunked prefill on vLLM's CPU build: there a SEEDED request whose prompt is split over two
+    scheduler steps kills the engine core (vLLM 0.32 rewinds the request's generator with
+    ``Generator.set_offset``, which CPU generators do not have: "CPU Generator does not use offset").
+    Whole prompts per step need a token budget of at least the context length."""
+    if max_model_len is None:
+        try:
+            from transformers import AutoConfig
+
+            max_model_len = int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0) or 0)
+        except Exception:  # noqa: BLE001 - vLLM will say what is wrong with the model
+            max_model_len = 0
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len or 0), 8192)}
+
+
 def _child_pids() -> set[int]:
     """This process's descendants, less Python's multiprocessing resource tracker (shared by the whole
     process, started by vLLM's first spawn; it exits with this process and must not be killed early)."""
@@ -169,6 +187,51 @@ def _reap(pids: set[int], timeout: float = 15.0) -> None:
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=5)
+
+
+_GUARD = """
+import os, signal, sys, time
+parent, pids = int(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C goes to the parent, which closes the engine
+while True:
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        break
+    if os.getppid() != parent:
+        break
+    time.sleep(1.0)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
+    time.sleep(3.0)
+"""
+
+
+def start_guard(pids: set[int]) -> Any:
+    """A tiny watchdog process that kills vLLM's processes (``pids``) when this process dies without
+    closing the engine (SIGKILL, OOM kill, ``os._exit``): vLLM 0.32's engine core does not notice that
+    its front-end process is gone and would live on holding its memory. ``close()`` stops the guard."""
+    if not pids:
+        return None
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-c", _GUARD, str(os.getpid()), *map(str, sorted(pids))],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_guard(guard: Any) -> None:
+    if guard is not None and guard.poll() is None:
+        guard.kill()
+        guard.wait()
 
 
 def shutdown_llm(llm: Any) -> None:
@@ -264,6 +327,7 @@ class VLLMEngine:
         self.max_context = int(max_context) if max_context else _max_model_len(llm)
         self.stats = EngineStats()
         self._children: set[int] = set()  # vLLM's processes (from_name), reaped by close()
+        self._guard: Any = None  # kills them if this process dies without close() (start_guard)
 
     def close(self) -> None:
         """Shut vLLM down and wait for its processes (engine core, workers) to exit; idempotent."""
@@ -275,6 +339,8 @@ class VLLMEngine:
         gc.collect()
         _reap(self._children)
         self._children = set()
+        stop_guard(self._guard)
+        self._guard = None
 
     @classmethod
     def from_name(cls, name: str, *, settings: Any, **llm_kwargs: Any) -> VLLMEngine:
@@ -307,6 +373,8 @@ class VLLMEngine:
         )
         if getattr(settings, "vllm_enforce_eager", False):
             kwargs["enforce_eager"] = True
+        if on_cpu:
+            kwargs.update(cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len")))
         kwargs.update(llm_kwargs)
         prepare_process(int(kwargs["tensor_parallel_size"]))
         before = _child_pids()
@@ -323,6 +391,7 @@ class VLLMEngine:
             raise
         engine = cls(llm, tokenizer, model_name=name)
         engine._children = _child_pids() - before
+        engine._guard = start_guard(engine._children)
         return engine
         return cls(llm, tokenizer, model_name=name)
 

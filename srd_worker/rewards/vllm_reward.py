@@ -10,8 +10,9 @@ labels per token) raises RewardError: use ``hf-prm`` for process reward models.
 vLLM side: ``LLM(model, runner="pooling")`` (vLLM >= 0.10), falling back to ``task="reward"`` (older
 releases), with ``gpu_memory_utilization`` for the RM's share of the GPU (the generator takes
 ``Settings.gpu_memory_utilization``; the two must sum below 1). Scores come from ``LLM.reward`` where it
-exists, else ``LLM.encode``. Depending on the vLLM version and model, vLLM may apply an activation
-(sigmoid) to classifier outputs: the scale can differ from ``hf-orm``'s raw logit, the ranking does not
+exists (older vLLM), else ``LLM.encode(pooling_task=...)`` (``classify`` when the model is a sequence
+classifier, else ``token_classify``; vLLM 0.32). Depending on the vLLM version and model, vLLM may
+apply an activation (sigmoid) to classifier outputs: the scale can differ from ``hf-orm``'s raw logit, the ranking does not
 (the activation is monotonic). Batching is vLLM's own scheduling; ``max_tokens_per_batch`` bounds how many
 prompt tokens one ``reward`` call submits.
 
@@ -95,8 +96,9 @@ class VLLMReward:
         self.tokenizer = tokenizer
         self._owns_llm = llm is None
         self._children: set[int] = set()
+        self._guard = None
         if llm is None:
-            from srd_worker.engines.vllm_engine import _child_pids, prepare_process, vllm_on_cpu
+            from srd_worker.engines.vllm_engine import _child_pids, prepare_process, start_guard, vllm_on_cpu
 
             prepare_process(int(tensor_parallel_size))
             common = dict(
@@ -115,6 +117,7 @@ class VLLMReward:
             except TypeError:  # vLLM < 0.10 has no `runner`
                 llm = vllm.LLM(task="reward", **common)
             self._children = _child_pids() - before
+            self._guard = start_guard(self._children)
             import atexit
             import weakref
 
@@ -126,7 +129,7 @@ class VLLMReward:
         """Shut the pooling model's vLLM engine down (as ``VLLMEngine.close``); idempotent."""
         llm, self.llm = self.llm, None
         if llm is not None and self._owns_llm:
-            from srd_worker.engines.vllm_engine import _reap, shutdown_llm
+            from srd_worker.engines.vllm_engine import _reap, shutdown_llm, stop_guard
 
             shutdown_llm(llm)
             del llm
@@ -135,13 +138,31 @@ class VLLMReward:
             gc.collect()
             _reap(self._children)
             self._children = set()
+            stop_guard(self._guard)
+            self._guard = None
 
     def input_ids(self, question: str, response: str) -> list[int]:
         return rm_chat_ids(self.tokenizer, question, cut_at_stop(response, self.stop), system=self.system)
 
     def _pool(self, prompts: list[Any]) -> list[Any]:
-        fn = getattr(self.llm, "reward", None) or self.llm.encode
-        return list(fn(prompts, use_tqdm=False))
+        fn = getattr(self.llm, "reward", None)  # vLLM < 0.11
+        if fn is not None:
+            return list(fn(prompts, use_tqdm=False))
+        task = self._pooling_task()
+        if task is None:
+            return list(self.llm.encode(prompts, use_tqdm=False))
+        return list(self.llm.encode(prompts, use_tqdm=False, pooling_task=task))
+
+    def _pooling_task(self) -> str | None:
+        """vLLM >= 0.11 (0.32 checked) wants ``encode(..., pooling_task=...)``: ``classify`` for a
+        sequence-classification RM (one score per sequence), else a per-token task (last token taken)."""
+        tasks = getattr(self.llm, "supported_tasks", None)
+        if not tasks:
+            return None
+        for task in ("classify", "token_classify", "reward"):
+            if task in tasks:
+                return task
+        raise RewardError(f"{self.name}: vLLM serves this model for {sorted(tasks)}, not as a reward model")
 
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         check_pairs(prompts, responses)

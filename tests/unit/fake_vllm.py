@@ -102,8 +102,15 @@ class LLM:
         self.kwargs = kwargs
         self.calls: list[tuple[list[dict[str, Any]], list[SamplingParams]]] = []
         max_len = kwargs.get("max_model_len") or (self.backend.max_context if self.backend else 2048)
-        self.llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=max_len))
+        self.shutdowns = 0
+        self.llm_engine = types.SimpleNamespace(
+            model_config=types.SimpleNamespace(max_model_len=max_len),
+            engine_core=types.SimpleNamespace(shutdown=self._shutdown),
+        )
         type(self).instances.append(self)
+
+    def _shutdown(self) -> None:  # vLLM 0.32: llm.llm_engine.engine_core.shutdown()
+        self.shutdowns += 1
 
     def generate(
         self, prompts: list[dict[str, Any]], sampling_params: Any = None, use_tqdm: bool = True
@@ -173,11 +180,15 @@ class LLM:
 
 
 @contextlib.contextmanager
-def installed(backend: Any = None, pooler: Any = None, *, reject_runner: bool = False):
-    """``import vllm`` / ``vllm.inputs`` give this fake inside the block."""
+def installed(backend: Any = None, pooler: Any = None, *, reject_runner: bool = False, cpu: bool = False):
+    """``import vllm`` / ``vllm.inputs`` / ``vllm.platforms`` give this fake inside the block; ``cpu``
+    makes it look like vLLM's CPU build (``current_platform.is_cpu()``), else a CUDA build."""
     mod = types.ModuleType("vllm")
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = TokensPrompt
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(is_cpu=lambda: cpu)
+    mod.platforms = platforms
     llm_cls = type(
         "LLM",
         (LLM,),
@@ -189,8 +200,8 @@ def installed(backend: Any = None, pooler: Any = None, *, reject_runner: bool = 
         },
     )
     mod.LLM, mod.SamplingParams, mod.inputs = llm_cls, SamplingParams, inputs
-    saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.inputs")}
-    sys.modules["vllm"], sys.modules["vllm.inputs"] = mod, inputs
+    saved = {k: sys.modules.get(k) for k in ("vllm", "vllm.inputs", "vllm.platforms")}
+    sys.modules["vllm"], sys.modules["vllm.inputs"], sys.modules["vllm.platforms"] = mod, inputs, platforms
     try:
         yield mod
     finally:

@@ -30,6 +30,7 @@ from srd_worker.engines.base import (
 )
 from srd_worker.engines.registry import ENGINES, build_engine, engine_capabilities
 from srd_worker.errors import CapabilityError, ConfigError, EngineError, RewardError, StoreError
+from srd_worker.settings import Settings
 from tests.unit import fake_vllm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -308,6 +309,44 @@ def test_vllm_llm_built_with_prefix_caching_and_gpu_settings(tiny_engine, tmp_pa
     assert kw["gpu_memory_utilization"] == 0.55 and kw["dtype"] == "float16"
     saved = Path(kw["model"])
     assert (saved / "config.json").exists() and '"hidden_size": 256' in (saved / "config.json").read_text()
+
+
+def test_vllm_cpu_build_gets_a_fixed_kv_cache_not_a_memory_share(tiny_engine, tmp_path):
+    settings = Settings(cache_dir=tmp_path, vllm_cpu_kv_cache_gb=1.5, vllm_enforce_eager=True)
+    with fake_vllm.installed(backend=tiny_engine, cpu=True) as vllm:
+        engine = build_engine("vllm", "tiny-random-llama", settings)
+        (llm,) = vllm.LLM.instances
+    kw = llm.kwargs
+    assert kw["kv_cache_memory_bytes"] == int(1.5 * (1 << 30)) and "gpu_memory_utilization" not in kw
+    assert kw["enforce_eager"] is True and kw["enable_prefix_caching"] is True
+    # close() shuts vLLM's engine core down once and leaves the engine unusable
+    engine.close()
+    engine.close()
+    assert llm.shutdowns == 1 and engine.llm is None
+
+
+def test_vllm_cpu_kv_cache_larger_than_free_ram_names_srdq_setting(tiny_engine, tmp_path):
+    pytest.importorskip("psutil")
+    settings = Settings(cache_dir=tmp_path, vllm_cpu_kv_cache_gb=1e6)
+    with fake_vllm.installed(backend=tiny_engine, cpu=True) as vllm:
+        with pytest.raises(EngineError, match="SRDQ_VLLM_CPU_KV_CACHE_GB"):
+            build_engine("vllm", "tiny-random-llama", settings)
+        assert not vllm.LLM.instances
+
+
+def test_vllm_start_failure_for_memory_names_srdq_setting(tiny_engine, tmp_path, monkeypatch):
+    def refuse(self, **kwargs):
+        raise ValueError("Available memory on node 0 is less than desired; decrease --gpu-memory-utilization")
+
+    monkeypatch.setattr(fake_vllm.LLM, "__init__", refuse)
+    with fake_vllm.installed(backend=tiny_engine):
+        with pytest.raises(EngineError, match="SRDQ_GPU_MEMORY_UTILIZATION"):
+            build_engine("vllm", "tiny-random-llama", Settings(cache_dir=tmp_path))
+
+
+def test_transformers_engine_close_is_a_noop(tiny_engine):
+    assert tiny_engine.close() is None
+    assert tiny_engine.model is not None  # still usable: nothing was released
 
 
 class _Canned:

@@ -46,9 +46,10 @@ def assert_no_survivors(sid: int, grace_s: float = 30.0) -> None:
 
 
 def start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
+    """`srdq run ARGS` in a session of its own, output to ``log``."""
     f = open(log, "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [*CLI, *args],
+        [*CLI, "run", *args],
         env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
         stdout=f,
         stderr=subprocess.STDOUT,

@@ -22,10 +22,10 @@ from sqlmodel import SQLModel, select
 from srd_worker.errors import StoreError
 from srd_worker.store import crud
 from srd_worker.store.db import make_engine, session_scope, upgrade
-from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard
+from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, SweepRow
 from srd_worker.tasks.base import Item
 
-TABLES = {"run", "shard", "item", "checkpoint", "result"}
+TABLES = {"run", "shard", "item", "checkpoint", "result", "sweep"}
 RUN = "run-abc"
 
 
@@ -36,9 +36,12 @@ def make_items(n: int, prefix: str = "q") -> list[Item]:
     ]
 
 
-def new_run(engine: Engine, *, n_items: int = 10, shard_size: int = 4, run_id: str = RUN) -> Run:
+def new_run(
+    engine: Engine, *, n_items: int = 10, shard_size: int = 4, run_id: str = RUN, sweep_id: str | None = None
+) -> Run:
     with session_scope(engine) as session:
         return crud.create_run(
+            sweep_id=sweep_id,
             session=session,
             run_id=run_id,
             name="demo",
@@ -186,6 +189,45 @@ class StoreCases:
     def test_get_run_of_unknown_id_raises(self, engine: Engine) -> None:
         with pytest.raises(StoreError, match="no run"), session_scope(engine) as session:
             crud.get_run(session=session, run_id="nope")
+
+    # --- sweeps ------------------------------------------------------------------------------------
+
+    def test_sweep_is_recorded_once_and_lists_its_runs_in_order(self, engine: Engine) -> None:
+        with session_scope(engine) as session:
+            first = crud.create_sweep(
+                session=session,
+                sweep_id="sweep-1",
+                name="grid",
+                content='{"a": 1}',
+                run_ids=["run-b", "run-a"],
+            )
+        assert (first.name, first.content, first.run_ids) == ("grid", '{"a": 1}', ["run-b", "run-a"])
+        assert first.created_at.tzinfo == UTC
+        new_run(engine, run_id="run-a", sweep_id="sweep-1")
+        with session_scope(engine) as session:
+            # only the stored runs, in the sweep's order
+            assert [r.id for r in crud.sweep_runs(session=session, sweep_id="sweep-1")] == ["run-a"]
+            again = crud.create_sweep(
+                session=session, sweep_id="sweep-1", name="x", content="{}", run_ids=["z"]
+            )
+        assert again.model_dump() == first.model_dump() and count(engine, SweepRow) == 1
+        new_run(engine, run_id="run-b", sweep_id="sweep-1")
+        with session_scope(engine) as session:
+            runs = crud.sweep_runs(session=session, sweep_id="sweep-1")
+        assert [(r.id, r.sweep_id) for r in runs] == [("run-b", "sweep-1"), ("run-a", "sweep-1")]
+
+    def test_run_keeps_its_first_sweep_and_a_plain_run_gets_tagged(self, engine: Engine) -> None:
+        assert new_run(engine).sweep_id is None
+        assert new_run(engine, sweep_id="sweep-1").sweep_id == "sweep-1"  # existing run outside a sweep
+        assert new_run(engine, sweep_id="sweep-2").sweep_id == "sweep-1"  # first sweep kept
+        assert count(engine, ItemRow) == 10
+
+    def test_unknown_or_empty_sweep_is_refused(self, engine: Engine) -> None:
+        with pytest.raises(StoreError, match="no sweep"), session_scope(engine) as session:
+            crud.get_sweep(session=session, sweep_id="sweep-nope")
+        with pytest.raises(StoreError, match="no runs"), session_scope(engine) as session:
+            crud.create_sweep(session=session, sweep_id="sweep-0", name="e", content="{}", run_ids=[])
+        assert count(engine, SweepRow) == 0
 
     # --- checkpoints --------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, SQLModel, col, select
 
 from srd_worker.errors import StoreError
-from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, Status, utcnow
+from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, Status, SweepRow, utcnow
 
 
 class ItemLike(Protocol):
@@ -62,8 +62,10 @@ def create_run(
     versions: dict[str, Any],
     items: Sequence[ItemLike],
     shard_size: int,
+    sweep_id: str | None = None,
 ) -> Run:
-    """Create a run with its shards and items; if ``run_id`` exists, return that run and create nothing.
+    """Create a run with its shards and items; if ``run_id`` exists, return that run and create nothing
+    (except that an existing run outside any sweep is tagged with ``sweep_id``).
 
     Items keep their order (``position``); shard ``i`` covers positions ``[i*shard_size,
     min((i+1)*shard_size, len(items)))``.
@@ -86,6 +88,7 @@ def create_run(
         versions=versions,
         n_items=n_items,
         n_shards=n_shards,
+        sweep_id=sweep_id,
     )
     # Insert-or-nothing on the primary key, not read-then-write: two processes creating the same run at
     # once both succeed and exactly one of them writes the shards and items.
@@ -117,7 +120,39 @@ def create_run(
                 for pos, item in enumerate(items)
             ],
         )
+    elif sweep_id is not None:
+        session.exec(
+            update(Run).where(col(Run.id) == run_id, col(Run.sweep_id).is_(None)).values(sweep_id=sweep_id)
+        )
     return get_run(session=session, run_id=run_id)
+
+
+def create_sweep(*, session: Session, sweep_id: str, name: str, content: str, run_ids: list[str]) -> SweepRow:
+    """Record a sweep; if ``sweep_id`` exists, return that sweep and write nothing."""
+    if not run_ids:
+        raise StoreError(f"sweep {sweep_id!r} has no runs")
+    row = SweepRow(id=sweep_id, name=name, content=content, run_ids=list(run_ids))
+    session.exec(
+        _dialect_insert(session, SweepRow)
+        .values(**row.model_dump())
+        .on_conflict_do_nothing(index_elements=["id"])
+    )
+    return get_sweep(session=session, sweep_id=sweep_id)
+
+
+def get_sweep(*, session: Session, sweep_id: str) -> SweepRow:
+    """The sweep ``sweep_id``; ``StoreError`` if there is none."""
+    sweep = session.get(SweepRow, sweep_id, populate_existing=True)
+    if sweep is None:
+        raise StoreError(f"no sweep {sweep_id!r} in the database")
+    return sweep
+
+
+def sweep_runs(*, session: Session, sweep_id: str) -> list[Run]:
+    """The sweep's runs in expansion order (runs not stored yet are left out)."""
+    ids = get_sweep(session=session, sweep_id=sweep_id).run_ids
+    rows = {r.id: r for r in session.exec(select(Run).where(col(Run.id).in_(ids)))}
+    return [rows[i] for i in ids if i in rows]
 
 
 def get_run(*, session: Session, run_id: str) -> Run:

@@ -1,6 +1,7 @@
 """All database tables, in one place (SQLModel over SQLAlchemy; see DESIGN.md, Storage).
 
-``run`` holds a run's spec and status, ``shard`` a contiguous row range of its dataset with the lease
+``sweep`` holds a sweep file (its canonical content and expanded run ids), ``run`` a run's spec and
+status (``run.sweep_id``: the sweep that created it, if any), ``shard`` a contiguous row range of its dataset with the lease
 and fencing fields the queue uses, ``item`` one dataset row, ``checkpoint`` the latest method state of
 one item (one row per item, overwritten) and ``result`` the final record of one item (written once).
 Unique keys make every write idempotent: a redelivered task can never create a second result.
@@ -86,6 +87,24 @@ class Run(SQLModel, table=True):
         sa_type=UTCDateTime,
         description="When the run manifest was written to the object store.",
     )
+    sweep_id: str | None = Field(
+        default=None,
+        index=True,
+        description="The sweep that first created the run (srdq run/submit --sweep).",
+    )
+
+
+class SweepRow(SQLModel, table=True):
+    """One sweep file: its canonical content and the run ids it expands to, in expansion order (a run
+    shared by two sweeps is listed by both; ``run.sweep_id`` names the first)."""
+
+    __tablename__ = "sweep"
+
+    id: str = Field(primary_key=True, description="Deterministic sweep id (sweep-<12 hex>).")
+    name: str = Field(description="Human-readable sweep name (default: the file's stem).")
+    content: str = Field(sa_type=Text, description="The sweep file's canonical content (sorted JSON).")
+    run_ids: list[str] = Field(default_factory=list, sa_type=JSON, description="Expanded run ids, in order.")
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class Shard(SQLModel, table=True):

@@ -380,10 +380,12 @@ class VLLMEngine:
         before = _child_pids()
         try:
             llm = vllm.LLM(**kwargs)
-        except Exception as exc:
+        except BaseException as exc:  # Ctrl-C during start-up too: no half-started engine core left
             _reap(_child_pids() - before, timeout=5)
             text = str(exc).lower()
-            if "memory" in text or "engine core initialization failed" in text:
+            if isinstance(exc, Exception) and (
+                "memory" in text or "engine core initialization failed" in text
+            ):
                 raise EngineError(
                     f"vLLM could not start for '{name}' ({exc}); if vLLM's log above says memory: "
                     f"{memory_hint(settings, on_cpu)}"

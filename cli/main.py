@@ -13,7 +13,8 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-from srdq_cli.common import friendly_errors, open_db
+from srdq_cli.common import db_option, friendly_errors, open_db
+from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
 
 DEFAULT_MODEL = "smollm2"
 
@@ -34,7 +35,8 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     options = [
         # a built-in dataset name (`srdq datasets`) or a file; an existing file wins (srd_worker.datasets)
-        click.argument("dataset", metavar="NAME|PATH", type=str),
+        # optional only with --sweep (checked by the command: sweep_cli.check_single / check_mix)
+        click.argument("dataset", metavar="NAME|PATH", type=str, required=False),
         click.option(
             "--task",
             default="auto",
@@ -50,7 +52,12 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="KEY=COLUMN",
             help="Generic task column mapping: prompt=COLUMN, answer=COLUMN, id=COLUMN; repeatable.",
         ),
-        click.option("--method", "method", required=True, help="Decoding method (see `srdq methods`)."),
+        click.option(
+            "--method",
+            "method",
+            default=None,
+            help="Decoding method (see `srdq methods`); required without --sweep.",
+        ),
         click.option(
             "--n", "n", type=int, default=None, help="Candidates per problem (methods that have n)."
         ),
@@ -131,11 +138,14 @@ def _max_row_bytes() -> int:
     help="Output folder (SQLite store + results); rerunning the same command resumes.",
 )
 @click.option("--shard-size", type=int, default=None, help="Items per shard (default: all in one shard).")
+@sweep_option
+@click.pass_context
 @friendly_errors
 def run(
-    dataset: str,
+    ctx: click.Context,
+    dataset: str | None,
     task: str,
-    method: str,
+    method: str | None,
     n: int | None,
     limit: int | None,
     max_new_tokens: int | None,
@@ -147,13 +157,24 @@ def run(
     shard_size: int | None,
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
+    sweep_file: str | None = None,
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
-    NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file.
+    NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file. With --sweep
+    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes).
 
     Example: srdq run gsm8k --method best_of_n --n 4 --reward arithmetic --limit 10
+
+    Example: srdq run --sweep sweep.yaml --out sweep-out/
     """
+    if sweep_file is not None:
+        from srdq_cli.sweep_cli import run_sweep
+
+        check_mix(ctx, allowed={"out_dir"})
+        run_sweep(sweep_file, out_dir)
+        return
+    check_single(dataset, method)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from srd_worker.local import run_local
@@ -233,11 +254,14 @@ def submit() -> None:
 @click.option("--name", default=None, help="Run name (default: METHOD-DATASET).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; store and enqueue nothing.")
 @click.option("--new", is_flag=True, help="Start a new run even if the same dataset and spec were submitted.")
+@sweep_option
+@click.pass_context
 @friendly_errors
 def submit_dataset(
-    dataset: str,
+    ctx: click.Context,
+    dataset: str | None,
     task: str,
-    method: str,
+    method: str | None,
     n: int | None,
     limit: int | None,
     max_new_tokens: int | None,
@@ -251,12 +275,24 @@ def submit_dataset(
     new: bool,
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
+    sweep_file: str | None = None,
 ) -> None:
     """Validate a dataset (a built-in NAME, see `srdq datasets`, or a file PATH), store the run, its shards
-    and items in PostgreSQL, enqueue the shards.
+    and items in PostgreSQL, enqueue the shards. With --sweep FILE: every point is validated first, then
+    the sweep and its runs are stored (nothing if any point is invalid) and enqueued; prints the sweep id
+    and the run ids.
 
     Example: srdq submit dataset math500 --method best_of_n --n 8 --reward lm_judge --shard-size 25
+
+    Example: srdq submit dataset --sweep sweep.yaml --name grid-1
     """
+    if sweep_file is not None:
+        from srdq_cli.sweep_cli import submit_sweep
+
+        check_mix(ctx, allowed={"name", "dry_run"})
+        submit_sweep(sweep_file, name=name, dry_run=dry_run)
+        return
+    check_single(dataset, method)
     from srd_worker.local import versions
     from srd_worker.spec import prepare_run
 
@@ -364,13 +400,22 @@ def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
 @click.option("--watch", is_flag=True, help="Live progress until the run ends (Ctrl-C to stop watching).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Refresh interval for --watch.")
+@db_option
 @friendly_errors
-def status(run_id: str | None, watch: bool, as_json: bool, interval: float) -> None:
-    """Progress of RUN_ID (or a table of recent runs), read from PostgreSQL."""
+def status(run_id: str | None, watch: bool, as_json: bool, interval: float, db: str | None = None) -> None:
+    """Progress of RUN_ID or of every run of a sweep (SWEEP_ID, sweep-...), or a table of recent runs, read
+    from PostgreSQL (or --db).
+
+    Example: srdq status sweep-0123456789ab --db srdq-out
+    """
     from srd_worker import service
 
-    db = open_db()
+    engine = open_db(db)
+    db = engine  # type: ignore[assignment]
     try:
+        if run_id is not None and run_id.startswith("sweep-"):
+            _sweep_status(engine, run_id, watch=watch, as_json=as_json, interval=interval)
+            return
         if run_id is None:
             runs = service.recent_runs(db=db)
             if as_json:
@@ -417,7 +462,30 @@ def status(run_id: str | None, watch: bool, as_json: bool, interval: float) -> N
                 st = service.run_status(db=db, run_id=run_id)
                 live.update(_status_view(st))
     finally:
-        db.dispose()
+        engine.dispose()
+
+
+def _sweep_status(engine: Any, sweep_id: str, *, watch: bool, as_json: bool, interval: float) -> None:
+    import time
+
+    from srdq_cli.sweep_cli import sweep_status_view
+
+    from srd_worker import service
+
+    st = service.sweep_status(db=engine, sweep_id=sweep_id)
+    if as_json and not watch:
+        click.echo(json.dumps(st.to_dict(), indent=2))
+        return
+    if not watch:
+        _console().print(sweep_status_view(st))
+        return
+    from rich.live import Live
+
+    with Live(sweep_status_view(st), console=_console(), refresh_per_second=4) as live:
+        while st.status in ("pending", "running"):
+            time.sleep(interval)
+            st = service.sweep_status(db=engine, sweep_id=sweep_id)
+            live.update(sweep_status_view(st))
 
 
 def _status_view(st: Any) -> Any:

@@ -21,7 +21,7 @@ def _store(url: str | None):
 
 
 @click.command()
-@click.argument("run_id")
+@click.argument("run_id", metavar="RUN_ID|SWEEP_ID")
 @click.option(
     "--format",
     "fmt",
@@ -35,21 +35,37 @@ def _store(url: str | None):
     "out",
     required=True,
     metavar="PATH|s3://BUCKET/KEY",
-    help="Destination file (a folder gets RUN_ID.FORMAT inside it), or an S3 object.",
+    help="Destination file (a folder gets RUN_ID.FORMAT inside it), or an S3 object; for a sweep, a "
+    "folder (or s3://BUCKET/PREFIX/) that gets one RUN_ID.FORMAT per run.",
 )
 @db_option
 @friendly_errors
 def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     """Export RUN_ID's results from the database: one row per item in dataset order, failed items
-    included (failed=true, with their error).
+    included (failed=true, with their error). A SWEEP_ID exports each of its runs to its own file.
 
     Example: srdq export run-1a2b3c4d5e6f --format csv --out results.csv --db srdq-out/srdq.db
+
+    Example: srdq export sweep-0123456789ab --format csv --out sweep-csv/ --db srdq-out
     """
+    from pathlib import Path
+
     from srd_worker.export import export_run
     from srd_worker.settings import get_settings
+    from srd_worker.sweep import expand_ids, is_sweep_id
 
     engine = open_db(db)
     try:
+        if is_sweep_id(run_id):
+            ids = expand_ids(engine, [run_id])
+            if "://" not in out:
+                Path(out).mkdir(parents=True, exist_ok=True)
+            folder = out if out.endswith("/") else out + "/"
+            for rid in ids:
+                where, rows = export_run(engine, rid, fmt, folder, settings=get_settings())
+                click.echo(f"{rid}: {len(rows)} rows -> {where}")
+            click.echo(f"{run_id}: {len(ids)} runs exported")
+            return
         where, rows = export_run(engine, run_id, fmt, out, settings=get_settings())
     finally:
         engine.dispose()
@@ -60,7 +76,7 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
 
 
 @click.command()
-@click.argument("run_ids", nargs=-1, required=True)
+@click.argument("run_ids", nargs=-1, required=True, metavar="RUN_ID|SWEEP_ID...")
 @click.option(
     "--out",
     "out_dir",
@@ -73,16 +89,19 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
 def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
     """Write report.md and PNG plots for RUN_IDS: accuracy (or reward) vs generated tokens per method
     and budget, per-component time/calls (Table 2 layout), routing statistics (Table 6 layout) and a
-    per-run summary.
+    per-run summary. A SWEEP_ID stands for all its runs (runs differing only in seed are pooled).
 
     Example: srdq report run-aaa run-bbb --out report/ --db srdq-out/srdq.db
+
+    Example: srdq report sweep-0123456789ab --out report/ --db srdq-out
     """
     from srd_worker.export import load_report_runs
     from srd_worker.reports import build_report
+    from srd_worker.sweep import expand_ids
 
     engine = open_db(db)
     try:
-        runs = load_report_runs(engine, list(dict.fromkeys(run_ids)))
+        runs = load_report_runs(engine, expand_ids(engine, list(run_ids)))
     finally:
         engine.dispose()
     done = build_report(runs, out_dir)
@@ -145,8 +164,8 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
 
 
 @click.command()
-@click.argument("srd_run")
-@click.argument("rs_run")
+@click.argument("srd_run", metavar="A")
+@click.argument("rs_run", metavar="B")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
@@ -166,11 +185,15 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
 def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool, paired: bool, metric: str) -> None:
     """Coupled comparison of an SRD run with its rejection-sampling ablation run on the same items and
     seed (identical seeded drafts): mean R_max, wins / ties / losses, Δ_n with its paired 95% bootstrap
-    CI (SRD paper Table 7 layout). With --paired, any two runs A and B on the same problems.
+    CI (SRD paper Table 7 layout). With --paired, any two runs A and B on the same problems; A and B may
+    also be SWEEP_ID:METHOD[:KEY=VALUE]... selecting one configuration of a sweep over its seeds (seeds
+    paired by value, problems by item id).
 
     Example: srdq compare run-srd0123abcd run-rs0123abcd0 --db srdq-out
 
     Example: srdq compare run-aaaaaaaaaaaa run-bbbbbbbbbbbb --paired --db srdq-out
+
+    Example: srdq compare sweep-0123456789ab:best_of_n sweep-0123456789ab:self_consistency --paired --db srdq-out
     """
     import json
 
@@ -178,9 +201,25 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool, paired: bo
     from srd_worker.coupled import coupling_mismatches, paired_records
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
+    from srd_worker.sweep import is_sweep_id, select_runs
 
     engine = open_db(db)
     try:
+        if is_sweep_id(srd_run) or is_sweep_id(rs_run):
+            if not paired:
+                raise click.ClickException(
+                    "sweep ids work with --paired (A and B as SWEEP_ID:METHOD[:KEY=VALUE])"
+                )
+            _paired_sweep(
+                engine,
+                srd_run,
+                rs_run,
+                select_runs(engine, srd_run),
+                select_runs(engine, rs_run),
+                metric=metric,
+                as_json=as_json,
+            )
+            return
         with session_scope(engine) as session:
             runs = {rid: crud.get_run(session=session, run_id=rid) for rid in (srd_run, rs_run)}
             records = {rid: crud.load_results(session=session, run_id=rid) for rid in (srd_run, rs_run)}
@@ -239,6 +278,39 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool, paired: bo
     click.echo(
         f"reward before → after   {f3(result.reward_before_refine)} → {f3(result.reward_after_refine)}"
     )
+
+
+def _paired_sweep(
+    engine, name_a: str, name_b: str, ids_a: list[str], ids_b: list[str], *, metric: str, as_json: bool
+) -> None:
+    """``compare --paired`` between two configurations pooled over their seeds."""
+    import json
+
+    from srd_worker.export import load_report_runs
+    from srd_worker.reports import paired_seed_groups
+
+    runs_a, runs_b = load_report_runs(engine, ids_a), load_report_runs(engine, ids_b)
+    try:
+        used, res, seeds = paired_seed_groups(runs_a, runs_b, metric=metric)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"metric": used, "seeds_paired": seeds, "a": ids_a, "b": ids_b, **res.to_dict()}, indent=2
+            )
+        )
+        return
+
+    def g(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.4f}"
+
+    click.echo(f"A {name_a} ({len(ids_a)} runs) vs B {name_b} ({len(ids_b)} runs), {used}, seeds {seeds}")
+    click.echo(f"pairs (problems x seeds)  {res.pairs} ({res.problems} x {res.seeds})")
+    click.echo(f"mean A / B               {g(res.mean_a)} / {g(res.mean_b)}")
+    click.echo(f"A - B [95% CI]           {res.diff.text(4)}")
+    click.echo(f"wins / ties / losses     {res.wins} / {res.ties} / {res.losses}")
+    click.echo(f"McNemar exact p          {g(res.mcnemar_p)}")
 
 
 def register(cli: click.Group) -> None:

@@ -272,6 +272,50 @@ def pool_seeds(runs: Sequence[RunRecords]) -> list[PooledRun]:
     return out
 
 
+def paired_seed_groups(
+    a: Sequence[RunRecords], b: Sequence[RunRecords], *, metric: str = "auto", seed: int = 0
+) -> tuple[str, Any, list[int]]:
+    """Paired comparison of two configurations pooled over their seeds (e.g. two methods of one sweep):
+    each side is one configuration (``config_key``) run with several seeds; seeds are paired by value
+    and problems by item id, giving ``problems × seeds`` matrices for ``stats.paired``. Returns (metric,
+    ``stats.Paired``, the paired seeds). ``ValueError`` names what does not pair."""
+    from srd_worker.stats import paired
+
+    for side, group in (("A", a), ("B", b)):
+        if not group:
+            raise ValueError(f"{side} has no runs")
+        keys = {config_key(r.spec) for r in group}
+        if len(keys) > 1:
+            raise ValueError(
+                f"{side} holds {len(keys)} configurations, not one over seeds: select one "
+                "(e.g. SWEEP:METHOD:n=4) so that its runs differ only in seed"
+            )
+        seeds = [r.spec.get("seed") for r in group]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"{side} has two runs with the same seed")
+    by_seed_a = {int(r.spec.get("seed", 0)): r for r in a}
+    by_seed_b = {int(r.spec.get("seed", 0)): r for r in b}
+    seeds = sorted(by_seed_a.keys() & by_seed_b.keys())
+    if not seeds:
+        raise ValueError(f"A and B share no seed (A: {sorted(by_seed_a)}, B: {sorted(by_seed_b)})")
+    recs_a = [{str(r.get("item_id")): r for r in by_seed_a[s].records} for s in seeds]
+    recs_b = [{str(r.get("item_id")): r for r in by_seed_b[s].records} for s in seeds]
+    items = [i for i in recs_a[0] if all(i in m for m in recs_a + recs_b)]
+    if not items:
+        raise ValueError("A and B share no item: a paired comparison needs the same problems")
+    if metric == "auto":
+        graded = all(
+            any(correct_value(m[i]) is not None for m in side for i in items) for side in (recs_a, recs_b)
+        )
+        metric = "accuracy" if graded else "reward"
+    if metric not in ("accuracy", "reward"):
+        raise ValueError(f"unknown metric {metric!r} (accuracy, reward or auto)")
+    value = correct_value if metric == "accuracy" else reward_value
+    ma = [[value(m[i]) for m in recs_a] for i in items]
+    mb = [[value(m[i]) for m in recs_b] for i in items]
+    return metric, paired(ma, mb, seed=seed), seeds
+
+
 def pooled_points(pooled: Sequence[PooledRun]) -> list[Point]:
     """Frontier points of pooled runs, with their 95% intervals (as ``frontier_points``)."""
     points = []

@@ -90,6 +90,36 @@ def submit(
     return Submitted(run_id, not existed, len(prepared.items), n_shards, enqueued)
 
 
+@dataclass
+class SweepSubmitted:
+    sweep_id: str
+    run_ids: list[str]
+    created: list[str]  # runs stored by this call (the others existed)
+    enqueued: int
+
+
+def submit_sweep(
+    plan: Any, *, db: Engine, enqueue: Enqueue, versions: dict[str, Any] | None = None
+) -> SweepSubmitted:
+    """Store a validated sweep (``sweep.plan_sweep``) and all its runs, shards and items in one
+    transaction, then enqueue the shards of the runs created now. Submitting the same sweep again gives
+    the same ids and enqueues nothing; a run already stored (outside the sweep or by another sweep) is
+    not enqueued again (``srdq resume`` restarts it)."""
+    from srd_worker.sweep import record_sweep
+
+    for prepared in plan.prepared:
+        check_spec(prepared.method, engine=prepared.spec.engine, reward=prepared.spec.reward)
+    with session_scope(db) as session:
+        created = record_sweep(session, plan, versions=versions or {})
+        shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
+    enqueued = 0
+    for run_id in created:
+        for index in range(shards[run_id]):
+            enqueue(run_id, index)
+            enqueued += 1
+    return SweepSubmitted(plan.sweep_id, plan.run_ids, created, enqueued)
+
+
 # ----------------------------------------------------------------------------------- shard processing
 class EngineCache:
     """One engine per (engine name, model) per process, built on first use (after the worker's fork)."""
@@ -365,6 +395,51 @@ def run_status(*, db: Engine, run_id: str) -> RunStatus:
             )
             for s in shards
         ],
+    )
+
+
+@dataclass
+class SweepStatus:
+    sweep_id: str
+    name: str
+    created_at: datetime
+    runs: list[RunStatus]
+    params: list[dict[str, Any]]  # each run's method parameters
+    seeds: list[int]
+
+    @property
+    def status(self) -> str:
+        states = {r.status for r in self.runs}
+        for state in ("running", "pending", "failed", "cancelled"):
+            if state in states:
+                return state
+        return "done"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sweep_id": self.sweep_id,
+            "name": self.name,
+            "status": self.status,
+            "created_at": self.created_at.isoformat(),
+            "runs": [
+                {**r.to_dict(), "params": p, "seed": s}
+                for r, p, s in zip(self.runs, self.params, self.seeds, strict=True)
+            ],
+        }
+
+
+def sweep_status(*, db: Engine, sweep_id: str) -> SweepStatus:
+    """Progress of every run of a sweep, in expansion order."""
+    with session_scope(db) as session:
+        sweep = crud.get_sweep(session=session, sweep_id=sweep_id)
+        runs = crud.sweep_runs(session=session, sweep_id=sweep_id)
+    return SweepStatus(
+        sweep_id=sweep.id,
+        name=sweep.name,
+        created_at=sweep.created_at,
+        runs=[run_status(db=db, run_id=r.id) for r in runs],
+        params=[dict(r.spec.get("params") or {}) for r in runs],
+        seeds=[int(r.spec.get("seed", 0)) for r in runs],
     )
 
 

@@ -1,5 +1,5 @@
-"""Sweep files (pure parsing, validation and expansion; not wired into the CLI yet): one YAML file names
-the dataset, model, reward and engine once, and a grid of methods × n × parameters × seeds.
+"""Sweep files: one YAML file names the dataset, model, reward and engine once, and a grid of methods × n
+× parameters × seeds (``srdq run --sweep FILE``, ``srdq submit dataset --sweep FILE``).
 
     dataset: gsm8k              # a file path or a built-in dataset name
     task: auto                  # optional (default auto)
@@ -22,13 +22,20 @@ sorted, values in file order), then seeds. ``expand`` returns one ``SweepRun`` p
 reward, engine capabilities) before anything is written, and ``sweep_id`` is ``sweep-`` + the first 12
 hex digits of the sha256 of the expanded run ids in order, so the same file (and dataset bytes) give the
 same id. A bad file raises one ``ConfigError`` naming the field (``methods[1].params.n``, ``seeds``, ...).
+
+Recording: ``run_sweep_local`` (embedded) and ``service.submit_sweep`` (fleet) store the sweep (its
+canonical content: the parsed file as sorted JSON, and the expanded run ids) and every run with its
+sweep id in one transaction, before any run starts; running or submitting the same sweep again finds
+the same ids and resumes. ``expand_ids`` and ``select_runs`` turn sweep ids into run ids for ``srdq
+report``, ``export`` and ``compare``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +64,7 @@ class Sweep:
     limit: int | None
     shard_size: int | None
     runs: tuple[SweepRun, ...]
+    content: str = field(default="", compare=False)  # the parsed file as sorted JSON (what is stored)
 
 
 def _int(value: Any, where: str, *, minimum: int | None = None) -> int:
@@ -132,7 +140,15 @@ def parse_sweep(data: Any) -> Sweep:
         if data.get("shard_size") is None
         else _int(data["shard_size"], "shard_size", minimum=1),
         runs=tuple(runs),
+        content=canonical(data),
     )
+
+
+def canonical(data: Any) -> str:
+    """The sweep file's canonical content: the parsed YAML as sorted, indented JSON."""
+    import json
+
+    return json.dumps(data, sort_keys=True, indent=1, ensure_ascii=False, default=str)
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -150,10 +166,13 @@ def load_sweep(path: str | Path) -> Sweep:
     return parse_sweep(data)
 
 
-def prepare_sweep(sweep: Sweep, *, base_dir: str | Path | None = None) -> tuple[str, list[Any]]:
+def prepare_sweep(
+    sweep: Sweep, *, base_dir: str | Path | None = None, default_shard_size: int | None = None
+) -> tuple[str, list[Any]]:
     """(sweep id, one ``spec.PreparedRun`` per point), every point validated before anything is written.
     A relative dataset path is taken from ``base_dir`` when it exists there. An invalid point raises one
-    ``ConfigError`` naming its index, method and parameters."""
+    ``ConfigError`` naming its index, method and parameters. ``default_shard_size`` applies when the file
+    gives no ``shard_size`` (``srdq submit``: 16; ``srdq run``: one shard)."""
     from srd_worker.spec import prepare_run
 
     dataset: str | Path = sweep.dataset
@@ -172,7 +191,7 @@ def prepare_sweep(sweep: Sweep, *, base_dir: str | Path | None = None) -> tuple[
                     reward=sweep.reward,
                     seed=run.seed,
                     limit=sweep.limit,
-                    shard_size=sweep.shard_size,
+                    shard_size=sweep.shard_size or default_shard_size,
                     engine=sweep.engine,
                 )
             )
@@ -184,3 +203,194 @@ def prepare_sweep(sweep: Sweep, *, base_dir: str | Path | None = None) -> tuple[
 def sweep_id(run_ids: list[str]) -> str:
     """``sweep-`` + 12 hex digits of the sha256 of the expanded run ids, in order."""
     return "sweep-" + hashlib.sha256("\n".join(run_ids).encode()).hexdigest()[:12]
+
+
+# --------------------------------------------------------------------------------------------- running
+@dataclass
+class SweepPlan:
+    """A validated sweep, ready to record: its id, name, canonical content and one prepared run per
+    point (in expansion order)."""
+
+    sweep_id: str
+    name: str
+    sweep: Sweep
+    prepared: list[Any]
+
+    @property
+    def run_ids(self) -> list[str]:
+        return [p.spec.run_id() for p in self.prepared]
+
+
+def plan_sweep(
+    path: str | Path, *, name: str | None = None, default_shard_size: int | None = None
+) -> SweepPlan:
+    """Load, validate and expand the sweep file at ``path`` (nothing written); relative dataset paths are
+    taken from the file's folder when they exist there."""
+    sweep = load_sweep(path)
+    sid, prepared = prepare_sweep(sweep, base_dir=Path(path).parent, default_shard_size=default_shard_size)
+    return SweepPlan(sid, name or Path(path).stem, sweep, prepared)
+
+
+def run_name(prepared: Any) -> str:
+    """A run's name, as ``srdq run`` and ``srdq submit`` name runs outside sweeps."""
+    return f"{prepared.spec.method}-{Path(prepared.spec.dataset).stem}"
+
+
+def record_sweep(session: Any, plan: SweepPlan, *, versions: dict[str, Any]) -> list[str]:
+    """Store the sweep and every run (with shards and items) tagged with its id, in the caller's
+    transaction; returns the ids of the runs created now (the others existed)."""
+    from srd_worker.store import crud, queries
+
+    crud.create_sweep(
+        session=session,
+        sweep_id=plan.sweep_id,
+        name=plan.name,
+        content=plan.sweep.content,
+        run_ids=plan.run_ids,
+    )
+    created = []
+    for prepared in plan.prepared:
+        spec = prepared.spec
+        if not queries.run_exists(session=session, run_id=spec.run_id()):
+            created.append(spec.run_id())
+        crud.create_run(
+            session=session,
+            run_id=spec.run_id(),
+            name=run_name(prepared),
+            spec=spec.model_dump(),
+            config_hash=spec.config_hash(),
+            versions=versions,
+            items=prepared.items,
+            shard_size=spec.shard_size,
+            sweep_id=plan.sweep_id,
+        )
+    return created
+
+
+@dataclass
+class PointResult:
+    index: int
+    point: SweepRun
+    summary: Any  # local.Summary
+
+
+def run_sweep_local(
+    plan: SweepPlan,
+    *,
+    out_dir: str | Path,
+    settings: Any,
+    on_point: Callable[[int, SweepRun, str, str], None] | None = None,
+    on_done: Callable[[PointResult], None] | None = None,
+    on_start: Callable[[str, int, int], None] | None = None,
+    on_round: Callable[[Any], None] | None = None,
+) -> list[PointResult]:
+    """Run every point of the sweep in order with ``local.run_local`` into one output folder (one SQLite
+    store). The sweep and all its runs are recorded first; finished points are only re-reported and an
+    interrupted one resumes from its last checkpoint. The model is loaded once, and only if a point still
+    has work. ``on_point(index, point, run_id, state)`` is called before each point (state: ``done`` or
+    ``todo``), ``on_done`` after it."""
+    from srd_worker.local import close_all, run_local, versions
+    from srd_worker.store import crud
+    from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
+    from srd_worker.wiring import check_spec
+
+    for prepared in plan.prepared:  # every point checked before anything is written
+        check_spec(prepared.method, engine=prepared.spec.engine, reward=prepared.spec.reward)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    url = sqlite_url(out / "srdq.db")
+    upgrade(url)
+    db = make_engine(url)
+    try:
+        with session_scope(db) as session:
+            record_sweep(session, plan, versions=versions())
+        with session_scope(db) as session:
+            finished = {
+                r.id for r in crud.sweep_runs(session=session, sweep_id=plan.sweep_id) if r.status == "done"
+            }
+    finally:
+        db.dispose()
+    built: list[Any] = []
+    results = []
+    try:
+        for i, (point, prepared) in enumerate(zip(plan.sweep.runs, plan.prepared, strict=True)):
+            run_id = prepared.spec.run_id()
+            if on_point is not None:
+                on_point(i, point, run_id, "done" if run_id in finished else "todo")
+            if run_id not in finished and not built:
+                from srd_worker.engines.registry import build_engine
+
+                built.append(build_engine(prepared.spec.engine, prepared.spec.model, settings))
+            summary = run_local(
+                prepared,
+                out_dir=out,
+                settings=settings,
+                engine=built[0] if built else None,
+                on_start=on_start,
+                on_round=on_round,
+            )
+            results.append(PointResult(i, point, summary))
+            if on_done is not None:
+                on_done(results[-1])
+    finally:
+        close_all(built)
+    return results
+
+
+# ------------------------------------------------------------------------------------------ reading
+def is_sweep_id(text: str) -> bool:
+    return text.startswith("sweep-")
+
+
+def sweep_run_ids(session: Any, sweep_id: str) -> list[str]:
+    """The stored runs of ``sweep_id`` in expansion order; ``StoreError`` if there is no such sweep."""
+    from srd_worker.store import crud
+
+    return [r.id for r in crud.sweep_runs(session=session, sweep_id=sweep_id)]
+
+
+def expand_ids(db: Any, ids: list[str]) -> list[str]:
+    """Run ids with every sweep id replaced by its runs (order kept, duplicates dropped)."""
+    from srd_worker.store.db import session_scope
+
+    out: list[str] = []
+    with session_scope(db) as session:
+        for given in ids:
+            out += sweep_run_ids(session, given) if is_sweep_id(given) else [given]
+    return list(dict.fromkeys(out))
+
+
+def parse_selector(text: str) -> tuple[str, str | None, dict[str, str]]:
+    """``SWEEP[:METHOD[:KEY=VALUE]...]`` → (sweep id, method, parameter filters)."""
+    sid, *rest = text.split(":")
+    method = rest[0] if rest and rest[0] else None
+    filters: dict[str, str] = {}
+    for part in rest[1:]:
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{text!r}: expected SWEEP:METHOD[:KEY=VALUE]..., got {part!r}")
+        filters[key] = value
+    return sid, method, filters
+
+
+def select_runs(db: Any, text: str) -> list[str]:
+    """A run id (itself), or ``SWEEP[:METHOD[:KEY=VALUE]...]``: the sweep's runs of that method whose
+    parameters match every filter (compared as text). ``ConfigError`` when nothing matches."""
+    from srd_worker.store import crud
+    from srd_worker.store.db import session_scope
+
+    if not is_sweep_id(text):
+        return [text]
+    sid, method, filters = parse_selector(text)
+    with session_scope(db) as session:
+        runs = crud.sweep_runs(session=session, sweep_id=sid)
+    chosen = [
+        r.id
+        for r in runs
+        if (method is None or r.spec.get("method") == method)
+        and all(str((r.spec.get("params") or {}).get(k)) == v for k, v in filters.items())
+    ]
+    if not chosen:
+        methods = sorted({str(r.spec.get("method")) for r in runs})
+        raise ConfigError(f"{text!r} selects no run of sweep {sid} (its methods: {', '.join(methods)})")
+    return chosen

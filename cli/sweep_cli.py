@@ -91,8 +91,10 @@ def run_sweep(sweep_file: str, out_dir: str) -> None:
         plan, out_dir=out_dir, settings=get_settings(), on_point=on_point, on_done=on_done
     )
     table = Table(title=f"{plan.sweep_id} · {plan.name}")
-    for col in ("run", "method", "n", "seed", "accuracy", "mean tokens"):
-        table.add_column(col, justify="right" if col not in ("run", "method") else "left")
+    table.add_column("run", no_wrap=True, min_width=16)
+    table.add_column("method", no_wrap=True)
+    for col in ("n", "seed", "accuracy", "mean tokens"):
+        table.add_column(col, justify="right")
     for res in results:
         s = res.summary
         acc = "n/a" if s.accuracy is None else f"{s.accuracy:.1%} ({s.correct}/{s.done})"
@@ -142,21 +144,19 @@ def submit_sweep(sweep_file: str, *, name: str | None, dry_run: bool) -> None:
 
 
 def sweep_status_view(st: Any) -> Any:
-    """``srdq status SWEEP``: one row per run with its progress."""
-    from rich.progress_bar import ProgressBar
-
+    """``srdq status SWEEP``: one row per run with its progress (run ids and methods never cut)."""
     table = Table(title=f"{st.sweep_id} · {st.name} · {st.status}")
-    for col in ("run", "method", "params", "seed", "status", "progress", "items", "failed", "tokens"):
-        table.add_column(col)
+    table.add_column("run", no_wrap=True, min_width=16)
+    table.add_column("method", no_wrap=True)
+    for col in ("n", "seed", "status", "items", "failed", "tokens"):
+        table.add_column(col, justify="left" if col == "status" else "right")
     for r, params, seed in zip(st.runs, st.params, st.seeds, strict=True):
-        shown = {k: v for k, v in params.items() if k in ("n",)}
         table.add_row(
             r.run_id,
             r.method,
-            _params(shown),
+            str(params.get("n", "")),
             str(seed),
             r.status,
-            ProgressBar(total=max(r.items, 1), completed=r.done + r.failed, width=20),
             f"{r.done + r.failed}/{r.items}",
             str(r.failed),
             str(r.gen_tokens),

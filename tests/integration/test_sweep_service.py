@@ -79,7 +79,7 @@ def test_submit_sweep_stores_runs_with_the_sweep_id_and_survives_a_killed_worker
 
     st = srdq(env, "status", sid)
     assert st.returncode == 0, st.stderr
-    assert all(r in st.stdout for r in run_ids) and "pending" in st.stdout
+    assert all(r in st.stdout for r in run_ids) and "pending" in st.stdout, st.stdout
 
     a = start_worker(env, "a")
 

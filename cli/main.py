@@ -612,10 +612,12 @@ def methods(as_json: bool) -> None:
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
+from srdq_cli.testbed_cli import register as _register_testbed  # noqa: E402
 
 _register_results(cli)  # export, report, sync
 _register_tasks(cli)  # regrade
 _register_datasets(cli)  # datasets
+_register_testbed(cli)  # testbed build
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

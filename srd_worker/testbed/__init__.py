@@ -1,0 +1,6 @@
+"""A reasoning testbed that fits on a CPU: generated multi-step arithmetic word problems in the GSM8K layout
+(``generator``), a character-level tokenizer with a ChatML template (``tokenizer``), and the build that trains
+a small Llama policy, a smaller draft and an outcome reward model on them (``train``; ``srdq testbed build``).
+The committed build lives in ``artifacts/`` with a ``manifest.json`` (sha256 of every file, configuration,
+measured accuracies and reward-model AUROC).
+"""

@@ -421,8 +421,9 @@ def build(
     log(f"rm data: {len(responses)} samples, {sample_acc:.3f} correct; {len(train_x)} training inputs")
 
     torch.manual_seed(seed + 17)
-    rm = LlamaForSequenceClassification(llama_config(cfg.policy, tokenizer, cfg.max_positions))
-    rm.config.num_labels = 1
+    rm_config = llama_config(cfg.policy, tokenizer, cfg.max_positions)
+    rm_config.num_labels = 1  # before the model is built: the head is then (1, hidden)
+    rm = LlamaForSequenceClassification(rm_config)
     rm.model.load_state_dict(models["policy"].model.state_dict())
     torch.nn.init.zeros_(rm.score.weight)
     rm.train()

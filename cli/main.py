@@ -2,6 +2,10 @@
 
 Library errors (``SrdqError``) become one clean line and exit code 1; nothing imports torch until a
 command needs a model.
+
+Why this file is over 500 lines: it holds the core commands (run, submit, worker, status, cancel, resume,
+db, methods) and their shared option sets, each a thin shell; the other command groups live in their own
+modules (results, datasets, testbed, tasks) and register themselves at the bottom.
 """
 
 from __future__ import annotations

@@ -372,6 +372,16 @@ def pool_entries(cands: Sequence[PoolCandidate]) -> list[CandidateEntry]:
     ]
 
 
+def _entry_fields(e: ArchiveEntry) -> CandidateEntry:
+    return {
+        "id": e["id"],
+        "text": e["text"],
+        "reward": e["reward"],
+        "finish": e["finish"],
+        "n_tokens": e["n_tokens"],
+    }
+
+
 def archive_entries(entries: Sequence[ArchiveEntry], pool: Sequence[Trajectory]) -> list[CandidateEntry]:
     """Every completed trajectory of an SRD-family item (its archive, in the order they finished):
     ``status`` kept when it is still in the final pool (same id and tokens), else discarded; ``refined``
@@ -379,11 +389,7 @@ def archive_entries(entries: Sequence[ArchiveEntry], pool: Sequence[Trajectory])
     final = {(c["id"], len(c["tokens"]), c["text"]) for c in pool if is_finished(c)}
     return [
         {
-            "id": e["id"],
-            "text": e["text"],
-            "reward": e["reward"],
-            "finish": e["finish"],
-            "n_tokens": e["n_tokens"],
+            **_entry_fields(e),
             "status": "kept" if (e["id"], e["n_tokens"], e["text"]) in final else "discarded",
             "refined": bool(e.get("c", 0)),
         }
@@ -394,16 +400,7 @@ def archive_entries(entries: Sequence[ArchiveEntry], pool: Sequence[Trajectory])
 def finished_entries(entries: Sequence[ArchiveEntry]) -> list[CandidateEntry]:
     """Speculative rejection: every finished survivor, in the order it finished (drafts rejected before
     they finished are not listed)."""
-    return [
-        {
-            "id": e["id"],
-            "text": e["text"],
-            "reward": e["reward"],
-            "finish": e["finish"],
-            "n_tokens": e["n_tokens"],
-        }
-        for e in entries
-    ]
+    return [_entry_fields(e) for e in entries]
 
 
 def best_completed(entries: Sequence[ArchiveEntry]) -> ArchiveEntry | None:

@@ -9,6 +9,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Hypothesis profiles for the fuzz tests (tests/unit/test_fuzz_*.py), chosen by SRDQ_FUZZ_PROFILE:
+# "fast" (default, the unit tier) and "ci" (more examples). Both are derandomized (a fixed example set,
+# so a run never flakes), keep no example database and give each example a deadline.
+try:
+    import os as _os
+    from datetime import timedelta as _timedelta
+
+    from hypothesis import HealthCheck as _HealthCheck
+    from hypothesis import settings as _settings
+except ImportError:  # hypothesis is a dev extra
+    pass
+else:
+    _fuzz_common = dict(
+        derandomize=True,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[_HealthCheck.too_slow, _HealthCheck.data_too_large],
+    )
+    _settings.register_profile("fast", max_examples=50, deadline=_timedelta(seconds=2), **_fuzz_common)
+    _settings.register_profile("ci", max_examples=500, deadline=_timedelta(seconds=2), **_fuzz_common)
+    _settings.load_profile(_os.environ.get("SRDQ_FUZZ_PROFILE", "fast"))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tier markers: every test under tests/unit that is not end-to-end (``e2e``) or ``slow`` is ``unit``,

@@ -39,6 +39,16 @@ What is not judged (neither correct nor wrong)
       (names, calls, ``__import__``): no claim is found.
     - Whether a claim is *relevant* to the question; only its arithmetic is checked.
 
+Bounds on degenerate text (model output is untrusted)
+    - A number written with more than ``_MAX_DIGITS`` (100) digits, integer and decimal digits together
+      (``99999…`` runs that small models emit), is not read as a number: a claim with such a number on
+      either side is not judged, and the response scores as if the claim were absent. With at most
+      ``_MAX_SIDE_TOKENS`` tokens a side, a side's exact value then has a bounded number of digits.
+    - At most ``_MAX_EQUALS`` (256) ``=`` signs of a text are looked at (the first ones); later ones are
+      not judged. With the side bound this caps the parsing work per response.
+    - The verdict is exact (fractions); ``Claim.claimed`` / ``Claim.computed`` are floats for display and
+      saturate to ``±inf`` when a value is beyond the float range, so no conversion can overflow.
+
 Score
     ``(correct + prior_correct) / (total + prior_correct + prior_wrong)``: a Beta(1, 1)-smoothed
     (Laplace) fraction of correct claims by default. Smoothing matters for partial responses, which
@@ -55,7 +65,9 @@ checks are one parser; split into pieces they would each need the others' regula
 from __future__ import annotations
 
 import ast
+import math
 import re
+import sys
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,6 +80,11 @@ from srd_worker.errors import RewardError
 DEFAULT_REL_TOL = 1e-6
 #: Longest run of tokens considered on either side of ``=``; bounds the work on pathological text.
 _MAX_SIDE_TOKENS = 64
+#: Most digits a number may be written with (longer ones are not read; see the module docstring).
+_MAX_DIGITS = 100
+#: Most ``=`` signs looked at in one text (see the module docstring).
+_MAX_EQUALS = 256
+_FLOAT_MAX = Fraction(sys.float_info.max)
 
 # Token kinds.
 _NUM, _OP, _LP, _RP, _EQ, _BREAK = "num", "op", "lp", "rp", "eq", "break"
@@ -82,6 +99,8 @@ _SPACED_THOUSANDS_RE = re.compile(
 _MIXED_RE = re.compile(r"(\d+) (\d+)/(\d+)(?![\d.,/])")
 _FRACTION_RE = re.compile(r"(\d+)/(\d+)(?![\d.,/])")
 _DECIMAL_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?!\d)(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+")
+#: The span of a number too long to read: digits with the separators a number may hold.
+_LONG_RUN_RE = re.compile(r"[,./]?\d+(?:[,./]\d+)*")
 _PERCENT_RE = re.compile(r" ?\\?%")
 _LATEX_CMD_RE = re.compile(r"\\([A-Za-z]+|.)", re.S)
 _WORD_RE = re.compile(r"[^\W\d]\w*")  # letters first, then letters/digits ("x2", "H2O" are words)
@@ -101,7 +120,8 @@ _OPERATOR_WORDS = frozenset({"x", "times", "plus", "minus", "by"})
 # What may still follow the end of a partial claim and extend it (digits would have been part of the
 # number): an unfinished thousands group or decimal point ("130,0", "7."), or, on the same line, spaces,
 # operators, currency, "x" or the start of a LaTeX operator ("\tim"). Expressions never span lines.
-_CONTINUATION_RE = re.compile(r"(?:,\d{0,2}|\.)?|[ \t+\-−–*/×÷·⋅($€£%]*(?:\\[A-Za-z]*|[xX])?[ \t]*")
+# Possessive quantifiers: a long run of spaces must not backtrack (quadratic time on degenerate text).
+_CONTINUATION_RE = re.compile(r"(?:,\d{0,2}|\.)?|[ \t+\-−–*/×÷·⋅($€£%]*+(?:\\[A-Za-z]*|[xX])?[ \t]*+")
 _ANNOTATION_RE = re.compile(r"<<([^<>]*)>>")
 _OPEN_ANNOTATION_RE = re.compile(r"<<[^<>\nA-Za-z]*>?\Z")  # "<<16-3-4=9" at the end of a partial
 
@@ -138,6 +158,7 @@ class _Tok:
     percent: bool = False  # _NUM
     word: str = ""  # _BREAK: the word (lower case) or LaTeX command ("\\frac"), if it is one
     char: str = ""  # _BREAK: the character, if it is a single one
+    overlong: bool = False  # _NUM: written with more than _MAX_DIGITS digits, so not read (value 0)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -192,27 +213,58 @@ def _eval_source(source: str, leaves: Sequence[Fraction] | None = None) -> tuple
 # Tokenising
 
 
+class _TooLong(Exception):
+    """A number with more than ``_MAX_DIGITS`` digits."""
+
+
+def _int(digits: str) -> int:
+    """``int(digits)``, refusing more than ``_MAX_DIGITS`` digits before any conversion work."""
+    if len(digits) > _MAX_DIGITS:
+        raise _TooLong
+    return int(digits)
+
+
+def _digit_count(text: str) -> int:
+    n = sum(ch.isdigit() for ch in text)
+    if n > _MAX_DIGITS:
+        raise _TooLong
+    return n
+
+
 def _number(text: str, i: int) -> _Tok | None:
-    """The number starting at ``i`` (currency sign, digits, fraction, percent), or None."""
+    """The number starting at ``i`` (currency sign, digits, fraction, percent), or None. A number with
+    more than ``_MAX_DIGITS`` digits is an ``overlong`` token that no claim reads."""
     start = i
     cur = _CURRENCY_RE.match(text, i)
     if cur:
         i = cur.end()
+    try:
+        return _read_number(text, start, i, bool(cur))
+    except _TooLong:
+        m = _LONG_RUN_RE.match(text, i)
+        assert m is not None  # every branch that can refuse starts at a digit or a separator and digit
+        return _Tok(_NUM, start, m.end(), overlong=True)
+
+
+def _read_number(text: str, start: int, i: int, cur: bool) -> _Tok | None:
     value: Fraction
     decimals: int | None = None
     divisions = 0
     if m := _VULGAR_RE.match(text, i):
-        value = Fraction(int(m.group(1) or 0)) + Fraction(unicodedata.numeric(m.group(2))).limit_denominator(
-            10
-        )
+        value = Fraction(_int(m.group(1) or "0")) + Fraction(
+            unicodedata.numeric(m.group(2))
+        ).limit_denominator(10)
     elif cur and (m := _SPACED_THOUSANDS_RE.match(text, i)):
-        value, decimals = Fraction(re.sub(r"\D", "", m.group())), 0
-    elif (m := _MIXED_RE.match(text, i)) and int(m.group(2)) < int(m.group(3)):
-        value = int(m.group(1)) + Fraction(int(m.group(2)), int(m.group(3)))
-    elif (m := _FRACTION_RE.match(text, i)) and int(m.group(2)) != 0:
-        value, divisions = Fraction(int(m.group(1)), int(m.group(2))), 1
+        value, decimals = Fraction(_int(re.sub(r"\D", "", m.group()))), 0
+    elif (m := _MIXED_RE.match(text, i)) and _int(m.group(2)) < _int(m.group(3)):
+        value = _int(m.group(1)) + Fraction(_int(m.group(2)), _int(m.group(3)))
+        _digit_count(m.group())
+    elif (m := _FRACTION_RE.match(text, i)) and _int(m.group(2)) != 0:
+        value, divisions = Fraction(_int(m.group(1)), _int(m.group(2))), 1
+        _digit_count(m.group())
     elif m := _DECIMAL_RE.match(text, i):
         digits = m.group().replace(",", "")
+        _digit_count(digits)
         value = Fraction(Decimal(digits))
         decimals = len(digits.split(".", 1)[1]) if "." in digits else 0
     else:
@@ -296,6 +348,8 @@ def _values(toks: Sequence[_Tok]) -> tuple[list[Fraction], int] | None:
     nums: list[_Tok] = []
     prev: _Tok | None = None
     for t in toks:
+        if t.overlong:
+            return None  # a number too long to read: no claim on it
         if t.kind == _LP and prev is not None and prev.kind in (_NUM, _RP):
             parts.append("*")  # implicit multiplication: "2(3+4)", "(2)(3)"
         if t.kind == _NUM:
@@ -375,9 +429,13 @@ def _scan(
     text: str, toks: list[_Tok], *, complete: bool, source: str, rel_tol: Fraction, accept_rounding: bool
 ) -> list[Claim]:
     claims: list[Claim] = []
+    equals = 0
     for k, eq in enumerate(toks):
         if eq.kind != _EQ:
             continue
+        equals += 1
+        if equals > _MAX_EQUALS:
+            break
         # Left side: the longest valid suffix of the expression-token run before "=" ("Step 2 (3 + 4"
         # gives "3 + 4"). One that starts right after an operator or a number would be a fragment.
         lo = k
@@ -435,8 +493,8 @@ def _scan(
         claims.append(
             Claim(
                 expression=text[start : eq.start].strip(),
-                claimed=float(v),
-                computed=float(c),
+                claimed=_to_float(v),
+                computed=_to_float(c),
                 ok=ok,
                 text=text[start:end],
                 source=source,
@@ -445,6 +503,13 @@ def _scan(
             )
         )
     return claims
+
+
+def _to_float(q: Fraction) -> float:
+    """``q`` as a float for display, ``±inf`` beyond the float range (``float(q)`` would overflow)."""
+    if abs(q) > _FLOAT_MAX:
+        return math.inf if q > 0 else -math.inf
+    return float(q)
 
 
 def check_claims(

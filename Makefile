@@ -33,7 +33,8 @@ test: install
 		|| echo "docker-compose could not be installed: tests/unit/test_compose.py will skip its compose check"
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	scripts/with-services $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	@# the full run fuzzes with the longer hypothesis profile (500 examples; make test-fast keeps 50)
+	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} scripts/with-services $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 ## The fast tier only: unit tests of one component each (no servers, no end-to-end runs, no SmolLM2).
 test-fast: install

@@ -44,9 +44,10 @@ class Settings(BaseSettings):
     )
     batch_invariant: bool = Field(
         True,
-        description="Transformers engine: run requests of equal prompt length as their own batch, so a "
-        "seeded request gets the same tokens whatever else is in the batch (false: one padded batch, "
-        "fewer forward passes, batch-dependent results).",
+        description="Transformers engine: run requests of equal prompt length as their own unpadded batch, "
+        "so the prompt lengths of other requests never change a seeded request's tokens (the number of "
+        "equal-length rows in a group still can: CPU kernels switch with the row count); false: one "
+        "padded batch.",
     )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."

@@ -7,15 +7,17 @@ What it does:
   ``torch.Generator`` seeded with its seed, and a token is drawn by inverse-CDF sampling with one uniform
   number from that generator, so a request's draws never depend on which other requests share the batch;
 - rows that finish are dropped from the batch and the cache, so long and short requests mix cheaply;
-- batch invariance (``batch_invariant=True``, the default): requests are grouped by prompt length and
+- padding invariance (``batch_invariant=True``, the default): requests are grouped by prompt length and
   each group runs as its own batch, so no row is ever padded. Left padding to the longest row changes
   the length of the attention reductions, and so the float rounding of every logit: a seeded request
-  would get different tokens depending on which other requests share its batch (a near-tie flips). With
-  grouping, a request's tokens depend only on its own prompt and seed (the rows of a group have equal
-  shapes; the batch-size dimension does not change a row's result on the CPU kernels, checked by
-  tests/unit/test_transformers_engine.py; GPU kernels may choose other algorithms by batch size, so
-  there this is a best effort). ``batch_invariant=False`` packs every request into one padded batch:
-  fewer forward passes, results that depend on the batch. Teacher-forced scoring groups the same way.
+  would get different tokens depending on the prompt lengths of the other requests in its batch (a
+  near-tie flips). With grouping, requests of other lengths no longer matter. What still matters is how
+  many equal-length rows share a group: the CPU matrix kernels switch algorithm with the number of rows
+  (SmolLM2 in bf16 and fp32: 1–3 rows give the same logits, 4 or more differ in the last bits), so this is
+  NOT full batch invariance — a request alone and the same request among three others of its length can
+  still draw different tokens (``benchmarks/batch_invariance.py`` measures it). The tiny test model is
+  invariant in both respects (tests/unit/test_transformers_engine.py). ``batch_invariant=False`` packs
+  every request into one padded batch. Teacher-forced scoring groups the same way.
 - per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
   ``raw_logprobs`` convention) and teacher-forced scoring of continuations.
 

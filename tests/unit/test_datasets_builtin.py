@@ -127,36 +127,11 @@ def test_prm800k_explicit_task_and_bad_rows(tmp_path: Path) -> None:
 
 
 def test_cli_auto_on_prm800k_gives_one_clear_line(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
+    from tests.cli import run_srdq, tiny_run_args
 
     path = DATASETS["prm800k_sample"].path
-    root = Path(__file__).resolve().parents[2]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p),
-    }
     out = tmp_path / "OUT"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "srdq_cli.main",
-            "run",
-            str(path),
-            "--method",
-            "sampling",
-            "--model",
-            "tiny-random-llama",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    proc = run_srdq(*tiny_run_args(path, out))
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {path} holds PRM800K step labels")

@@ -8,9 +8,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +17,8 @@ import pytest
 
 from srd_worker.errors import DatasetError
 from srd_worker.spec import prepare_run
+from tests.cli import run_srdq, srdq_env, tiny_run_args
 
-ROOT = Path(__file__).resolve().parents[2]
 
 GPQA_HEADER = [
     "Question",
@@ -292,30 +289,12 @@ def test_cli_run_refuses_bad_file_writes_nothing(tmp_path: Path, name: str) -> N
     case = CASES[name]
     path = _materialise(tmp_path, name)
     out = tmp_path / "OUT"
-    args = [
-        sys.executable,
-        "-m",
-        "srdq_cli.main",
-        "run",
-        str(path),
-        "--method",
-        "sampling",
-        "--model",
-        "tiny-random-llama",
-        "--out",
-        str(out),
-    ]
+    args = tiny_run_args(path, out)
     if case.task != "auto":
         args += ["--task", case.task]
     for key, column in case.fields.items():
         args += ["--field", f"{key}={column}"]
-    env = {
-        **os.environ,
-        "SRDQ_DEVICE": "cpu",
-        "COLUMNS": "400",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    proc = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    proc = run_srdq(*args, env=srdq_env(SRDQ_DEVICE="cpu", COLUMNS="400"), cwd=tmp_path)
     assert proc.returncode != 0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert len(lines) == 1, lines
@@ -327,31 +306,7 @@ def test_cli_size_limit_comes_from_settings(tmp_path: Path) -> None:
     path = tmp_path / "big.jsonl"
     path.write_bytes(_jsonl({"instruction": "short"}, {"instruction": "x" * 200}))
     out = tmp_path / "OUT"
-    env = {
-        **os.environ,
-        "SRDQ_MAX_ROW_BYTES": "100",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "srdq_cli.main",
-            "run",
-            str(path),
-            "--method",
-            "sampling",
-            "--model",
-            "tiny-random-llama",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    proc = run_srdq(*tiny_run_args(path, out), env=srdq_env(SRDQ_MAX_ROW_BYTES="100"), cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"Error: {path}, line 2: row is 219 bytes, more than the limit of 100 bytes"
     assert not out.exists()

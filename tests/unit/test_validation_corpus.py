@@ -19,7 +19,6 @@ from srd_worker.errors import DatasetError
 from srd_worker.spec import prepare_run
 from tests.cli import run_srdq, srdq_env, tiny_run_args
 
-
 GPQA_HEADER = [
     "Question",
     "Correct Answer",

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
+from benchmarks._requests import round_requests  # noqa: E402
 
 
 def main() -> None:
@@ -38,8 +39,8 @@ def main() -> None:
     import torch
 
     from srd_worker.datasets import resolve_dataset
-    from srd_worker.engines.base import GenerationRequest, SamplingParams
     from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.methods.pool import DraftParams
     from srd_worker.settings import Settings
     from srd_worker.tasks.gsm8k import GSM8KTask
 
@@ -48,17 +49,9 @@ def main() -> None:
     engine = TransformersEngine.from_name(args.model, settings=settings)
     task = GSM8KTask()
     items = task.load(resolve_dataset(args.dataset))[: args.items]
-    tok = engine.tokenizer
-    requests = [
-        GenerationRequest(
-            tuple(tok.chat_prompt_ids(task.messages(item))),
-            SamplingParams(
-                temperature=0.8, top_p=0.9, top_k=50, max_new_tokens=args.max_new_tokens, seed=1000 * i + c
-            ),
-        )
-        for i, item in enumerate(items)
-        for c in range(args.n)
-    ]
+    requests = round_requests(
+        engine.tokenizer, task, items, DraftParams(), n=args.n, max_new_tokens=args.max_new_tokens
+    )
     lengths = sorted({len(r.prompt_ids) for r in requests})
 
     rows = []

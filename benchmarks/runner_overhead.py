@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
+from benchmarks._requests import round_requests  # noqa: E402
 
 
 def main() -> None:
@@ -35,7 +36,6 @@ def main() -> None:
 
     import torch
 
-    from srd_worker.engines.base import GenerationRequest, SamplingParams
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.local import run_local
     from srd_worker.settings import Settings
@@ -63,23 +63,14 @@ def main() -> None:
 
     # 2. the engine alone: the same prompts, batch size, sampling params and token cap, one generate
     # call (other seeds, so lengths differ a little; tokens/s normalises for that).
-    tok = engine.tokenizer
-    prompts = [tok.chat_prompt_ids(prepared.task.messages(it)) for it in prepared.items]
-    p = prepared.method.params
-    reqs = [
-        GenerationRequest(
-            tuple(prompts[i]),
-            SamplingParams(
-                temperature=p.temperature,
-                top_p=p.top_p,
-                top_k=p.top_k,
-                max_new_tokens=args.max_new_tokens,
-                seed=1000 * i + c,
-            ),
-        )
-        for i in range(len(prompts))
-        for c in range(args.n)
-    ]
+    reqs = round_requests(
+        engine.tokenizer,
+        prepared.task,
+        prepared.items,
+        prepared.method.params,
+        n=args.n,
+        max_new_tokens=args.max_new_tokens,
+    )
     t0 = time.perf_counter()
     gens = engine.generate(reqs)
     engine_s = time.perf_counter() - t0

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
+from benchmarks._requests import round_requests  # noqa: E402
 
 
 def main() -> None:
@@ -45,7 +46,6 @@ def main() -> None:
     import torch
     import vllm
 
-    from srd_worker.engines.base import GenerationRequest, SamplingParams
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.engines.vllm_engine import VLLMEngine
     from srd_worker.local import run_local
@@ -72,23 +72,14 @@ def main() -> None:
             limit=args.items,
             engine="vllm",
         )
-        tok = vengine.tokenizer
-        prompts = [tok.chat_prompt_ids(prepared.task.messages(it)) for it in prepared.items]
-        p = prepared.method.params
-        reqs = [
-            GenerationRequest(
-                tuple(prompts[i]),
-                SamplingParams(
-                    temperature=p.temperature,
-                    top_p=p.top_p,
-                    top_k=p.top_k,
-                    max_new_tokens=args.max_new_tokens,
-                    seed=1000 * i + c,
-                ),
-            )
-            for i in range(len(prompts))
-            for c in range(args.n)
-        ]
+        reqs = round_requests(
+            vengine.tokenizer,
+            prepared.task,
+            prepared.items,
+            prepared.method.params,
+            n=args.n,
+            max_new_tokens=args.max_new_tokens,
+        )
         batch = len(reqs)
         # warm-up (first-call allocations), not timed
         vengine.generate(reqs[:2])

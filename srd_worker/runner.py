@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from srd_worker.engines.base import Engine
 from srd_worker.methods.base import Method, StepContext
 from srd_worker.rewards.base import RewardModel
-from srd_worker.tasks.base import Item, Task
+from srd_worker.tasks.base import Item, Task, grade_candidate
 
 log = logging.getLogger("srdq.runner")
 
@@ -76,13 +76,6 @@ def _is_done(method: Method, state: dict[str, Any]) -> bool:
     return bool(state.get("error")) or method.done(state)
 
 
-def _safe(fn: Callable[[], Any]) -> Any:
-    try:
-        return fn()
-    except Exception:  # one candidate's extraction or grading failure leaves its field empty
-        return None
-
-
 def candidate_records(
     method: Method, task: Task, item: Item, candidates: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]] | None:
@@ -96,11 +89,8 @@ def candidate_records(
         return None
     out = []
     for cand in candidates:
-        text = cand.get("text") or ""
         entry = dict(cand)
-        entry["answer"] = _safe(lambda t=text: task.extract_answer(t))
-        graded = _safe(lambda t=text: task.grade(t, item))
-        entry["correct"] = None if graded is None else bool(graded)
+        entry["answer"], entry["correct"] = grade_candidate(task, item, cand.get("text") or "")
         if mode != "full":
             entry.pop("text", None)
         out.append(entry)

@@ -51,3 +51,17 @@ class Task(Protocol):
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         """Extra per-item scores beyond ``grade`` (HotpotQA: em, f1, precision, recall); often empty."""
         ...
+
+
+def grade_candidate(task: Task, item: Item, text: str) -> tuple[str | None, bool | None]:
+    """A candidate's extracted answer and grade (None when ungraded). A failure in either leaves that
+    field None instead of failing the item: a candidate is evidence, the item's response is the result."""
+    try:
+        answer = task.extract_answer(text)
+    except Exception:
+        answer = None
+    try:
+        graded = task.grade(text, item)
+    except Exception:
+        graded = None
+    return answer, None if graded is None else bool(graded)

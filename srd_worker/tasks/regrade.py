@@ -7,7 +7,9 @@ the result row's ``correct`` and ``error`` columns and its record's ``answer``, 
 and ``grader_version`` are updated in one transaction. A result that failed in grading before and grades
 now loses its error (and traceback); one whose grading fails now gets the new error, as the runner would
 record it. Results without a response (the item failed before grading: prompt too long, generation
-error) are left as they are. Regrading twice with the same grader changes nothing the second time.
+error) are left as they are. A record's ``candidates`` are graded again too (``answer`` and ``correct``
+from each candidate's text; candidates stored without text keep their old grade). Regrading twice with
+the same grader changes nothing the second time.
 
 The store's schema is not changed: grader versions live in the result records. Left out: regrading a run
 whose items are still being generated (results written meanwhile are simply not included; run it again),
@@ -21,7 +23,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from srd_worker.tasks.base import Item, Task
+from srd_worker.tasks.base import Item, Task, grade_candidate
 
 
 @dataclass
@@ -34,6 +36,7 @@ class RegradeReport:
     skipped: int = 0
     changed: int = 0
     errors: int = 0
+    candidates_changed: int = 0
     previous_versions: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -45,7 +48,25 @@ class RegradeReport:
             f"regraded {self.run_id} (task {self.task}, grader {self.grader_version}; before: {before}): "
             f"{self.regraded} of {self.results} results regraded, {self.changed} changed, "
             f"{self.skipped} without a response skipped, {self.errors} grader errors"
+            + (f", {self.candidates_changed} candidate grades changed" if self.candidates_changed else "")
         )
+
+
+def regrade_candidates(
+    task: Task, item: Item, candidates: list[dict[str, Any]] | None
+) -> list[dict[str, Any]] | None:
+    """The record's candidates with ``answer`` and ``correct`` graded again from their text. Candidates
+    stored without text (``keep_candidates=answers``) keep their old answer and grade: there is nothing to
+    grade them from."""
+    if candidates is None:
+        return None
+    out = []
+    for cand in candidates:
+        entry = dict(cand)
+        if "text" in cand:
+            entry["answer"], entry["correct"] = grade_candidate(task, item, cand.get("text") or "")
+        out.append(entry)
+    return out
 
 
 def regrade_record(task: Task, item: Item, record: dict[str, Any]) -> dict[str, Any]:
@@ -60,6 +81,8 @@ def regrade_record(task: Task, item: Item, record: dict[str, Any]) -> dict[str, 
         graded = task.grade(response, item)
         new["correct"] = None if graded is None else bool(graded)
         new["metrics"] = task.metrics(response, item)
+        if record.get("candidates") is not None:
+            new["candidates"] = regrade_candidates(task, item, record["candidates"])
         new["error"] = None
         new["extra"].pop("traceback", None)
     except Exception as exc:  # one item's grading failure must not stop the regrade
@@ -94,6 +117,9 @@ def regrade_results(
             record.get("error"),
         ):
             report.changed += 1
+        old_grades = [(c.get("answer"), c.get("correct")) for c in record.get("candidates") or []]
+        new_grades = [(c.get("answer"), c.get("correct")) for c in new.get("candidates") or []]
+        report.candidates_changed += sum(a != b for a, b in zip(old_grades, new_grades, strict=False))
         updates[result_id] = new
     report.previous_versions = dict(before)
     return report, updates

@@ -145,6 +145,32 @@ def test_regrade_rebuilds_generic_task_from_the_spec_fields(tmp_path: Path) -> N
         engine.dispose()
 
 
+def test_regrade_grades_candidates_again(tmp_path: Path) -> None:
+    """Each candidate with text gets its answer and grade from the current grader; one stored without
+    text (keep_candidates=answers) keeps what it had; the report counts the candidate grades changed."""
+    item = Item(id="c", question="q", gold="5")
+    record = _record(item, 0, "so \\boxed{5}", False, answer="5")
+    record["candidates"] = [
+        {"text": "so \\boxed{5}", "answer": "5", "correct": False, "reward": 0.9},  # old grader: wrong
+        {"text": "maybe \\boxed{7}", "answer": None, "correct": True, "reward": 0.1},  # old: no answer
+        {"answer": "5", "correct": False, "reward": 0.5},  # no text to grade from
+    ]
+    engine = _store(tmp_path / "srdq.db", "run-c", {"task": "gsm8k"}, [item], [record])
+    try:
+        report = regrade(engine, "run-c")
+        assert report.candidates_changed == 2
+        assert "2 candidate grades changed" in report.summary_line()
+        (row,) = _rows(engine, "run-c")
+        assert row.record["candidates"] == [
+            {"text": "so \\boxed{5}", "answer": "5", "correct": True, "reward": 0.9},
+            {"text": "maybe \\boxed{7}", "answer": "7", "correct": False, "reward": 0.1},
+            {"answer": "5", "correct": False, "reward": 0.5},
+        ]
+        assert regrade(engine, "run-c").candidates_changed == 0
+    finally:
+        engine.dispose()
+
+
 def test_regrade_records_hotpotqa_metrics(tmp_path: Path) -> None:
     items = [Item(id="h", question="Passages... Question: where?", gold="Greenwich Village, New York City")]
     engine = _store(

@@ -29,10 +29,21 @@ def check_spec(method: Method, *, engine: str, reward: str | None) -> None:
     reward it needs: ``CapabilityError`` / ``ConfigError``. Builds and imports nothing heavy."""
     from srd_worker.engines.registry import engine_capabilities
     from srd_worker.methods.registry import check_compatible
+    from srd_worker.rewards.registry import reward_differentiable
 
     check_compatible(
-        method, engine_name=engine, capabilities=engine_capabilities(engine), has_reward=reward is not None
+        method,
+        engine_name=engine,
+        capabilities=engine_capabilities(engine),
+        has_reward=reward is not None,
+        reward_name=reward,
+        reward_differentiable=None if reward is None else reward_differentiable(reward),
     )
+    draft = getattr(method.params, "draft_model", None)
+    if draft:  # speculative decoding: the draft model must exist before anything is stored
+        from srd_worker.engines.speculative import check_draft_model
+
+        check_draft_model(draft)
 
 
 def wire(spec: Any, *, settings: Any, engine: Any = None) -> Wired:
@@ -42,6 +53,7 @@ def wire(spec: Any, *, settings: Any, engine: Any = None) -> Wired:
     engine when the spec is incompatible, and after when the built engine lacks a capability."""
     from srd_worker.engines.registry import build_engine
     from srd_worker.methods.registry import build_method, check_compatible
+    from srd_worker.rewards.base import differentiable
     from srd_worker.rewards.registry import build_reward
     from srd_worker.tasks.registry import get_task
 
@@ -52,6 +64,11 @@ def wire(spec: Any, *, settings: Any, engine: Any = None) -> Wired:
         engine = build_engine(spec.engine, spec.model, settings)
     reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None
     check_compatible(
-        method, engine_name=engine.name, capabilities=engine.capabilities, has_reward=reward is not None
+        method,
+        engine_name=engine.name,
+        capabilities=engine.capabilities,
+        has_reward=reward is not None,
+        reward_name=spec.reward,
+        reward_differentiable=None if reward is None else differentiable(reward),
     )
     return Wired(method=method, engine=engine, reward=reward, task=task)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 #: Capabilities an engine may declare. Methods list the ones they need; the registry checks the pair.
 CAP_SAMPLING = "sampling"
@@ -113,4 +113,106 @@ class Engine(Protocol):
 
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         """Teacher-forced log-probabilities of each continuation token given its prefix, per pair."""
+        ...
+
+
+@runtime_checkable
+class PolicyGradients(Protocol):
+    """Differentiable access to the policy model, what an engine declaring ``CAP_GRADIENTS`` offers as
+    ``engine.gradients`` (gradient-based decoding, ALGORITHMS.md §8; the transformers implementation is
+    ``engines/gradients.py``). Tensors are torch tensors on the model's device; the weights stay frozen
+    (gradients flow only to the soft inputs). A soft segment is an ``[L, V]`` matrix of (straight-through)
+    one-hot rows over the policy's vocabulary, embedded as ``soft @ W_in``."""
+
+    vocab_size: int
+
+    def vocab_tokens(self) -> list[str | None]:
+        """The token string of every id (None for ids the tokenizer does not define)."""
+        ...
+
+    def teacher_forced_logits(self, prefix_ids: Sequence[int], tokens: Sequence[int]) -> Any:
+        """``[len(tokens), V]`` float32 logits predicting each of ``tokens`` after ``prefix_ids`` (no grad)."""
+        ...
+
+    def soft_logits(self, segments: Sequence[Any]) -> Any:
+        """``[T, V]`` float32 logits at every position of the concatenated ``segments`` (token id lists, or
+        soft ``[L, V]`` matrices); differentiable w.r.t. the soft segments."""
+        ...
+
+
+def policy_gradients(engine: Engine) -> PolicyGradients:
+    """``engine.gradients`` of an engine that declares ``CAP_GRADIENTS``; CapabilityError otherwise."""
+    from srd_worker.errors import CapabilityError
+
+    grads = getattr(engine, "gradients", None) if CAP_GRADIENTS in engine.capabilities else None
+    if grads is None:
+        raise CapabilityError(
+            f"engine '{engine.name}' does not provide '{CAP_GRADIENTS}' (gradients w.r.t. input embeddings)"
+        )
+    return grads
+
+
+# ---------------------------------------------------------------------------------------------------
+# Speculative decoding (engines that declare CAP_FULL_LOGITS): a draft model proposes tokens, the engine's
+# own model verifies them; the acceptance rule is the method's (pure math, ``methods/speculative_rules.py``).
+
+
+@dataclass
+class SpecStep:
+    """What a verification rule sees for one row in one draft-and-verify iteration (numpy arrays, one
+    row per drafted position, columns = the shared vocabulary). ``q`` and ``p`` are the *processed*
+    distributions (temperature → top-k → top-p → renormalised; one-hot at the argmax when greedy) of the
+    draft at positions 1..γ and of the target at positions 1..γ+1; ``q_logits`` / ``p_logits`` are the
+    raw logits (temperature 1, nothing filtered) at the same positions."""
+
+    draft_tokens: list[int]
+    q: Any
+    p: Any
+    q_logits: Any
+    p_logits: Any
+    greedy: bool
+
+
+@dataclass
+class Verdict:
+    """A rule's decision: keep the first ``accepted`` draft tokens, then emit ``token`` (the correction at
+    the first rejected position, or the bonus token when all γ were accepted). ``counts`` are the rule's
+    own counters for this iteration (e.g. ``rescued``, ``easd_rejected``), summed per request."""
+
+    accepted: int
+    token: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class VerifyRule(Protocol):
+    def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
+        """Decide one iteration of request ``row``; ``rng`` is that request's ``numpy.random.Generator``
+        (seeded from the request seed), the only source of randomness a rule may use."""
+        ...
+
+
+@dataclass
+class SpeculativeGeneration(Generation):
+    """A ``Generation`` plus the harness counters of its request: ``draft_forward_passes``,
+    ``target_forward_passes``, ``iterations``, ``drafted`` (draft tokens proposed), ``accepted`` (draft
+    tokens kept, before the cut at EOS / stop / budget) and the rule's ``counts``."""
+
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class SpeculativeEngine(Protocol):
+    """An engine that can run draft-and-verify decoding (declares ``CAP_FULL_LOGITS``). Not part of the
+    ``Engine`` check: the vLLM engine does not implement it."""
+
+    def speculate(
+        self,
+        requests: Sequence[GenerationRequest],
+        rule: VerifyRule,
+        *,
+        draft_model: str,
+        gamma: int,
+    ) -> list[SpeculativeGeneration]:
+        """Continue every request (prompt ids + sampling parameters + seed + token budget) with draft model
+        ``draft_model`` proposing ``gamma`` tokens per iteration and ``rule`` deciding, in input order."""
         ...

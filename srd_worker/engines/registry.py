@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from srd_worker.engines.base import CAP_FULL_LOGITS, CAP_LOGPROBS, CAP_SAMPLING, Engine
+from srd_worker.engines.base import CAP_FULL_LOGITS, CAP_GRADIENTS, CAP_LOGPROBS, CAP_SAMPLING, Engine
 from srd_worker.errors import ConfigError
 
 
@@ -35,9 +35,15 @@ def _vllm(model: str, settings: Any) -> Engine:
     return VLLMEngine.from_name(model, settings=settings)
 
 
+def _openai(model: str, settings: Any) -> Engine:
+    from srd_worker.engines.openai_engine import OpenAIEngine
+
+    return OpenAIEngine.from_settings(model, settings)
+
+
 ENGINES: dict[str, EngineEntry] = {
     "transformers": EngineEntry(
-        frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS}),
+        frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS, CAP_GRADIENTS}),
         _transformers,
         "Hugging Face transformers on CPU or one GPU (the default; every method)",
     ),
@@ -45,6 +51,11 @@ ENGINES: dict[str, EngineEntry] = {
         frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
         _vllm,
         "vLLM offline LLM on GPUs (pip install 'srdq[vllm]'); no full logits, no gradients",
+    ),
+    "openai": EngineEntry(
+        frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
+        _openai,
+        "a client of an OpenAI-compatible model server (SRDQ_OPENAI_BASE_URL); no full logits, no gradients",
     ),
 }
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from srd_worker.engines.base import (
     CAP_FULL_LOGITS,
+    CAP_GRADIENTS,
     CAP_LOGPROBS,
     CAP_SAMPLING,
     Generation,
@@ -90,7 +91,7 @@ class EngineStats:
 
 class TransformersEngine:
     name = "transformers"
-    capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS})
+    capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS, CAP_GRADIENTS})
 
     def __init__(
         self,
@@ -152,6 +153,15 @@ class TransformersEngine:
         return [g[s : s + self.max_batch_size] for g in groups for s in range(0, len(g), self.max_batch_size)]
 
     # ------------------------------------------------------------------ generation
+    @property
+    def gradients(self) -> Any:
+        """CAP_GRADIENTS: differentiable access to the model (``engines/gradients.py``), built on first use."""
+        if getattr(self, "_gradients", None) is None:
+            from srd_worker.engines.gradients import TransformersGradients
+
+            self._gradients = TransformersGradients(self.model, self.tokenizer.hf, self.max_context)
+        return self._gradients
+
     def close(self) -> None:
         """Nothing to release (no processes; the model is freed with the object). engines/base.py."""
 
@@ -262,6 +272,15 @@ class TransformersEngine:
                 )
             )
         return out
+
+    def speculate(
+        self, requests: Sequence[GenerationRequest], rule: Any, *, draft_model: str, gamma: int
+    ) -> list[Any]:
+        """Draft-and-verify decoding with draft model ``draft_model`` (engines/base.py SpeculativeEngine;
+        the harness is ``engines/speculative.py``)."""
+        from srd_worker.engines.speculative import speculate
+
+        return speculate(self, requests, rule, draft_model=draft_model, gamma=gamma)
 
     def _hit_stop(self, token_ids: list[int], stops: tuple[str, ...], max_stop: int) -> bool:
         # Decode only a tail long enough to hold any stop string (every token decodes to >= 1 char,

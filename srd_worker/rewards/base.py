@@ -14,7 +14,7 @@ at the very end). Methods pass it to rewards whose ``score`` takes that keyword;
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -33,3 +33,32 @@ def accepts_finished(reward: object) -> bool:
     except (TypeError, ValueError):
         return False
     return "finished" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+@runtime_checkable
+class DifferentiableReward(Protocol):
+    """A reward whose score is differentiable w.r.t. soft response tokens (∇-Reasoner, ALGORITHMS.md §8).
+
+    ``soft_score(question, prefix, soft, policy_vocab)`` is the reward of the response ``prefix`` (text)
+    followed by the soft tokens ``soft`` (a torch ``[L, V]`` matrix of straight-through one-hot rows over
+    the POLICY's vocabulary), under the same template as ``score``, as a differentiable torch scalar.
+    ``policy_vocab`` is the policy's token string per id: the reward maps the soft rows into its own
+    embedding space by token-string correspondence (``vocab_overlap`` says how much of the policy's
+    vocabulary found a counterpart; the rest embeds as zero). Implemented by ``hf-orm``, ``hf-prm`` and
+    ``lm_judge`` (the last only over an engine with gradients); rule-based rewards cannot be differentiated.
+    ``soft_forward_passes`` counts the reward-model forwards made for soft scores.
+    """
+
+    name: str
+
+    def soft_score(
+        self, question: str, prefix: str, soft: Any, policy_vocab: Sequence[str | None]
+    ) -> Any: ...
+
+    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float: ...
+
+
+def differentiable(reward: object) -> bool:
+    """True if ``reward`` offers a differentiable score (``DifferentiableReward``) and says it can use it
+    (``lm_judge`` cannot over an engine without gradients)."""
+    return isinstance(reward, DifferentiableReward) and bool(getattr(reward, "can_differentiate", True))

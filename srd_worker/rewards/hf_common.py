@@ -154,3 +154,79 @@ def pad_id_of(tokenizer: Any) -> int:
         if cand is not None:
             return int(cand)
     return 0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Differentiable scores (rewards/base.py DifferentiableReward; ALGORITHMS.md §8)
+
+#: Stands in for the soft tokens while a template is rendered; the text is split around it.
+SOFT_MARK = "<<srdq-soft-tokens>>"
+
+
+class SoftEmbedder:
+    """Maps soft one-hot rows over a POLICY vocabulary into a reward model's input embeddings.
+
+    Alignment by token string (``utils.align_vocab`` in the ∇-Reasoner reference): the row of policy id
+    ``v`` is the reward model's embedding of the token with the same string, or zero when the reward's
+    tokenizer has no such token. When the two vocabularies are identical (the testbed's policy and reward
+    model share one tokenizer) the reward's embedding matrix is used as it is. The alignment is built once
+    per policy vocabulary (cached by the list's identity)."""
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.weight = model.get_input_embeddings().weight
+        self._cache: dict[int, tuple[Any, Any, float]] = {}  # id(policy_vocab) -> (vocab, matrix, overlap)
+        self.forward_passes = 0
+
+    def _own_vocab(self) -> list[str | None]:
+        inverse = {int(i): t for t, i in self.tokenizer.get_vocab().items()}
+        return [inverse.get(i) for i in range(int(self.weight.shape[0]))]
+
+    def aligned(self, policy_vocab: Sequence[str | None]) -> tuple[Any, float]:
+        """(``[V_policy, d]`` embedding matrix, fraction of the policy's tokens with a counterpart)."""
+        import torch
+
+        hit = self._cache.get(id(policy_vocab))
+        if hit is not None and hit[0] is policy_vocab:
+            return hit[1], hit[2]
+        own = self._own_vocab()
+        if list(policy_vocab) == own:
+            matrix, overlap = self.weight, 1.0
+        else:
+            index = {t: i for i, t in enumerate(own) if t is not None}
+            rows = [index.get(t, -1) if t is not None else -1 for t in policy_vocab]
+            idx = torch.tensor(rows, dtype=torch.long, device=self.weight.device)
+            keep = (idx >= 0).to(self.weight.dtype).unsqueeze(1)
+            matrix = (self.weight.detach()[idx.clamp(min=0)] * keep).detach()
+            overlap = float((idx >= 0).float().mean()) if rows else 0.0
+        self._cache = {id(policy_vocab): (policy_vocab, matrix, overlap)}
+        return matrix, overlap
+
+    def embed(
+        self, before: Sequence[int], soft: Any, after: Sequence[int], policy_vocab: Sequence[str | None]
+    ) -> Any:
+        """``[1, T, d]`` input embeddings: ``before`` ids, the soft rows, ``after`` ids (reward ids)."""
+        import torch
+
+        matrix, _ = self.aligned(policy_vocab)
+        if soft.dim() != 2 or soft.shape[1] != matrix.shape[0]:
+            raise RewardError(f"soft tokens must be [L, {matrix.shape[0]}], got {list(soft.shape)}")
+        dev = self.weight.device
+        parts = []
+        if before:
+            parts.append(self.weight.detach()[torch.tensor(list(before), dtype=torch.long, device=dev)])
+        parts.append(soft.to(device=dev, dtype=matrix.dtype) @ matrix)
+        if after:
+            parts.append(self.weight.detach()[torch.tensor(list(after), dtype=torch.long, device=dev)])
+        return torch.cat(parts, 0).unsqueeze(0)
+
+
+def split_at_mark(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """Token ids of the text before and after ``SOFT_MARK`` (each part encoded on its own, no extra
+    special tokens). RewardError when the template lost the mark."""
+    if text.count(SOFT_MARK) != 1:
+        raise RewardError("the reward template did not keep the place of the soft tokens")
+    before, after = text.split(SOFT_MARK)
+    enc = lambda s: list(tokenizer.encode(s, add_special_tokens=False)) if s else []  # noqa: E731
+    return enc(before), enc(after)

@@ -24,12 +24,15 @@ from typing import Any
 from srd_worker.errors import RewardError
 from srd_worker.rewards.batching import cut_at_stop
 from srd_worker.rewards.hf_common import (
+    SOFT_MARK,
+    SoftEmbedder,
     load_head_model,
     load_tokenizer,
     pad_id_of,
     resolve_device,
     right_padded,
     run_batches,
+    split_at_mark,
 )
 
 #: Model-card system prompts, matched by a lower-case substring of the model name.
@@ -43,15 +46,20 @@ def default_system(model_name: str) -> str | None:
     return next((p for key, p in KNOWN_SYSTEM_PROMPTS.items() if key in low), None)
 
 
-def rm_chat_ids(tokenizer: Any, question: str, response: str, *, system: str | None = None) -> list[int]:
-    """Token ids of the RM's chat template over (system, user=question, assistant=response)."""
+def rm_chat_text(tokenizer: Any, question: str, response: str, *, system: str | None = None) -> str:
+    """The RM's chat template over (system, user=question, assistant=response), as text."""
     if getattr(tokenizer, "chat_template", None):
         messages = [{"role": "system", "content": system}] if system else []
         messages += [{"role": "user", "content": question}, {"role": "assistant", "content": response}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    else:
-        text = (f"{system}\n\n" if system else "") + f"{question}\n\n{response}"
-    return list(tokenizer.encode(text, add_special_tokens=False))
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    return (f"{system}\n\n" if system else "") + f"{question}\n\n{response}"
+
+
+def rm_chat_ids(tokenizer: Any, question: str, response: str, *, system: str | None = None) -> list[int]:
+    """Token ids of the RM's chat template over (system, user=question, assistant=response)."""
+    return list(
+        tokenizer.encode(rm_chat_text(tokenizer, question, response, system=system), add_special_tokens=False)
+    )
 
 
 def check_pairs(prompts: Sequence[str], responses: Sequence[str]) -> None:
@@ -137,6 +145,48 @@ class HFOutcomeReward:
             self.max_tokens_per_batch,
             lambda batch: self._score_batch([ids[i] for i in batch]),
         )
+
+    # ------------------------------------------------------------------ differentiable score
+    can_differentiate = True
+
+    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
+        return self._soft().aligned(policy_vocab)[1]
+
+    def _soft(self) -> SoftEmbedder:
+        if getattr(self, "_embedder", None) is None:
+            self._embedder = SoftEmbedder(self.model, self.tokenizer)
+        return self._embedder
+
+    @property
+    def soft_forward_passes(self) -> int:
+        return self._soft().forward_passes
+
+    def soft_score(self, question: str, prefix: str, soft: Any, policy_vocab: Sequence[str | None]) -> Any:
+        """The head's logit on (question, ``prefix`` + soft tokens) under the same template as ``score``,
+        differentiable w.r.t. ``soft`` (rewards/base.py ``DifferentiableReward``). The template is rendered
+        with a mark where the soft tokens go and the text on each side is tokenised on its own (exactly the
+        ids ``score`` uses for a tokenizer without merges across that boundary, such as the testbed's)."""
+        import torch
+
+        text = rm_chat_text(
+            self.tokenizer, question, cut_at_stop(prefix, self.stop) + SOFT_MARK, system=self.system
+        )
+        before, after = split_at_mark(self.tokenizer, text)
+        emb = self._soft()
+        embeds = emb.embed(before, soft, after, policy_vocab)
+        if self.max_context and embeds.shape[1] > self.max_context:
+            raise RewardError(
+                f"the reward input has {embeds.shape[1]} tokens, more than the reward model's context "
+                f"of {self.max_context}"
+            )
+        with torch.enable_grad():
+            if self._manual:
+                hidden = self._base(inputs_embeds=embeds).last_hidden_state
+                out = self.model.score(hidden[:, -1])[0, 0]
+            else:
+                out = self.model(inputs_embeds=embeds).logits[0, 0]
+        emb.forward_passes += 1
+        return out.float()
 
     def _score_batch(self, seqs: list[list[int]]) -> list[float]:
         import torch

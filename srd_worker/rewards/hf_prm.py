@@ -39,6 +39,8 @@ from typing import Any
 from srd_worker.errors import RewardError
 from srd_worker.rewards.batching import cut_at_stop
 from srd_worker.rewards.hf_common import (
+    SOFT_MARK,
+    SoftEmbedder,
     checkpoint_tensors,
     load_head_model,
     load_tokenizer,
@@ -46,8 +48,9 @@ from srd_worker.rewards.hf_common import (
     resolve_device,
     right_padded,
     run_batches,
+    split_at_mark,
 )
-from srd_worker.rewards.hf_orm import check_pairs, rm_chat_ids
+from srd_worker.rewards.hf_orm import check_pairs, rm_chat_ids, rm_chat_text
 
 STYLES = ("qwen", "skywork")
 QWEN_STEP_TOKEN = "<extra_0>"
@@ -202,6 +205,63 @@ class HFProcessReward:
             self.max_tokens_per_batch,
             lambda batch: self._score_batch([items[i] for i in batch]),
         )
+
+    # ------------------------------------------------------------------ differentiable score
+    can_differentiate = True
+
+    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
+        return self._soft().aligned(policy_vocab)[1]
+
+    def _soft(self) -> SoftEmbedder:
+        if getattr(self, "_embedder", None) is None:
+            self._embedder = SoftEmbedder(self.model, self.tokenizer)
+        return self._embedder
+
+    @property
+    def soft_forward_passes(self) -> int:
+        return self._soft().forward_passes
+
+    def soft_layout(self, question: str, prefix: str) -> tuple[list[int], list[int], int]:
+        """(ids before the soft tokens, ids after them, index in the after-ids of the scored step token).
+
+        The response (``prefix`` + soft tokens) is laid out VERBATIM as one closing step: its separators
+        stay text, and one step token follows the soft tokens, where the score is read. This is the
+        layout ``score(..., finished=True)`` uses for a one-step response; for a response of several steps
+        ``score`` replaces each separator by a step token instead, so the soft score is an approximation
+        of the PRM's judgement of the whole response as its last step (documented in ALGORITHMS.md §8)."""
+        prefix = cut_at_stop(prefix, self.stop)
+        if self.style == "qwen":
+            text = rm_chat_text(
+                self.tokenizer, question, prefix + SOFT_MARK + self.step_token, system=self.system
+            )
+            before, after = split_at_mark(self.tokenizer, text)
+            where = [k for k, t in enumerate(after) if t == self.step_token_id]
+            if not where:
+                raise RewardError(f"the chat template of '{self.model_name}' dropped the step token")
+            return before, after, where[0]
+        tok = self.tokenizer
+        before = list(tok.encode((tok.bos_token or "") + question + "\n", add_special_tokens=False))
+        before += list(tok.encode(prefix, add_special_tokens=False)) if prefix else []
+        return before, [self.step_token_id], 0
+
+    def soft_score(self, question: str, prefix: str, soft: Any, policy_vocab: Sequence[str | None]) -> Any:
+        """The PRM's step score at the step token closing (question, ``prefix`` + soft tokens), laid out by
+        ``soft_layout``; differentiable w.r.t. ``soft`` (rewards/base.py ``DifferentiableReward``)."""
+        import torch
+
+        before, after, at = self.soft_layout(question, prefix)
+        emb = self._soft()
+        embeds = emb.embed(before, soft, after, policy_vocab)
+        if self.max_context and embeds.shape[1] > self.max_context:
+            raise RewardError(
+                f"the reward input has {embeds.shape[1]} tokens, more than the reward model's context "
+                f"of {self.max_context}"
+            )
+        pos = len(before) + int(soft.shape[0]) + at
+        with torch.enable_grad():
+            logits = self.model(inputs_embeds=embeds).logits[0, pos].float()
+        emb.forward_passes += 1
+        return torch.softmax(logits[:2], dim=-1)[1] if self.style == "qwen" else torch.sigmoid(logits[0])
 
     def _score_batch(self, items: list[tuple[list[int], int]]) -> list[float]:
         import torch

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
-from srd_worker.engines.base import CAP_LOGPROBS, Engine
+from srd_worker.engines.base import CAP_GRADIENTS, CAP_LOGPROBS, Engine, policy_gradients
 from srd_worker.errors import CapabilityError, RewardError
+from srd_worker.rewards.hf_common import SOFT_MARK
 
 #: The two answers and the spellings counted for each (see the module docstring).
 YES_VARIANTS = ("Yes", " Yes")
@@ -117,6 +119,7 @@ class LMJudgeReward:
         self.engine = engine
         self.batch_size = batch_size
         self.yes_ids, self.no_ids = answer_token_ids(engine.tokenizer)
+        self.soft_forward_passes = 0
 
     def prompt_ids(self, question: str, response: str) -> list[int]:
         return list(
@@ -124,6 +127,38 @@ class LMJudgeReward:
                 judge_messages(question, response), add_generation_prompt=True
             )
         )
+
+    # ------------------------------------------------------------------ differentiable score
+    @property
+    def can_differentiate(self) -> bool:
+        """The soft score needs the engine's gradients (``CAP_GRADIENTS``)."""
+        return CAP_GRADIENTS in self.engine.capabilities
+
+    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
+        """The judge is the policy itself: its vocabulary is the policy's."""
+        return 1.0 if len(policy_vocab) == policy_gradients(self.engine).vocab_size else 0.0
+
+    def soft_score(self, question: str, prefix: str, soft: Any, policy_vocab: Sequence[str | None]) -> Any:
+        """P(Yes) / (P(Yes) + P(No)) with the soft tokens placed after ``prefix`` in the judge prompt,
+        differentiable w.r.t. ``soft`` through the engine's ``PolicyGradients`` (rewards/base.py
+        ``DifferentiableReward``). The prompt is built with a mark where the soft tokens go; the mark's
+        token ids are located in the templated prompt and replaced by the soft rows."""
+        import torch
+
+        grads = policy_gradients(self.engine)
+        tok = self.engine.tokenizer
+        ids = self.prompt_ids(question, prefix + SOFT_MARK)
+        mark = list(tok.encode(SOFT_MARK))
+        at = next((k for k in range(len(ids) - len(mark) + 1) if ids[k : k + len(mark)] == mark), None)
+        if at is None or not mark:
+            raise RewardError("cannot place the soft tokens in the judge prompt (the mark was re-tokenised)")
+        logits = grads.soft_logits([ids[:at], soft, ids[at + len(mark) :]])[-1]
+        logp = torch.log_softmax(logits, dim=-1)
+        dev = logp.device
+        ly = torch.logsumexp(logp[torch.tensor(self.yes_ids, device=dev)], 0)
+        ln = torch.logsumexp(logp[torch.tensor(self.no_ids, device=dev)], 0)
+        self.soft_forward_passes += 1
+        return torch.sigmoid(ly - ln)
 
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
         if len(prompts) != len(responses):

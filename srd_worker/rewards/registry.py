@@ -86,6 +86,18 @@ def parse_reward_name(name: str) -> tuple[str, str, str | None]:
     return kind, rest, style
 
 
+#: Rewards with a differentiable score (rewards/base.py ``DifferentiableReward``), by name or ``KIND``.
+DIFFERENTIABLE_REWARDS = frozenset({"lm_judge", "hf-orm", "hf-prm"})
+
+
+def reward_differentiable(name: str) -> bool:
+    """True if the reward called ``name`` can give a differentiable score (decided by the name only; the
+    LM judge also needs an engine with gradients, which the method's engine check covers)."""
+    return name in DIFFERENTIABLE_REWARDS or (
+        ":" in name and name.partition(":")[0] in DIFFERENTIABLE_REWARDS
+    )
+
+
 def check_reward_name(name: str) -> None:
     """ConfigError unless ``name`` is a known reward or a well-formed ``KIND:MODEL`` (not looked up)."""
     if name not in REWARDS:

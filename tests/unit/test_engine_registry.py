@@ -78,13 +78,15 @@ def needy_methods(monkeypatch):
 
 
 def test_static_capabilities_equal_the_engine_classes():
+    from srd_worker.engines.openai_engine import OpenAIEngine
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.engines.vllm_engine import VLLMEngine
 
-    assert set(ENGINES) == {"transformers", "vllm"}
+    assert set(ENGINES) == {"transformers", "vllm", "openai"}
     assert engine_capabilities("transformers") == TransformersEngine.capabilities
     assert engine_capabilities("vllm") == VLLMEngine.capabilities == frozenset({CAP_SAMPLING, CAP_LOGPROBS})
-    with pytest.raises(ConfigError, match="unknown engine 'tgi'; choose one of: transformers, vllm"):
+    assert engine_capabilities("openai") == OpenAIEngine.capabilities == frozenset({CAP_SAMPLING, CAP_LOGPROBS})
+    with pytest.raises(ConfigError, match="unknown engine 'tgi'; choose one of: openai, transformers, vllm"):
         engine_capabilities("tgi")
 
 
@@ -96,8 +98,10 @@ def test_prepare_run_refuses_missing_capability_before_reading_the_dataset(needy
         prepare_run(
             dataset=missing, method="needs_full_logits", params={}, model="m", reward=None, engine="vllm"
         )
-    with pytest.raises(CapabilityError, match="gradients.*'transformers' engine"):
-        prepare_run(dataset=missing, method="needs_gradients", params={}, model="m", reward=None)
+    with pytest.raises(CapabilityError, match="gradients.*'vllm' engine"):
+        prepare_run(
+            dataset=missing, method="needs_gradients", params={}, model="m", reward=None, engine="vllm"
+        )
     with pytest.raises(ConfigError, match="unknown engine"):
         prepare_run(dataset=dataset, method="sampling", params={}, model="m", reward=None, engine="tgi")
     ok = prepare_run(dataset=dataset, method="needs_full_logits", params={}, model="m", reward=None)

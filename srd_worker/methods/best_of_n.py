@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from srd_worker.methods.base import Method, StepContext, new_state
+from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
+    WHOLE_BUDGET_HELP,
     PoolParams,
     PoolState,
     draft_round,
@@ -26,7 +27,8 @@ from srd_worker.methods.pool import (
 
 @dataclasses.dataclass(frozen=True)
 class BestOfNParams(PoolParams):
-    pass
+    whole_budget_allowed: ClassVar[bool] = True
+    chunk_tokens: int = param(0, WHOLE_BUDGET_HELP)
 
 
 def argmax_first(values: Sequence[float]) -> int:

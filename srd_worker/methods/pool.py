@@ -15,7 +15,9 @@ Drafting (ALGORITHMS.md §1.3: the paper setting for every method is temperature
     ``apply_generation`` appends the generated tokens and applies the finish rules; ``draft_round``
     extends every unfinished candidate of many items by one chunk in ONE engine batch. Seeds are
     ``ctx.seed(state, candidate id, kind)`` — kind ``draft`` for drafts, so every method draws the same
-    chunk for the same candidate and round.
+    chunk for the same candidate and round. The fixed pools (sampling, Best-of-N, self-consistency)
+    default to ``chunk_tokens`` 0: the whole budget in one engine call, one round (they decide nothing
+    between rounds); their first ``chunk_tokens`` tokens are still the chunked methods' round-0 draft.
 
 Scoring
     ``score_responses`` (the whole response of each candidate) and ``score_positions`` (checkpoints of
@@ -32,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypedDict
 
 from srd_worker.engines.base import Generation, SamplingParams
 from srd_worker.errors import ConfigError
@@ -46,6 +48,12 @@ from srd_worker.methods.base import GenCall, ItemState, MethodParams, ScoreCall,
 KEEP_CANDIDATES = ("auto", "full", "answers", "none")
 #: ``auto`` keeps the candidates' text up to this many candidates per problem.
 FULL_CANDIDATES_MAX = 64
+#: ``chunk_tokens`` of the fixed pools (sampling, best_of_n, self_consistency): 0 = whole budget.
+WHOLE_BUDGET_HELP = (
+    "tokens drafted per round; 0 (default) = the whole max_new_tokens budget in ONE engine call (one "
+    "round, checkpointed when it ends); a positive value drafts in rounds of that many tokens with a "
+    "checkpoint after each (finer checkpoints, slower: every round re-feeds the prefix)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +71,10 @@ class DraftParams(MethodParams):
         "answers (the same without the text), none; auto = full for up to 64 candidates, else answers",
     )
 
+    #: May ``chunk_tokens`` be 0 (the whole budget in one round)? Only the fixed pools, which make no
+    #: decision between rounds; SRD, rejection sampling and Speculative Rejection need their interval Δ.
+    whole_budget_allowed: ClassVar[bool] = False
+
     def validate(self) -> None:
         if self.keep_candidates not in KEEP_CANDIDATES:
             raise ConfigError(
@@ -74,8 +86,9 @@ class DraftParams(MethodParams):
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.chunk_tokens < 1:
-            raise ConfigError(f"chunk_tokens must be >= 1, got {self.chunk_tokens}")
+        if self.chunk_tokens < (0 if self.whole_budget_allowed else 1):
+            low = "0 (0 = the whole budget in one round)" if self.whole_budget_allowed else "1"
+            raise ConfigError(f"chunk_tokens must be >= {low}, got {self.chunk_tokens}")
 
     def to_dict(self) -> dict[str, Any]:
         """The parameters; ``keep_candidates`` only when it is not ``auto`` (run ids made before it
@@ -219,8 +232,10 @@ def draft_call(
     kind: str = "draft",
     component: str = "drafter",
 ) -> tuple[GenCall, int]:
-    """A drafter continuation of ``cand`` by one chunk (and its token budget)."""
-    budget = min(p.chunk_tokens, p.max_new_tokens - len(cand["tokens"]))
+    """A drafter continuation of ``cand`` by one chunk (and its token budget); ``chunk_tokens`` 0 (fixed
+    pools only) = the rest of the budget."""
+    remaining = p.max_new_tokens - len(cand["tokens"])
+    budget = min(p.chunk_tokens, remaining) if p.chunk_tokens > 0 else remaining
     call = continuation_call(
         ctx,
         state,

@@ -1,4 +1,5 @@
-"""Plain sampling: one candidate per problem, drafted in chunks; the answer is that candidate.
+"""Plain sampling: one candidate per problem, drafted in one round (or in chunks, ``chunk_tokens``); the
+answer is that candidate.
 
 The reference point of every comparison (a Best-of-N with n=1 gives the same text under the same seed).
 """
@@ -7,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
-from srd_worker.methods.base import Method, StepContext, new_state
+from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
+    WHOLE_BUDGET_HELP,
     DraftParams,
     PoolState,
     draft_round,
@@ -22,7 +24,8 @@ from srd_worker.methods.pool import (
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams(DraftParams):
-    pass
+    whole_budget_allowed: ClassVar[bool] = True
+    chunk_tokens: int = param(0, WHOLE_BUDGET_HELP)
 
 
 class Sampling(Method[PoolState]):

@@ -51,7 +51,7 @@ def srdq(ctx: dict, *args: str) -> subprocess.CompletedProcess:
 
 def test_bad_sweep_stores_and_enqueues_nothing(env, tmp_path, datasets_dir):
     path = sweep_file(tmp_path, datasets_dir)
-    path.write_text(path.read_text().replace("chunk_tokens: 4}\n", "chunk_tokens: 0}\n", 1))
+    path.write_text(path.read_text().replace("chunk_tokens: 4}\n", "chunk_tokens: -1}\n", 1))
     proc = srdq(env, "submit", "dataset", "--sweep", str(path))
     assert proc.returncode == 1
     assert len(proc.stderr.strip().splitlines()) == 1 and "chunk_tokens" in proc.stderr

@@ -313,22 +313,34 @@ def submit_dataset(
         fields=_fields(field_pairs),
         max_row_bytes=_max_row_bytes(),
         engine=engine,
+        stream=True,  # rows validated into a spool on disk: memory does not grow with the dataset
     )
-    n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
-    if dry_run:
-        click.echo(
-            f"{prepared.spec.run_id()}: {len(prepared.items)} items in {n_shards} shards "
-            f"(task {prepared.task.name}, method {method}); dry run, nothing stored"
-        )
-        return
-    from srd_worker.queue import enqueue
-    from srd_worker.service import submit as submit_run
-
-    db = open_db()
     try:
-        done = submit_run(prepared, db=db, enqueue=enqueue, name=name, new=new, versions=versions())
+        n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
+        if dry_run:
+            click.echo(
+                f"{prepared.spec.run_id()}: {len(prepared.items)} items in {n_shards} shards "
+                f"(task {prepared.task.name}, method {method}); dry run, nothing stored"
+            )
+            return
+        from srd_worker.queue import enqueue, enqueue_many
+        from srd_worker.service import submit as submit_run
+
+        db = open_db()
+        try:
+            done = submit_run(
+                prepared,
+                db=db,
+                enqueue=enqueue,
+                enqueue_many=enqueue_many,
+                name=name,
+                new=new,
+                versions=versions(),
+            )
+        finally:
+            db.dispose()
     finally:
-        db.dispose()
+        prepared.close()
     if done.created:
         _console(stderr=True).print(f"submitted {done.n_items} items in {done.n_shards} shards")
     else:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterable
+from contextlib import nullcontext
 from typing import Any
 
 from celery import Celery, signals
@@ -26,6 +28,8 @@ from srd_worker.settings import Settings, get_settings
 
 log = logging.getLogger("srdq.queue")
 TASK_NAME = "srdq.run_shard"
+#: Messages per Redis pipeline in ``enqueue_many``.
+PUBLISH_BATCH = 1000
 
 
 def make_app(settings: Settings | None = None) -> Celery:
@@ -100,6 +104,21 @@ def _before_exit(**_: Any) -> None:
 
 def enqueue(run_id: str, shard_index: int) -> None:
     app.send_task(TASK_NAME, args=[run_id, int(shard_index)], queue=get_settings().queue)
+
+
+def enqueue_many(run_id: str, shard_indexes: Iterable[int]) -> int:
+    """``enqueue`` for many shards of one run: the settings read once, one producer (one broker
+    connection) for every message, and kombu's publish batches (Redis pipelines of ``PUBLISH_BATCH``
+    messages, kombu >= 5.7; one message at a time on older kombu). Returns how many were sent."""
+    queue = get_settings().queue
+    sent = 0
+    with app.producer_or_acquire() as producer:
+        batch = getattr(producer, "batch", None)
+        with batch(max_size=PUBLISH_BATCH) if callable(batch) else nullcontext():
+            for index in shard_indexes:
+                app.send_task(TASK_NAME, args=[run_id, int(index)], queue=queue, producer=producer)
+                sent += 1
+    return sent
 
 
 @app.task(name=TASK_NAME, acks_late=True, reject_on_worker_lost=True)

@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from srd_worker.errors import SrdqError, StoreError
+from srd_worker.errors import EngineUnavailable, SrdqError, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
 from srd_worker.store import crud, leases, queries
 from srd_worker.store.db import session_scope
@@ -31,6 +31,8 @@ from srd_worker.wiring import check_spec, wire
 log = logging.getLogger("srdq.service")
 
 Enqueue = Callable[[str, int], None]
+#: Enqueue many shards of one run at once (``queue.enqueue_many``); returns how many were sent.
+EnqueueMany = Callable[[str, Iterable[int]], int]
 
 
 def worker_id() -> str:
@@ -55,8 +57,14 @@ def submit(
     name: str | None = None,
     new: bool = False,
     versions: dict[str, Any] | None = None,
+    enqueue_many: EnqueueMany | None = None,
 ) -> Submitted:
-    """Store the run, its shards and items (one transaction), then enqueue every shard.
+    """Store the run, its shards and items (one transaction), then enqueue every shard (through
+    ``enqueue_many`` when given: one broker connection for all of them).
+
+    ``prepared.items`` may be a list or an ``ItemSpool`` (``prepare_run(stream=True)``): the items go
+    into the store in bounded batches (``crud.create_run``), so memory does not grow with the dataset.
+    Nothing is enqueued unless the transaction committed.
 
     The same dataset and spec give the same run id, so a second submit returns the existing run and
     enqueues nothing; ``new=True`` salts the id to start a fresh run. If the broker is down after the
@@ -84,9 +92,12 @@ def submit(
         n_shards = run.n_shards
     enqueued = 0
     if not existed:
-        for index in range(n_shards):
-            enqueue(run_id, index)
-            enqueued += 1
+        if enqueue_many is not None:
+            enqueued = enqueue_many(run_id, range(n_shards))
+        else:
+            for index in range(n_shards):
+                enqueue(run_id, index)
+                enqueued += 1
     return Submitted(run_id, not existed, len(prepared.items), n_shards, enqueued)
 
 
@@ -214,8 +225,9 @@ def process_shard(
 
     Returns what happened: ``skipped`` (no lease: finished, cancelled or held by another worker),
     ``continued`` (slice done, continuation enqueued), ``done``, ``lost`` (lease taken over mid-slice:
-    this worker's writes were refused), or ``error`` (recorded on the shard, re-enqueued; the attempt
-    cap turns a poison shard into ``failed``).
+    this worker's writes were refused), ``unavailable`` (the engine's model server stayed down:
+    ``EngineUnavailable``; released as pending without counting an attempt, re-enqueued), or ``error``
+    (recorded on the shard, re-enqueued; the attempt cap turns a poison shard into ``failed``).
     """
     from srd_worker.runner import run_shard
     from srd_worker.store.shard_store import SqlShardStore
@@ -237,6 +249,10 @@ def process_shard(
     try:
         items, positions = _items(rows)
         wired = wire(spec, settings=engines.settings, engine=engines.get(spec.model, spec.engine))
+        from srd_worker.provenance import record_runtime
+
+        # engine version, model and reward revisions, once per distinct record
+        record_runtime(db, run_id, spec, wired.engine, settings=engines.settings)
         store = SqlShardStore(db, run_id, shard_index, lease=lease)
         with Heartbeat(db, lease, cfg.lease_ttl_s):
             outcome = run_shard(
@@ -254,6 +270,19 @@ def process_shard(
     except leases.LeaseLost as exc:
         log.warning("%s", exc)
         return "lost"
+    except EngineUnavailable as exc:
+        # the model server is down: not the shard's fault, so no attempt is counted; the slice ends, the
+        # shard goes back to pending and is re-enqueued (each try waits SRDQ_OPENAI_RETRY_S for the server)
+        log.warning("shard %s/%s: %s; released, will resume", run_id, shard_index, exc)
+        try:
+            with session_scope(db) as session:
+                leases.release(
+                    session=session, lease=lease, status="pending", error=f"EngineUnavailable: {exc}"
+                )
+        except StoreError:
+            return "lost"
+        enqueue(run_id, shard_index)
+        return "unavailable"
     except Exception as exc:
         log.error("shard %s/%s failed: %s", run_id, shard_index, exc)
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"

@@ -19,6 +19,7 @@ from srd_worker.errors import ConfigError, DatasetError
 from srd_worker.methods.base import Method
 from srd_worker.methods.registry import build_method
 from srd_worker.tasks.base import Item, Task
+from srd_worker.tasks.spool import ItemSpool
 
 
 class RunSpec(BaseModel):
@@ -63,8 +64,14 @@ def file_sha256(path: str | Path) -> str:
 class PreparedRun:
     spec: RunSpec
     task: Task
-    items: list[Item]
+    #: A list, or with ``prepare_run(stream=True)`` an ``ItemSpool`` on disk (``len`` and iteration).
+    items: list[Item] | ItemSpool
     method: Method
+
+    def close(self) -> None:
+        """Delete the spooled items, if any (a no-op for a list)."""
+        if isinstance(self.items, ItemSpool):
+            self.items.close()
 
 
 def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
@@ -92,16 +99,20 @@ def prepare_run(
     fields: dict[str, str] | None = None,
     max_row_bytes: int | None = None,
     engine: str = "transformers",
+    stream: bool = False,
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
     is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
 
     ``dataset`` is a file path or a built-in dataset name (``srd_worker.datasets``; an existing file wins).
-    The spec records it as given, with the file's sha256."""
+    The spec records it as given, with the file's sha256 (read in blocks). With ``stream=True`` the items
+    are validated row by row into an ``ItemSpool`` on disk (memory independent of the dataset's length;
+    ``srdq submit dataset``); the caller closes it (``PreparedRun.close``)."""
     from srd_worker.datasets import builtin_dataset, resolve_dataset
     from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
-    from srd_worker.tasks.registry import load_items
+    from srd_worker.tasks.registry import load_items, resolve_task
+    from srd_worker.tasks.spool import spool_items
     from srd_worker.wiring import check_spec
 
     built = build_method(method, params)  # unknown method / parameter fails before the dataset is read
@@ -119,12 +130,56 @@ def prepare_run(
             f"built-in dataset {builtin.name!r} cannot be run ({builtin.description}); "
             "srd_worker.tasks.prm800k.load_prm800k reads it, and math500 holds the MATH problems"
         )
-    task_obj, items = load_items(
-        path, task, fields=fields, max_row_bytes=max_row_bytes or DEFAULT_MAX_ROW_BYTES
-    )
-    if limit is not None:
-        items = items[:limit]
-    if not items:
+    row_bytes = max_row_bytes or DEFAULT_MAX_ROW_BYTES
+    items: list[Item] | ItemSpool
+    if stream:
+        task_obj = resolve_task(path, task, fields=fields, max_row_bytes=row_bytes)
+        items = spool_items(task_obj, path, limit=limit, max_row_bytes=row_bytes)
+    else:
+        task_obj, items = load_items(path, task, fields=fields, max_row_bytes=row_bytes)
+        if limit is not None:
+            items = items[:limit]
+    try:
+        return _prepared(
+            dataset,
+            path,
+            builtin,
+            task_obj,
+            items,
+            built,
+            method=method,
+            model=model,
+            engine=engine,
+            reward=reward,
+            seed=seed,
+            limit=limit,
+            shard_size=shard_size,
+            fields=fields,
+        )
+    except BaseException:
+        if isinstance(items, ItemSpool):
+            items.close()
+        raise
+
+
+def _prepared(
+    dataset: str | Path,
+    path: Path,
+    builtin: Any,
+    task_obj: Task,
+    items: list[Item] | ItemSpool,
+    built: Method,
+    *,
+    method: str,
+    model: str,
+    engine: str,
+    reward: str | None,
+    seed: int,
+    limit: int | None,
+    shard_size: int | None,
+    fields: dict[str, str] | None,
+) -> PreparedRun:
+    if not len(items):
         raise DatasetError("no rows to run", path=str(dataset))
     sha256 = file_sha256(path)
     if builtin is not None and sha256 != builtin.sha256:

@@ -9,8 +9,11 @@ item (a redelivered task never writes a second one). Checkpoint writes can be fe
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, Protocol
 
 from sqlalchemy import func, insert, update
@@ -52,6 +55,10 @@ def _status(status: str) -> str:
         raise StoreError(f"unknown status {status!r} (expected one of: {allowed})") from None
 
 
+#: Items per bulk insert (one COPY or one executemany): what ``create_run`` holds in memory at a time.
+INSERT_BATCH = 5000
+
+
 def create_run(
     *,
     session: Session,
@@ -60,7 +67,7 @@ def create_run(
     spec: dict[str, Any],
     config_hash: str,
     versions: dict[str, Any],
-    items: Sequence[ItemLike],
+    items: Sized | Sequence[ItemLike],
     shard_size: int,
     sweep_id: str | None = None,
 ) -> Run:
@@ -68,17 +75,20 @@ def create_run(
     (except that an existing run outside any sweep is tagged with ``sweep_id``).
 
     Items keep their order (``position``); shard ``i`` covers positions ``[i*shard_size,
-    min((i+1)*shard_size, len(items)))``.
+    min((i+1)*shard_size, len(items)))``. ``items`` is a sequence of ``ItemLike`` or an
+    ``srd_worker.tasks.spool.ItemSpool`` (validated on disk, ids already unique); either way they are
+    inserted ``INSERT_BATCH`` at a time (PostgreSQL: ``COPY``), so memory does not grow with the run.
     """
     if shard_size < 1:
         raise StoreError(f"shard_size must be at least 1, got {shard_size}")
-    if not items:
-        raise StoreError(f"run {run_id!r} has no items")
-    dupes = sorted(key for key, count in Counter(item.id for item in items).items() if count > 1)
-    if dupes:
-        raise StoreError(f"run {run_id!r}: duplicate item ids {dupes[:5]}")
-
     n_items = len(items)
+    if not n_items:
+        raise StoreError(f"run {run_id!r} has no items")
+    if not getattr(items, "ids_unique", False):
+        dupes = sorted(key for key, count in Counter(item.id for item in items).items() if count > 1)
+        if dupes:
+            raise StoreError(f"run {run_id!r}: duplicate item ids {dupes[:5]}")
+
     n_shards = -(-n_items // shard_size)
     run = Run(
         id=run_id,
@@ -96,35 +106,80 @@ def create_run(
         _dialect_insert(session, Run).values(**run.model_dump()).on_conflict_do_nothing(index_elements=["id"])
     ).rowcount
     if inserted:
-        session.exec(
-            insert(Shard),
-            params=[
-                Shard(
-                    run_id=run_id, index=i, start=i * shard_size, stop=min((i + 1) * shard_size, n_items)
-                ).model_dump(exclude={"id"})
-                for i in range(n_shards)
-            ],
-        )
-        session.exec(
-            insert(ItemRow),
-            params=[
-                ItemRow(
-                    run_id=run_id,
-                    shard_index=pos // shard_size,
-                    position=pos,
-                    item_key=item.id,
-                    question=item.question,
-                    gold=item.gold,
-                    meta=dict(item.meta),
-                ).model_dump(exclude={"id"})
-                for pos, item in enumerate(items)
-            ],
-        )
+        template = Shard(run_id=run_id, index=0, start=0, stop=0).model_dump(exclude={"id"})
+        for first in range(0, n_shards, INSERT_BATCH):
+            session.exec(
+                insert(Shard),
+                params=[
+                    {
+                        **template,
+                        "index": i,
+                        "start": i * shard_size,
+                        "stop": min((i + 1) * shard_size, n_items),
+                    }
+                    for i in range(first, min(first + INSERT_BATCH, n_shards))
+                ],
+            )
+        for batch in _item_batches(items):
+            _insert_items(session, run_id, shard_size, batch)
     elif sweep_id is not None:
         session.exec(
             update(Run).where(col(Run.id) == run_id, col(Run.sweep_id).is_(None)).values(sweep_id=sweep_id)
         )
     return get_run(session=session, run_id=run_id)
+
+
+def _item_batches(items: Any) -> Iterator[list[tuple[int, str, str, str, str]]]:
+    """(position, item_key, question, gold, meta as JSON text) rows, ``INSERT_BATCH`` at a time."""
+    batches = getattr(items, "batches", None)
+    if callable(batches):  # an ItemSpool: rows come encoded already
+        yield from batches(INSERT_BATCH)
+        return
+    batch: list[tuple[int, str, str, str, str]] = []
+    for pos, item in enumerate(items):
+        batch.append((pos, item.id, item.question, item.gold, json.dumps(dict(item.meta))))
+        if len(batch) == INSERT_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+_ITEM_COLUMNS = ("run_id", "shard_index", "position", "item_key", "question", "gold", "meta")
+
+
+def _insert_items(
+    session: Session, run_id: str, shard_size: int, batch: list[tuple[int, str, str, str, str]]
+) -> None:
+    """Insert one batch of items in the session's transaction: ``COPY ... FROM STDIN`` on PostgreSQL
+    (psycopg2), an ``executemany`` elsewhere."""
+    if session.get_bind().dialect.name == "postgresql":
+        buf = io.StringIO()
+        writer = csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n")  # quoted: "" is not NULL
+        for pos, key, question, gold, meta in batch:
+            writer.writerow((run_id, pos // shard_size, pos, key, question, gold, meta))
+        buf.seek(0)
+        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.copy_expert(f"COPY item ({', '.join(_ITEM_COLUMNS)}) FROM STDIN WITH (FORMAT csv)", buf)
+        finally:
+            cursor.close()
+        return
+    session.exec(
+        insert(ItemRow),
+        params=[
+            {
+                "run_id": run_id,
+                "shard_index": pos // shard_size,
+                "position": pos,
+                "item_key": key,
+                "question": question,
+                "gold": gold,
+                "meta": json.loads(meta),
+            }
+            for pos, key, question, gold, meta in batch
+        ],
+    )
 
 
 def create_sweep(*, session: Session, sweep_id: str, name: str, content: str, run_ids: list[str]) -> SweepRow:
@@ -359,6 +414,25 @@ def set_run_status(*, session: Session, run_id: str, status: str) -> None:
     ).rowcount
     if updated != 1:
         raise StoreError(f"no run {run_id!r}")
+
+
+def record_runtime(*, session: Session, run_id: str, record: dict[str, Any]) -> bool:
+    """Add ``record`` (what a process ran the run with: engine, model and reward revisions; see
+    ``srd_worker.provenance``) to ``run.versions["runtime"]`` unless an equal record is there. Locks the
+    run row on PostgreSQL so two workers never drop each other's record. True when it was added."""
+    stmt = select(Run.versions).where(col(Run.id) == run_id)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    versions = session.exec(stmt).first()
+    if versions is None:
+        raise StoreError(f"no run {run_id!r}")
+    current = dict(versions or {})
+    seen = list(current.get("runtime") or [])
+    if record in seen:
+        return False
+    current["runtime"] = [*seen, record]
+    session.exec(update(Run).where(col(Run.id) == run_id).values(versions=current))
+    return True
 
 
 def run_counts(*, session: Session, run_id: str) -> dict[str, int]:

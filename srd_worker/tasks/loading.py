@@ -13,9 +13,14 @@ limit (JSONL/CSV: its bytes in the file; Parquet: the size of its values as JSON
 reader from the file suffix (``.csv``; ``.parquet``/``.pq``; anything else is JSON Lines unless it starts
 with the Parquet magic bytes) and returns a ``Rows`` whose helpers raise errors in that file's terms.
 
-Left out: TSV and other delimiters, compressed files, JSON arrays, Hugging Face dataset folders,
-streaming (files are read whole, fine for benchmark-sized data) and schema checks beyond "these fields
-are non-empty strings", which belong to each task.
+Every reader streams: ``iter_jsonl``/``iter_csv``/``iter_parquet`` hold one row (one Parquet batch) at
+a time, so ``read_rows(..., stream=True)`` and ``Rows.iter_items`` validate a file of any length in
+bounded memory (``srdq submit dataset`` spools the items to disk, ``srd_worker.tasks.spool``); the
+``read_*`` functions and ``Rows.items`` build lists for the embedded path. Errors come in file order
+(the first bad line is the one named).
+
+Left out: TSV and other delimiters, compressed files, JSON arrays, Hugging Face dataset folders and
+schema checks beyond "these fields are non-empty strings", which belong to each task.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +63,51 @@ def dataset_error(
     return DatasetError(message, path=str(path), line=at, field=field)
 
 
-def _read_file(path: str | Path, kind: str) -> tuple[str, bytes]:
+def _check_file(path: str | Path, kind: str) -> str:
     p = Path(path)
     where = str(p)
     if not p.exists():
         raise DatasetError("file not found", path=where)
     if p.is_dir():
         raise DatasetError(f"is a directory, not a {kind} file", path=where)
+    return where
+
+
+def _open_file(path: str | Path, kind: str) -> tuple[str, Any]:
+    where = _check_file(path, kind)
     try:
-        return where, p.read_bytes()
+        return where, open(where, "rb")  # noqa: SIM115 - closed by the generator that reads it
     except OSError as exc:
         raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
+
+
+def _lines(fh: Any, where: str, max_row_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """(line number, raw line without its line break) for every line of ``fh``, one line in memory at a
+    time; a line longer than ``max_row_bytes`` is refused without reading it whole. A leading UTF-8
+    byte-order mark is dropped."""
+    lineno = 0
+    cap = max_row_bytes + 2  # the line, a possible "\r" and the "\n"
+    while True:
+        try:
+            raw = fh.readline(cap + (len(_BOM) if lineno == 0 else 0))
+        except OSError as exc:
+            raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
+        if not raw:
+            return
+        lineno += 1
+        if lineno == 1:
+            raw = raw.removeprefix(_BOM)
+        ended = raw.endswith(b"\n")
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if not ended and len(raw) > max_row_bytes:
+            size = len(raw)
+            for more in iter(lambda: fh.readline(1 << 20), b""):  # measure the rest of the line
+                size += len(more.removesuffix(b"\n").removesuffix(b"\r"))
+                if more.endswith(b"\n"):
+                    break
+            _check_size(size, max_row_bytes, where, lineno)
+        _check_size(len(raw), max_row_bytes, where, lineno)
+        yield lineno, raw
 
 
 def _decode_line(raw: bytes, where: str, lineno: int) -> str:
@@ -91,94 +131,108 @@ def _check_size(size: int, max_row_bytes: int, where: str, at: int, unit: str = 
         )
 
 
-def read_jsonl(
+def iter_jsonl(
     path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
-) -> list[tuple[int, dict[str, Any]]]:
-    """Read a JSON Lines file into ``(line_number, row)`` pairs; line numbers are 1-based.
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a JSON Lines file as ``(line_number, row)`` pairs (1-based), one line in memory at a time.
 
     Raises ``DatasetError`` (naming the file, and the line where there is one) if the file is missing, is
     a directory, cannot be read, has no rows, or a line is not UTF-8, is longer than ``max_row_bytes``,
     is not valid JSON or is not a JSON object.
     """
-    where, data = _read_file(path, "JSON Lines")
-    data = data.removeprefix(_BOM)
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
-        raw = raw.removesuffix(b"\r")
-        _check_size(len(raw), max_row_bytes, where, lineno)
-        text = _decode_line(raw, where, lineno)
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(
-                f"malformed JSON: {exc.msg} (column {exc.colno})", path=where, line=lineno
-            ) from exc
-        if not isinstance(row, dict):
-            raise DatasetError(
-                f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, line=lineno
-            )
-        rows.append((lineno, row))
-    if not rows:
+    where, fh = _open_file(path, "JSON Lines")
+    seen = False
+    with fh:
+        for lineno, raw in _lines(fh, where, max_row_bytes):
+            text = _decode_line(raw, where, lineno)
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(
+                    f"malformed JSON: {exc.msg} (column {exc.colno})", path=where, line=lineno
+                ) from exc
+            if not isinstance(row, dict):
+                raise DatasetError(
+                    f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, line=lineno
+                )
+            seen = True
+            yield lineno, row
+    if not seen:
         raise DatasetError("file is empty (no rows)", path=where)
-    return rows
 
 
-def read_csv(
+def read_jsonl(
     path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
-) -> list[tuple[int, dict[str, str]]]:
-    """Read a CSV file with a header line into ``(line_number, row)`` pairs (the line a record starts on).
+) -> list[tuple[int, dict[str, Any]]]:
+    """``iter_jsonl`` as a list."""
+    return list(iter_jsonl(path, max_row_bytes=max_row_bytes))
+
+
+def iter_csv(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """Stream a CSV file with a header line as ``(line_number, row)`` pairs (the line a record starts on),
+    one record in memory at a time.
 
     Raises ``DatasetError`` naming the file and line if the file is missing, unreadable, empty, has a
     blank or repeated column name, a line that is not UTF-8, a record over ``max_row_bytes``, malformed
     quoting, or a record with more or fewer values than the header has columns.
     """
-    where, data = _read_file(path, "CSV")
-    raw_lines = data.removeprefix(_BOM).split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()  # the final line break ends the last line; it does not start a new one
-    sizes: list[int] = []
-    texts: list[str] = []
-    for lineno, raw in enumerate(raw_lines, start=1):
-        sizes.append(len(raw.removesuffix(b"\r")))
-        _check_size(sizes[-1], max_row_bytes, where, lineno)
-        texts.append(_decode_line(raw, where, lineno) + "\n")
+    where, fh = _open_file(path, "CSV")
+    sizes: list[int] = []  # byte sizes of the lines read since the current record started
+
+    def texts() -> Iterator[str]:
+        for lineno, raw in _lines(fh, where, max_row_bytes):
+            sizes.append(len(raw))
+            yield _decode_line(raw, where, lineno) + "\n"
+
     # A record within the limit may still hold a long field: never let csv's own 128 KiB cap decide.
     csv.field_size_limit(max(csv.field_size_limit(), max_row_bytes + 1))
-    reader = csv.reader(iter(texts), strict=True)
     header: list[str] | None = None
-    rows: list[tuple[int, dict[str, str]]] = []
+    seen = False
     consumed = 0  # lines read so far: the next record starts on line consumed + 1
-    while True:
-        start = consumed + 1
-        try:
-            record = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:
-            raise DatasetError(
-                f"malformed CSV: {exc} (in the record starting on this line)", path=where, line=start
-            ) from exc
-        consumed = reader.line_num
-        if not record or (len(record) == 1 and not record[0].strip()):
-            continue  # blank line
-        _check_size(sum(sizes[start - 1 : consumed]) + (consumed - start), max_row_bytes, where, start)
-        if header is None:
-            header = _check_header(record, where, start)
-            continue
-        if len(record) != len(header):
-            raise DatasetError(
-                f"malformed CSV: the row has {len(record)} values, the header has {len(header)} columns",
-                path=where,
-                line=start,
-            )
-        rows.append((start, dict(zip(header, record, strict=True))))
+    with fh:
+        reader = csv.reader(texts(), strict=True)
+        while True:
+            start = consumed + 1
+            try:
+                record = next(reader)
+            except StopIteration:
+                break
+            except csv.Error as exc:
+                raise DatasetError(
+                    f"malformed CSV: {exc} (in the record starting on this line)", path=where, line=start
+                ) from exc
+            consumed = reader.line_num
+            record_bytes = sum(sizes) + (len(sizes) - 1)
+            sizes.clear()
+            if not record or (len(record) == 1 and not record[0].strip()):
+                continue  # blank line
+            _check_size(record_bytes, max_row_bytes, where, start)
+            if header is None:
+                header = _check_header(record, where, start)
+                continue
+            if len(record) != len(header):
+                raise DatasetError(
+                    f"malformed CSV: the row has {len(record)} values, the header has {len(header)} columns",
+                    path=where,
+                    line=start,
+                )
+            seen = True
+            yield start, dict(zip(header, record, strict=True))
     if header is None:
         raise DatasetError("file is empty (no rows)", path=where)
-    if not rows:
+    if not seen:
         raise DatasetError("file is empty (a header line but no data rows)", path=where)
-    return rows
+
+
+def read_csv(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[tuple[int, dict[str, str]]]:
+    """``iter_csv`` as a list."""
+    return list(iter_csv(path, max_row_bytes=max_row_bytes))
 
 
 def _check_header(record: list[str], where: str, line: int) -> list[str]:
@@ -197,16 +251,21 @@ def _check_header(record: list[str], where: str, line: int) -> list[str]:
     return header
 
 
-def read_parquet(
-    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
-) -> list[tuple[int, dict[str, Any]]]:
-    """Read a Parquet file into ``(row_number, row)`` pairs (1-based data rows).
+def iter_parquet(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, batch_rows: int = 4096
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a Parquet file as ``(row_number, row)`` pairs (1-based data rows), ``batch_rows`` rows in
+    memory at a time.
 
     Raises ``DatasetError`` naming the file (and row) if the file is missing, not Parquet or damaged, has
     no rows, holds a binary value that is not UTF-8, or a row whose values exceed ``max_row_bytes`` as JSON.
     """
-    where, data = _read_file(path, "Parquet")
-    if not data:
+    where = _check_file(path, "Parquet")
+    try:
+        size = Path(where).stat().st_size
+    except OSError as exc:
+        raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
+    if not size:
         raise DatasetError("file is empty (no rows)", path=where)
     try:
         import pyarrow as pa
@@ -215,32 +274,56 @@ def read_parquet(
         raise DatasetError(
             "reading Parquet needs the pyarrow package (pip install pyarrow)", path=where
         ) from exc
-    try:
-        table = pq.read_table(pa.BufferReader(data))
-        records = table.to_pylist()
-    except (pa.ArrowException, OSError, ValueError) as exc:
+
+    def unreadable(exc: Exception) -> DatasetError:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        first = re.sub(r"^Could not open Parquet input source '[^']*': ", "", first)  # our in-memory buffer
-        raise DatasetError(f"not a readable Parquet file: {first}", path=where) from exc
-    if not records:
+        first = re.sub(r"^Could not open Parquet input source '[^']*': ", "", first)  # the file's own name
+        return DatasetError(f"not a readable Parquet file: {first}", path=where)
+
+    n = 0
+    try:
+        parquet = pq.ParquetFile(where)
+        batches = parquet.iter_batches(batch_size=batch_rows)
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise unreadable(exc) from exc
+    with parquet:
+        while True:
+            try:
+                batch = next(batches, None)
+                records = [] if batch is None else batch.to_pylist()
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                raise unreadable(exc) from exc
+            if batch is None:
+                break
+            for record in records:
+                n += 1
+                yield n, _parquet_record(record, where, n, max_row_bytes)
+    if not n:
         raise DatasetError("file is empty (no rows)", path=where)
-    rows: list[tuple[int, dict[str, Any]]] = []
-    for n, record in enumerate(records, start=1):
-        for name, value in record.items():
-            if isinstance(value, bytes | bytearray):
-                try:
-                    record[name] = bytes(value).decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise DatasetRowError(
-                        f"not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset {exc.start})",
-                        path=where,
-                        row=n,
-                        field=name,
-                    ) from exc
-        size = len(json.dumps(record, default=str, ensure_ascii=False).encode("utf-8"))
-        _check_size(size, max_row_bytes, where, n, unit="row")
-        rows.append((n, record))
-    return rows
+
+
+def _parquet_record(record: dict[str, Any], where: str, n: int, max_row_bytes: int) -> dict[str, Any]:
+    for name, value in record.items():
+        if isinstance(value, bytes | bytearray):
+            try:
+                record[name] = bytes(value).decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DatasetRowError(
+                    f"not valid UTF-8 (byte 0x{value[exc.start]:02x} at offset {exc.start})",
+                    path=where,
+                    row=n,
+                    field=name,
+                ) from exc
+    size = len(json.dumps(record, default=str, ensure_ascii=False).encode("utf-8"))
+    _check_size(size, max_row_bytes, where, n, unit="row")
+    return record
+
+
+def read_parquet(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> list[tuple[int, dict[str, Any]]]:
+    """``iter_parquet`` as a list."""
+    return list(iter_parquet(path, max_row_bytes=max_row_bytes))
 
 
 def file_format(path: str | Path) -> str:
@@ -261,13 +344,29 @@ def file_format(path: str | Path) -> str:
     return "jsonl"
 
 
+#: Streaming reader per format (``file_format``'s names).
+READERS: dict[str, Callable[..., Iterator[tuple[int, dict[str, Any]]]]] = {
+    "jsonl": iter_jsonl,
+    "csv": iter_csv,
+    "parquet": iter_parquet,
+}
+
+
 @dataclass(frozen=True)
 class Rows:
-    """Validated rows of one file, with helpers that raise errors in that file's terms (line or row)."""
+    """The rows of one file, with helpers that raise errors in that file's terms (line or row).
+
+    ``source()`` starts a fresh streaming pass over the file (validating as it goes); ``rows`` is the
+    whole file as a list, read once on first use (``read_rows`` reads it at once unless ``stream=True``).
+    """
 
     path: str
     format: str
-    rows: list[tuple[int, dict[str, Any]]]
+    source: Callable[[], Iterator[tuple[int, dict[str, Any]]]]
+
+    @cached_property
+    def rows(self) -> list[tuple[int, dict[str, Any]]]:
+        return list(self.source())
 
     @property
     def unit(self) -> str:
@@ -275,7 +374,7 @@ class Rows:
         return "row" if self.format == "parquet" else "line"
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
-        return iter(self.rows)
+        return iter(self.__dict__["rows"]) if "rows" in self.__dict__ else self.source()
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -308,14 +407,32 @@ class Rows:
         self.check_unique_ids([(at, item.id) for (at, _row), item in zip(self.rows, items, strict=True)])
         return items
 
+    def iter_items(
+        self, make_item: Callable[[Rows, int, dict[str, Any]], Item]
+    ) -> Iterator[tuple[int, Item]]:
+        """``(at, item)`` per row, streamed: ``items`` without the list and without the duplicate-id
+        check (the caller checks ids, e.g. ``srd_worker.tasks.spool``)."""
+        for at, row in self:
+            yield at, make_item(self, at, row)
+
 
 def read_rows(
-    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, fmt: str | None = None
+    path: str | Path,
+    *,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+    fmt: str | None = None,
+    stream: bool = False,
 ) -> Rows:
-    """Read and validate a dataset file in any supported format (see ``file_format``)."""
+    """Read and validate a dataset file in any supported format (see ``file_format``). With
+    ``stream=True`` nothing is read yet (only the file's existence is checked): iterate the result."""
     fmt = fmt or file_format(path)
-    reader = {"jsonl": read_jsonl, "csv": read_csv, "parquet": read_parquet}[fmt]
-    return Rows(path=str(path), format=fmt, rows=reader(path, max_row_bytes=max_row_bytes))
+    reader = READERS[fmt]
+    rows = Rows(path=str(path), format=fmt, source=partial(reader, path, max_row_bytes=max_row_bytes))
+    if stream:
+        _check_file(path, {"jsonl": "JSON Lines", "csv": "CSV", "parquet": "Parquet"}[fmt])
+    else:
+        _ = rows.rows
+    return rows
 
 
 def require_fields(

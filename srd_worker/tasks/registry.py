@@ -139,9 +139,21 @@ def load_items(
 ) -> tuple[Task, list[Item]]:
     """Resolve the task (``auto`` detects it; a ``fields`` mapping means generic), load and validate all
     items of ``path``."""
+    task = resolve_task(path, task_name, fields=fields, max_row_bytes=max_row_bytes)
+    return task, task.load(path)
+
+
+def resolve_task(
+    path: str | Path,
+    task_name: str = AUTO,
+    *,
+    fields: Mapping[str, str] | None = None,
+    max_row_bytes: int = DEFAULT_MAX_ROW_BYTES,
+) -> Task:
+    """The task for ``path`` (``auto`` detects it from the first row; a ``fields`` mapping means generic),
+    without reading the rest of the file."""
     if task_name == AUTO:
         name = GENERIC if fields else detect_task(path, max_row_bytes=max_row_bytes)
     else:
         name = task_name
-    task = get_task(name, fields=fields, max_row_bytes=max_row_bytes)
-    return task, task.load(path)
+    return get_task(name, fields=fields, max_row_bytes=max_row_bytes)

@@ -416,16 +416,31 @@ def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
 @click.option("--watch", is_flag=True, help="Live progress until the run ends (Ctrl-C to stop watching).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Refresh interval for --watch.")
+@click.option(
+    "--all",
+    "all_shards",
+    is_flag=True,
+    help="List every shard of RUN_ID (default: shard counts by state, then only running, failed and slow "
+    "shards, at most 100).",
+)
 @db_option
 @friendly_errors
-def status(run_id: str | None, watch: bool, as_json: bool, interval: float, db: str | None = None) -> None:
+def status(
+    run_id: str | None,
+    watch: bool,
+    as_json: bool,
+    interval: float,
+    all_shards: bool = False,
+    db: str | None = None,
+) -> None:
     """Progress of RUN_ID or of every run of a sweep (SWEEP_ID, sweep-...), or a table of recent runs, read
-    from PostgreSQL (or --db).
+    from PostgreSQL (or --db). A run's shards are summarised by state; only running, failed and slow
+    ones are listed unless --all.
+
+    Example: srdq status run-3f2a9c1b7d20 --all
 
     Example: srdq status sweep-0123456789ab --db srdq-out
     """
-    from srd_worker import service
-
     engine = open_db(db)
     db = engine  # type: ignore[assignment]
     try:
@@ -433,6 +448,8 @@ def status(run_id: str | None, watch: bool, as_json: bool, interval: float, db: 
             _sweep_status(engine, run_id, watch=watch, as_json=as_json, interval=interval)
             return
         if run_id is None:
+            from srd_worker import service
+
             runs = service.recent_runs(db=db)
             if as_json:
                 click.echo(
@@ -460,22 +477,28 @@ def status(run_id: str | None, watch: bool, as_json: bool, interval: float, db: 
                 )
             _console().print(table)
             return
-        service.ensure_run(db=db, run_id=run_id)
+        from srd_worker import status as run_status  # the store only: imports fast
+
+        run_status.ensure_run(db=db, run_id=run_id)
+
+        def read() -> Any:
+            return run_status.run_status(db=db, run_id=run_id, all_shards=all_shards)
+
         if as_json and not watch:
-            click.echo(json.dumps(service.run_status(db=db, run_id=run_id).to_dict(), indent=2))
+            click.echo(json.dumps(read().to_dict(), indent=2))
             return
         if not watch:
-            _console().print(_status_view(service.run_status(db=db, run_id=run_id)))
+            _console().print(_status_view(read()))
             return
         import time
 
         from rich.live import Live
 
-        st = service.run_status(db=db, run_id=run_id)
+        st = read()
         with Live(_status_view(st), console=_console(), refresh_per_second=4) as live:
             while st.status in ("pending", "running"):
                 time.sleep(interval)
-                st = service.run_status(db=db, run_id=run_id)
+                st = read()
                 live.update(_status_view(st))
     finally:
         engine.dispose()
@@ -518,8 +541,18 @@ def _status_view(st: Any) -> Any:
         f"{st.tokens_per_s:.1f} tok/s",
         f"ETA {eta}",
     )
-    table = Table()
-    for col in ("shard", "state", "progress", "items", "round", "attempt", "lease owner", "error"):
+    states = Table.grid(padding=(0, 2))
+    states.add_row(
+        f"{st.n_shards} shards:",
+        *(f"{state} [bold]{n}[/bold]" for state, n in st.shard_states.items()),
+    )
+    what = "all shards" if st.listed == "all" else "running, failed and slow shards"
+    if not st.shards:
+        return Group(
+            head, states, f"no {what} to list" + ("" if st.listed == "all" else " (--all lists every shard)")
+        )
+    table = Table(title=what, title_justify="left")
+    for col in ("shard", "state", "progress", "items", "round", "attempt", "lease owner", "note", "error"):
         table.add_column(col)
     for s in st.shards:
         bar = ProgressBar(total=max(s.items, 1), completed=s.done + s.failed, width=20)
@@ -531,9 +564,13 @@ def _status_view(st: Any) -> Any:
             str(s.round),
             str(s.attempt),
             s.lease_owner or "",
+            s.note or "",
             (s.error or "")[:60],
         )
-    return Group(head, table)
+    parts: list[Any] = [head, states, table]
+    if st.not_listed:
+        parts.append(f"... and {st.not_listed} more (--all lists every shard)")
+    return Group(*parts)
 
 
 @cli.command()

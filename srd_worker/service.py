@@ -13,7 +13,7 @@ import socket
 import threading
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from sqlalchemy import Engine
 
 from srd_worker.errors import EngineUnavailable, SrdqError, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
+from srd_worker.status import STATUS_SHARD_LIMIT, RunStatus, ShardStatus, run_status  # noqa: F401 - re-exported
 from srd_worker.store import crud, leases, queries
 from srd_worker.store.db import session_scope
 from srd_worker.store.models import Run, Shard, utcnow
@@ -329,104 +330,6 @@ def resume(*, db: Engine, run_id: str, enqueue: Enqueue) -> list[int]:
 
 
 # ---------------------------------------------------------------------------------------------- status
-@dataclass
-class ShardStatus:
-    index: int
-    status: str
-    items: int
-    done: int
-    failed: int
-    round: int
-    attempt: int
-    lease_owner: str | None
-    error: str | None
-
-
-@dataclass
-class RunStatus:
-    run_id: str
-    name: str
-    status: str
-    method: str
-    model: str
-    items: int
-    done: int
-    failed: int
-    gen_tokens: int
-    elapsed_s: float
-    tokens_per_s: float
-    eta_s: float | None
-    created_at: datetime
-    shards: list[ShardStatus] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        d = asdict(self)
-        d["created_at"] = self.created_at.isoformat()
-        return d
-
-
-def _gen_tokens(record: dict[str, Any] | None) -> int:
-    return int(((record or {}).get("ledger") or {}).get("gen_tokens", 0))
-
-
-def run_status(*, db: Engine, run_id: str) -> RunStatus:
-    """Progress of one run, read from the database (never from the broker)."""
-    with session_scope(db) as session:
-        run = crud.get_run(session=session, run_id=run_id)
-        shards = crud.list_shards(session=session, run_id=run_id)
-        results = queries.result_rows(session=session, run_id=run_id)
-        ckpts = queries.checkpoint_states(session=session, run_id=run_id)
-    done_by: dict[int, int] = {}
-    failed_by: dict[int, int] = {}
-    tokens = 0
-    with_result = set()
-    for item_id, shard_index, error, record in results:
-        counter = failed_by if error else done_by
-        counter[shard_index] = counter.get(shard_index, 0) + 1
-        tokens += _gen_tokens(record)
-        with_result.add(item_id)
-    # items still running: their tokens so far are in their last checkpoint
-    tokens += sum(_gen_tokens(state) for item_id, state in ckpts if item_id not in with_result)
-    done = sum(done_by.values())
-    failed = sum(failed_by.values())
-    end = run.updated_at if run.status in ("done", "failed", "cancelled") else utcnow()
-    elapsed = max((end - run.created_at).total_seconds(), 1e-9)
-    rate_items = (done + failed) / elapsed
-    remaining = run.n_items - done - failed
-    eta = (remaining / rate_items) if rate_items > 0 and remaining > 0 else (0.0 if remaining == 0 else None)
-    return RunStatus(
-        run_id=run.id,
-        name=run.name,
-        status=run.status,
-        method=run.spec.get("method", "?"),
-        model=run.spec.get("model", "?"),
-        items=run.n_items,
-        done=done,
-        failed=failed,
-        gen_tokens=tokens,
-        elapsed_s=elapsed,
-        tokens_per_s=tokens / elapsed,
-        eta_s=eta,
-        created_at=run.created_at,
-        shards=[
-            ShardStatus(
-                s.index,
-                s.status,
-                s.stop - s.start,
-                done_by.get(s.index, 0),
-                failed_by.get(s.index, 0),
-                s.round,
-                s.attempt,
-                s.lease_owner,
-                (s.error or "").splitlines()[0] if s.error else None,
-            )
-            for s in shards
-        ],
-    )
-
-
 @dataclass
 class SweepStatus:
     sweep_id: str

@@ -358,11 +358,11 @@ def save_results(*, session: Session, run_id: str, shard_index: int, records: li
             )
     now = utcnow()
     stmt = _dialect_insert(session, Result).on_conflict_do_nothing(index_elements=["item_id"])
-    inserted = 0
+    inserted = done = failed = tokens = 0
     # One statement per record: rowcount is exact per row on both backends (executemany's is not on
     # psycopg2), and a shard holds at most a few hundred items.
     for record in records:
-        inserted += session.exec(
+        n = session.exec(
             stmt.values(
                 item_id=rows[record["item_id"]][0],
                 run_id=run_id,
@@ -374,7 +374,27 @@ def save_results(*, session: Session, run_id: str, shard_index: int, records: li
                 created_at=now,
             )
         ).rowcount
+        if n:  # counted once, like the row: a redelivered result adds nothing
+            inserted += n
+            failed += record["error"] is not None
+            done += record["error"] is None
+            tokens += record_gen_tokens(record)
+    if inserted:  # the shard's counters (status reads them instead of every record), same transaction
+        session.exec(
+            update(Shard)
+            .where(col(Shard.run_id) == run_id, col(Shard.index) == shard_index)
+            .values(
+                n_done=col(Shard.n_done) + done,
+                n_failed=col(Shard.n_failed) + failed,
+                gen_tokens=col(Shard.gen_tokens) + tokens,
+            )
+        )
     return inserted
+
+
+def record_gen_tokens(record: dict[str, Any] | None) -> int:
+    """A result record's (or checkpoint state's) generated tokens: ``ledger.gen_tokens``, 0 if absent."""
+    return int(((record or {}).get("ledger") or {}).get("gen_tokens", 0) or 0)
 
 
 def load_results(*, session: Session, run_id: str) -> list[dict[str, Any]]:

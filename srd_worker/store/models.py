@@ -114,6 +114,7 @@ class Shard(SQLModel, table=True):
     __table_args__ = (
         UniqueConstraint("run_id", "index", name="uq_shard_run_id_index"),
         CheckConstraint(STATUS_CHECK, name="ck_shard_status"),
+        Index("ix_shard_run_id_status", "run_id", "status"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
@@ -136,6 +137,17 @@ class Shard(SQLModel, table=True):
         default=None,
         sa_type=UTCDateTime,
         description="When the shard's parts and manifest reached the object store.",
+    )
+    # Counters kept by crud.save_results in the transaction that inserts the results (migration 0004),
+    # so `srdq status` sums shards instead of reading every result record.
+    n_done: int = Field(
+        default=0, sa_column_kwargs={"server_default": "0"}, description="Results without error."
+    )
+    n_failed: int = Field(
+        default=0, sa_column_kwargs={"server_default": "0"}, description="Results with an error."
+    )
+    gen_tokens: int = Field(
+        default=0, sa_column_kwargs={"server_default": "0"}, description="Generated tokens of those results."
     )
 
 

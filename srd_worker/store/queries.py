@@ -10,10 +10,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import JSON, and_, func, or_, type_coerce
 from sqlmodel import Session, col, select
 
 from srd_worker.errors import StoreError
-from srd_worker.store.models import Checkpoint, ItemRow, Result, Run
+from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, Status
 
 
 def require_run(*, session: Session, run_id: str) -> None:
@@ -85,3 +86,59 @@ def results_by_position(*, session: Session, run_id: str) -> list[tuple[int, int
 def recent_runs(*, session: Session, limit: int = 20) -> list[Run]:
     """The ``limit`` newest runs, newest first."""
     return list(session.exec(select(Run).order_by(col(Run.created_at).desc()).limit(limit)).all())
+
+
+# ------------------------------------------------------------------------------- status at scale
+def shard_states(*, session: Session, run_id: str) -> dict[str, tuple[int, int, int, int]]:
+    """state -> (shards, items done, items failed, generated tokens), summed over the run's shards in SQL
+    (the counters ``crud.save_results`` keeps; the (run_id, status) index)."""
+    rows = session.exec(
+        select(
+            Shard.status,
+            func.count(),
+            func.coalesce(func.sum(Shard.n_done), 0),
+            func.coalesce(func.sum(Shard.n_failed), 0),
+            func.coalesce(func.sum(Shard.gen_tokens), 0),
+        )
+        .where(Shard.run_id == run_id)
+        .group_by(Shard.status)
+    ).all()
+    return {status: (int(n), int(done), int(failed), int(tokens)) for status, n, done, failed, tokens in rows}
+
+
+def unfinished_tokens(*, session: Session, run_id: str) -> int:
+    """Generated tokens so far of items that have no result yet: their last checkpoints, read only in the
+    shards that are started and not done (a few at a time, however large the run)."""
+    started = select(Shard.index).where(
+        Shard.run_id == run_id, Shard.status != Status.DONE.value, col(Shard.round) > 0
+    )
+    has_result = select(Result.id).where(col(Result.item_id) == col(Checkpoint.item_id)).exists()
+    tokens = func.sum(type_coerce(Checkpoint.state, JSON)[("ledger", "gen_tokens")].as_integer())
+    total = session.exec(
+        select(func.coalesce(tokens, 0)).where(
+            Checkpoint.run_id == run_id, col(Checkpoint.shard_index).in_(started), ~has_result
+        )
+    ).one()
+    return int(total or 0)
+
+
+def notable_condition() -> Any:
+    """The shards ``srdq status`` lists without ``--all``: running, failed, and slow ones (pending again
+    after an attempt crashed or raised: ``attempt`` > 0 or an error kept)."""
+    retrying = and_(
+        Shard.status == Status.PENDING.value, or_(col(Shard.attempt) > 0, col(Shard.error).is_not(None))
+    )
+    return or_(col(Shard.status).in_([Status.RUNNING.value, Status.FAILED.value]), retrying)
+
+
+def list_status_shards(
+    *, session: Session, run_id: str, everything: bool = False, limit: int | None = None
+) -> tuple[list[Shard], int]:
+    """(shards by index, how many match): every shard with ``everything``, else the notable ones
+    (``notable_condition``), at most ``limit`` of them."""
+    where = [Shard.run_id == run_id] + ([] if everything else [notable_condition()])
+    total = session.exec(select(func.count()).select_from(Shard).where(*where)).one()
+    query = select(Shard).where(*where).order_by(col(Shard.index))
+    if limit is not None:
+        query = query.limit(limit)
+    return list(session.exec(query).all()), int(total)

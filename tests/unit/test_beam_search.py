@@ -1,0 +1,313 @@
+"""Beam search and DVTS (ALGORITHMS.md §8) on real models: the tiny random Llama with a scripted reward
+whose scores are a known function of the text, and the trained testbed policy with its step delimiter.
+
+The expectations (which beams are kept, which expansion a subtree picks) are computed here from the
+scripted reward's scores, not with the methods' own helpers.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from srd_worker.errors import ConfigError
+from srd_worker.methods.base import StepContext
+from srd_worker.methods.beam_search import unescape, weighted_majority
+from srd_worker.methods.registry import build_method
+from srd_worker.runner import run_shard
+from srd_worker.tasks.base import Item
+from srd_worker.tasks.gsm8k import GSM8KTask
+
+QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
+TESTBED = Path(__file__).resolve().parents[2] / "srd_worker" / "testbed" / "artifacts"
+
+
+def scripted(text: str) -> float:
+    """The scripted reward: a fixed pseudo-random number in [0, 1) per text."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") / 2**32
+
+
+class ScriptedReward:
+    """A real RewardModel whose score is ``scripted(response)``; it records every batch it scores."""
+
+    name = "scripted"
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+
+    def score(self, prompts, responses, finished=None):
+        self.batches.append(list(responses))
+        return [scripted(r) for r in responses]
+
+
+def by_hand(scores: list[float], how: str) -> float:
+    if how == "last":
+        return scores[-1]
+    if how == "min":
+        return min(scores)
+    out = 1.0
+    for s in scores:
+        out *= s
+    return out
+
+
+def start(method, engine, questions=QUESTIONS):
+    return [
+        method.init_state(f"q{i}", q, engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]))
+        for i, q in enumerate(questions)
+    ]
+
+
+def is_prefix(a: list[int], b: list[int]) -> bool:
+    return b[: len(a)] == a
+
+
+@pytest.mark.parametrize("how", ["last", "min", "prod"])
+def test_beam_search_keeps_exactly_the_top_beams(tiny_engine, how):
+    n, m = 6, 2
+    method = build_method(
+        "beam_search",
+        {
+            "n": n,
+            "beam_width": m,
+            "chunk_tokens": 3,
+            "max_new_tokens": 15,
+            "aggregation": how,
+            "max_steps": 8,
+        },
+    )
+    reward = ScriptedReward()
+    ctx = StepContext(tiny_engine, reward, run_seed=3)
+    states = start(method, tiny_engine)
+    history: dict[str, list[list[float]]] = {s["item_id"]: [] for s in states}  # per beam slot
+    previous: dict[str, list[dict[str, Any]]] = {s["item_id"]: [] for s in states}
+    steps_checked = 0
+    while not all(method.done(s) for s in states):
+        active = [s for s in states if not method.done(s)]
+        rm_before = {s["item_id"]: s["ledger"]["rm_calls"] for s in active}
+        method.step(active, ctx)
+        for s in active:
+            beams, prev = s["beams"], previous[s["item_id"]]
+            assert len(beams) == n
+            assert s["ledger"]["rm_calls"] - rm_before[s["item_id"]] == n  # one score per expansion
+            kept_before = [i for i, b in enumerate(prev) if b["kept"]]
+            scores: list[list[float]] = []
+            for slot, b in enumerate(beams):
+                if not prev:
+                    assert b["parent"] == -1
+                    parent_scores: list[float] = []
+                else:
+                    # the n expansions are dealt round-robin over the kept beams: M each when n/M are kept
+                    assert b["parent"] == kept_before[slot % len(kept_before)]
+                    assert is_prefix(prev[b["parent"]]["tokens"], b["tokens"])
+                    assert len(b["tokens"]) > len(prev[b["parent"]]["tokens"])
+                    parent_scores = history[s["item_id"]][b["parent"]]
+                scores.append(parent_scores + [scripted(b["text"])])
+            agg = [by_hand(sc, how) for sc in scores]
+            unfinished = [i for i, b in enumerate(beams) if b["finish"] is None]
+            expected = sorted(unfinished, key=lambda i: (-agg[i], i))[: n // m]
+            assert sorted(i for i, b in enumerate(beams) if b["kept"]) == sorted(expected)
+            assert [b["reward"] for b in beams] == pytest.approx(agg)
+            history[s["item_id"]] = scores
+            previous[s["item_id"]] = copy.deepcopy(beams)
+            steps_checked += bool(expected)
+            json.dumps(s)
+    assert steps_checked >= 4  # several selections, not only the first step
+    for s in states:
+        res = method.result(s)
+        assert len(s["pool"]) == n and all(e["finish"] for e in s["pool"])
+        best = max(e["reward"] for e in s["pool"])
+        assert res["reward"] == best and res["response"] == s["pool"][res["chosen"]]["text"]
+        assert s["ledger"]["gen_tokens"] == s["ledger"]["components"]["drafter"]["out_tokens"]
+
+
+def test_dvts_subtrees_never_share_a_prefix_after_the_first_step(tiny_engine):
+    n, m = 6, 2
+    method = build_method("dvts", {"n": n, "beam_width": m, "chunk_tokens": 3, "max_new_tokens": 18})
+    reward = ScriptedReward()
+    ctx = StepContext(tiny_engine, reward, run_seed=5)
+    states = start(method, tiny_engine)
+    chosen_before: dict[str, dict[int, list[int]]] = {s["item_id"]: {} for s in states}
+    rounds = 0
+    while not all(method.done(s) for s in states):
+        active = [s for s in states if not method.done(s)]
+        method.step(active, ctx)
+        rounds += 1
+        for s in active:
+            chosen: dict[int, list[int]] = {}
+            for j in range(n // m):
+                group = s["beams"][j * m : (j + 1) * m]
+                assert {b["subtree"] for b in group} == {j}
+                # the subtree's beam is its best expansion by the scripted reward (ties: lower slot)
+                best = max(range(m), key=lambda i: (scripted(group[i]["text"]), -i))
+                assert [b["kept"] for b in group] == [i == best for i in range(m)]
+                chosen[j] = group[best]["tokens"]
+                if j in chosen_before[s["item_id"]]:  # every expansion continues the subtree's own beam
+                    assert all(is_prefix(chosen_before[s["item_id"]][j], b["tokens"]) for b in group)
+            for j in chosen:
+                for k in chosen:
+                    if j != k:
+                        assert not is_prefix(chosen[j], chosen[k]), (j, k)
+            chosen_before[s["item_id"]] = chosen
+    assert rounds >= 3
+    for s in states:
+        assert s["pool"] and all(e["finish"] for e in s["pool"])
+        assert len(s["pool"]) <= n
+
+
+class MemoryStore:
+    """The runner's ShardStore in memory; checkpoints go through JSON as they do in the real stores."""
+
+    def __init__(self) -> None:
+        self.checkpoints: dict[str, tuple[int, str]] = {}
+        self.results: list[dict[str, Any]] | None = None
+
+    def load_checkpoints(self):
+        return {k: (r, json.loads(v)) for k, (r, v) in self.checkpoints.items()}
+
+    def save_checkpoints(self, round_, states):
+        self.checkpoints.update({k: (round_, json.dumps(v)) for k, v in states.items()})
+
+    def save_results(self, records):
+        self.results = records
+        return len(records)
+
+
+@pytest.mark.parametrize("name", ["beam_search", "dvts"])
+def test_crash_and_resume_give_identical_results(tiny_engine, name):
+    params = {"n": 4, "beam_width": 2, "chunk_tokens": 4, "max_new_tokens": 16, "answer": "weighted_majority"}
+    task = GSM8KTask()
+    items = [Item(f"q{i}", q, "7") for i, q in enumerate(QUESTIONS)]
+
+    def run(store, max_rounds=None):
+        return run_shard(
+            items=items,
+            positions=list(range(len(items))),
+            method=build_method(name, params),
+            task=task,
+            engine=tiny_engine,
+            reward=ScriptedReward(),
+            run_seed=11,
+            store=store,
+            max_rounds=max_rounds,
+        )
+
+    clean = MemoryStore()
+    assert run(clean).finished
+    crashed = MemoryStore()
+    assert not run(crashed, max_rounds=2).finished  # "crash" after round 2: only the checkpoints remain
+    resumed = run(crashed)
+    assert resumed.finished and resumed.rounds == run(MemoryStore()).rounds
+
+    def strip(records):
+        return [{k: v for k, v in r.items() if k != "timing"} for r in records]
+
+    assert clean.results is not None and crashed.results is not None
+    assert strip(crashed.results) == strip(clean.results)
+    for rec in clean.results:
+        assert rec["error"] is None and rec["candidates"]
+        assert rec["response"] == rec["candidates"][rec["extra"]["chosen"]]["text"]
+        assert rec["ledger"]["rm_calls"] > 0 and rec["ledger"]["gen_tokens"] > 0
+
+
+def test_weighted_majority_by_hand():
+    pool = [
+        {"id": 0, "text": "a", "reward": 0.9, "finish": "eos", "round": 1, "n_tokens": 1, "c": 0},
+        {"id": 1, "text": "b", "reward": 0.3, "finish": "eos", "round": 1, "n_tokens": 1, "c": 0},
+        {"id": 2, "text": "c", "reward": 0.5, "finish": "eos", "round": 2, "n_tokens": 1, "c": 0},
+        {"id": 3, "text": "d", "reward": 0.4, "finish": "eos", "round": 2, "n_tokens": 1, "c": 0},
+        {"id": 4, "text": "e", "reward": 2.0, "finish": "eos", "round": 3, "n_tokens": 1, "c": 0},
+    ]
+    # "8" sums 0.3 + 0.5 + 0.4 = 1.2 > "7" 0.9; its best-scored candidate is index 2; "e" has no answer
+    assert weighted_majority(pool, ["7", "8", " 8 ", "8", None]) == 2
+    assert weighted_majority(pool, ["7", "8", "9", "6", None]) == 0
+    assert weighted_majority(pool, [None] * 5) is None
+
+
+def test_parameters_are_checked():
+    with pytest.raises(ConfigError, match="multiple of beam_width"):
+        build_method("beam_search", {"n": 6, "beam_width": 4})
+    with pytest.raises(ConfigError, match="aggregation"):
+        build_method("dvts", {"aggregation": "mean"})
+    with pytest.raises(ConfigError, match="answer"):
+        build_method("dvts", {"answer": "vote"})
+    with pytest.raises(ConfigError, match="step_delimiter"):
+        build_method("beam_search", {"step_delimiter": ""})
+    assert unescape("\\n\\n") == "\n\n" and unescape("Step:") == "Step:" and unescape("é\\t") == "é\t"
+    assert build_method("beam_search", {"step_delimiter": "\\n"}).params.delimiter == "\n"
+
+
+@pytest.fixture(scope="module")
+def testbed_engine():
+    import torch
+
+    from srd_worker.engines.loading import load_model
+    from srd_worker.engines.transformers_engine import TransformersEngine
+
+    model, tokenizer = load_model("testbed", cache_dir=Path("."), dtype="float32")
+    torch.set_num_threads(2)
+    return TransformersEngine(model, tokenizer, max_batch_size=64, model_name="testbed")
+
+
+@pytest.mark.parametrize("name", ["beam_search", "dvts"])
+def test_steps_end_at_the_delimiter_on_the_testbed(testbed_engine, name):
+    """The testbed policy writes one equation per line: every step of a beam is one line."""
+    from srd_worker.rewards.arithmetic import ArithmeticReward
+    from srd_worker.tasks.prompts import math_messages
+
+    rows = [json.loads(x) for x in (TESTBED / "data" / "test.jsonl").read_text().splitlines()[:3]]
+    method = build_method(
+        name, {"n": 4, "beam_width": 2, "step_delimiter": "\\n", "chunk_tokens": 40, "max_new_tokens": 96}
+    )
+    task = GSM8KTask()
+    ctx = StepContext(testbed_engine, ArithmeticReward(), run_seed=0, extract_answer=task.extract_answer)
+    states = [
+        method.init_state(
+            r["id"], r["question"], testbed_engine.tokenizer.chat_prompt_ids(math_messages(r["question"]))
+        )
+        for r in rows
+    ]
+    while not all(method.done(s) for s in states):
+        method.step([s for s in states if not method.done(s)], ctx)
+    for s in states:
+        for e in s["pool"]:
+            assert e["finish"] == "eos", e
+            lines = e["text"].split("\n")
+            assert len(lines) >= 2 and "\\boxed{" in lines[-1]
+        beams = [b for b in s["beams"] if b["finish"]]
+        for b in beams:  # every step score sits right after a newline, but the last (the final answer)
+            ends = sorted(int(k) for k in b["S"])
+            assert all(testbed_engine.tokenizer.decode(b["tokens"][:j]).endswith("\n") for j in ends[:-1])
+            assert len(ends) == b["text"].count("\n") + 1
+        assert method.result(s)["steps"] == s["round"] <= 8
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "name, reward", [("beam_search", "arithmetic"), ("dvts", f"hf-orm:{TESTBED / 'rm'}")]
+)  # each method and each reward once (the four pairs cost 4 x the CLI's model loading)
+def test_srdq_run_on_the_testbed(tmp_path: Path, name: str, reward: str) -> None:
+    from srdq_cli.main import cli
+
+    out = tmp_path / "out"
+    args = [
+        "run", str(TESTBED / "data" / "test.jsonl"), "--limit", "3", "--method", name, "--n", "4",
+        "--set", "beam_width=2", "--set", "step_delimiter=\\n", "--set", "chunk_tokens=40",
+        "--model", "testbed", "--reward", reward, "--max-new-tokens", "96", "--out", str(out),
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    (results,) = out.glob("run-*/results.jsonl")
+    records = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 3
+    for r in records:
+        assert r["error"] is None and r["method"] == name and isinstance(r["reward"], float)
+        assert r["response"] == r["candidates"][r["extra"]["chosen"]]["text"]
+        assert r["ledger"]["rm_calls"] >= 4 and r["ledger"]["gen_tokens"] > 0
+    assert any("\\boxed{" in r["response"] for r in records)

@@ -1,0 +1,138 @@
+"""The control plane at scale, on SQLite and plain files (no services): the streamed dataset spool that
+``srdq submit dataset`` uses, and ``srdq status`` summarising shards (the PostgreSQL/Redis side is in
+tests/integration/test_control_plane.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from srd_worker.errors import DatasetError
+from srd_worker.spec import prepare_run
+from srd_worker.store.db import make_engine, sqlite_url, upgrade
+from srd_worker.tasks.registry import get_task
+from srd_worker.tasks.spool import spool_items
+from tests.cli import run_srdq, srdq_env
+from tests.status_cases import RUN, check_backfill, check_status, make_run, shape_run
+
+
+def gsm8k_rows(n: int) -> list[dict]:
+    return [
+        {"question": f'What is {i} + {i}?\n"quoted", tab\t, é ∑', "answer": f"{i}+{i}\n#### {2 * i}"}
+        for i in range(n)
+    ]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("batch_rows", [3, 5000])
+def test_spool_gives_back_the_items_the_whole_file_loader_builds(tmp_path: Path, batch_rows: int) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", gsm8k_rows(11))
+    task = get_task("gsm8k")
+    with spool_items(task, path, batch_rows=batch_rows) as spool:
+        assert len(spool) == 11
+        assert list(spool) == task.load(path)
+        assert [row[0] for batch in spool.batches(4) for row in batch] == list(range(11))
+    with spool_items(task, path, limit=4, batch_rows=batch_rows) as spool:
+        assert list(spool) == task.load(path)[:4]
+
+
+@pytest.mark.parametrize("batch_rows", [2, 5000])
+def test_spool_names_a_late_duplicate_id_with_both_lines(tmp_path: Path, batch_rows: int) -> None:
+    rows = [{"problem": f"p{i}", "answer": str(i), "unique_id": f"u{i}"} for i in range(9)]
+    rows.append({"problem": "again", "answer": "1", "unique_id": "u2"})
+    path = write_jsonl(tmp_path / "dup.jsonl", rows)
+    with pytest.raises(
+        DatasetError, match=r"dup\.jsonl, line 10: duplicate id 'u2' \(first used on line 3\)"
+    ):
+        spool_items(get_task("math500"), path, batch_rows=batch_rows)
+
+
+def test_spool_reports_a_bad_row_before_an_earlier_duplicate(tmp_path: Path) -> None:
+    """As the whole-file loader did: every row is validated before ids are compared."""
+    rows = [{"problem": "p", "answer": "1", "unique_id": "same"}] * 2 + [{"problem": "p3"}]
+    path = write_jsonl(tmp_path / "both.jsonl", rows)
+    with pytest.raises(DatasetError, match=r"line 3, field 'answer': missing required field"):
+        spool_items(get_task("math500"), path, batch_rows=1)
+
+
+def test_spool_refuses_a_nul_character_naming_the_line(tmp_path: Path) -> None:
+    rows = gsm8k_rows(3)
+    rows[2]["question"] = "before\x00after"
+    path = write_jsonl(tmp_path / "nul.jsonl", rows)
+    with pytest.raises(DatasetError, match=r"nul\.jsonl, line 3: the item's question contains a NUL"):
+        spool_items(get_task("gsm8k"), path)
+
+
+def test_streamed_prepare_matches_the_list_one_and_the_run_id(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "d.jsonl", gsm8k_rows(7))
+    args = dict(
+        dataset=str(path), method="sampling", params={}, model="tiny-random-llama", reward=None, shard_size=2
+    )
+    listed = prepare_run(**args)
+    streamed = prepare_run(**args, stream=True)
+    try:
+        assert streamed.spec == listed.spec and streamed.spec.run_id() == listed.spec.run_id()
+        assert list(streamed.items) == listed.items
+    finally:
+        streamed.close()
+    spool_file = streamed.items.path
+    assert not spool_file.exists()
+
+
+def test_csv_and_parquet_stream_like_they_load(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    rows = gsm8k_rows(5)
+    csv_path = tmp_path / "d.csv"
+    import csv
+
+    with open(csv_path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["question", "answer"])
+        writer.writeheader()
+        writer.writerows(rows)
+    pq_path = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), pq_path, row_group_size=2)
+    task = get_task("gsm8k")
+    for path in (csv_path, pq_path):
+        with spool_items(task, path, batch_rows=2) as spool:
+            assert list(spool) == task.load(path)
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path):
+    url = sqlite_url(tmp_path / "srdq.db")
+    upgrade(url)
+    engine = make_engine(url)
+    make_run(engine)
+    yield engine, url
+    engine.dispose()
+
+
+def test_status_sums_shards_and_lists_the_notable_ones(sqlite_engine) -> None:
+    check_status(sqlite_engine[0])
+
+
+def test_migration_0004_backfills_the_shard_counters(sqlite_engine) -> None:
+    check_backfill(*sqlite_engine)
+
+
+def test_status_command_summarises_by_state_and_all_lists_every_shard(sqlite_engine, tmp_path: Path) -> None:
+    engine, _url = sqlite_engine
+    shape_run(engine)
+    db = str(tmp_path / "srdq.db")
+    short = run_srdq("status", RUN, "--db", db, env=srdq_env(COLUMNS="200"))
+    assert short.returncode == 0, short.stderr
+    assert "10 shards:" in short.stdout and "pending 5" in short.stdout and "running 2" in short.stdout
+    assert "running, failed and slow shards" in short.stdout and "lease expired" in short.stdout
+    data = json.loads(run_srdq("status", RUN, "--db", db, "--json").stdout)
+    assert [s["index"] for s in data["shards"]] == [2, 3, 4, 5]
+    assert data["shard_states"] == {"done": 2, "failed": 1, "pending": 5, "running": 2}
+    every = json.loads(run_srdq("status", RUN, "--db", db, "--json", "--all").stdout)
+    assert [s["index"] for s in every["shards"]] == list(range(10)) and every["listed"] == "all"

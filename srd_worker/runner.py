@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from srd_worker.engines.base import Engine
+from srd_worker.isolation import Isolation, IsolationLog
 from srd_worker.methods.base import Method, StepContext
 from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Item, Task, grade_candidate
@@ -57,6 +58,7 @@ class ShardOutcome:
     records: list[dict[str, Any]] = field(default_factory=list)
     round_seconds: float = 0.0
     checkpoint_seconds: float = 0.0
+    isolation: IsolationLog = field(default_factory=IsolationLog)  # item faults, splits, OOM limit
 
 
 def _prompt_state(method: Method, task: Task, engine: Engine, item: Item) -> dict[str, Any]:
@@ -121,6 +123,8 @@ def build_record(
         "timing": state.get("timing"),
     }
     if record["error"]:
+        if state.get("fault"):  # isolated by srd_worker.isolation: round, kind, traceback
+            record["extra"]["fault"] = state["fault"]
         return record
     try:
         res = dict(method.result(state))
@@ -170,6 +174,8 @@ def run_shard(
     ctx = StepContext(engine, reward, run_seed, extract_answer=task.extract_answer)
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)
+    isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)
+    outcome.isolation = isolation.log
     rounds_this_call = 0
     started = time.perf_counter()
 
@@ -182,7 +188,7 @@ def run_shard(
         if max_seconds is not None and rounds_this_call and time.perf_counter() - started >= max_seconds:
             return outcome
         t0 = time.perf_counter()
-        method.step(active, ctx)
+        isolation.step(method, active, ctx)
         t1 = time.perf_counter()
         shard_round += 1
         rounds_this_call += 1

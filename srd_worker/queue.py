@@ -106,6 +106,16 @@ def enqueue(run_id: str, shard_index: int) -> None:
     app.send_task(TASK_NAME, args=[run_id, int(shard_index)], queue=get_settings().queue)
 
 
+def queue_depth(queue: str) -> int | None:
+    """Messages waiting in ``queue`` on the broker (kombu's passive declare), or None if it cannot tell."""
+    try:
+        with app.connection_for_write() as conn:
+            return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+    except Exception as exc:  # noqa: BLE001 - unknown depth: the reaper falls back to re-enqueueing
+        log.warning("queue depth of %s unknown: %s", queue, exc)
+        return None
+
+
 def enqueue_many(run_id: str, shard_indexes: Iterable[int]) -> int:
     """``enqueue`` for many shards of one run: the settings read once, one producer (one broker
     connection) for every message, and kombu's publish batches (Redis pipelines of ``PUBLISH_BATCH``
@@ -168,7 +178,12 @@ class Reaper(threading.Thread):
         while not self.stop_event.wait(self.settings.reap_interval_s):
             uploads.poke(db)  # shards whose upload failed (store down): retried in the background
             try:
-                todo = reap(db=db, enqueue=enqueue, pending_grace_s=self.settings.pending_grace_s)
+                todo = reap(
+                    db=db,
+                    enqueue=enqueue,
+                    pending_grace_s=self.settings.pending_grace_s,
+                    queued=lambda: queue_depth(self.settings.queue),
+                )
                 if todo:
                     log.warning("reaper re-enqueued %d shard(s): %s", len(todo), todo)
             except Exception as exc:  # database or broker briefly down: try again next time

@@ -308,9 +308,14 @@ def process_shard(
     return "continued"
 
 
-def reap(*, db: Engine, enqueue: Enqueue, pending_grace_s: float) -> list[tuple[str, int]]:
+def reap(
+    *, db: Engine, enqueue: Enqueue, pending_grace_s: float, queued: Callable[[], int | None] | None = None
+) -> list[tuple[str, int]]:
+    """Re-enqueue what ``leases.reap`` finds; ``queued()`` (the broker's queue depth, None if unknown)
+    keeps a deep queue of legitimately waiting shards from being enqueued twice."""
+    depth = queued() if queued is not None else None
     with session_scope(db) as session:
-        todo = leases.reap(session=session, pending_grace_s=pending_grace_s)
+        todo = leases.reap(session=session, pending_grace_s=pending_grace_s, queued=depth)
     for run_id, index in todo:
         enqueue(run_id, index)
     return todo

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import update
 from sqlmodel import Session, col, select
@@ -142,23 +143,39 @@ def release(
 
 
 def finish_run_if_complete(*, session: Session, run_id: str) -> str | None:
-    """Mark the run done (or failed, if any shard failed) once every shard is final."""
-    statuses = session.exec(select(Shard.status).where(Shard.run_id == run_id)).all()
-    if not statuses or any(s not in FINAL for s in statuses):
+    """Mark the run done (or failed, if any shard failed) once every shard is final.
+
+    Called each time a shard ends, so it asks SQL whether an unfinished shard exists (stopping at the first,
+    through the (run_id, status) index) instead of reading every shard's status: 60,000 rows per finished
+    shard on a run of 60,000 shards."""
+
+    def some(*where: Any) -> bool:
+        return (
+            session.exec(select(Shard.id).where(Shard.run_id == run_id, *where).limit(1)).first() is not None
+        )
+
+    if not some() or some(col(Shard.status).not_in(FINAL)):
         return None
     run = session.get(Run, run_id)
     if run is None or run.status == Status.CANCELLED.value:
         return None
-    run.status = Status.FAILED.value if Status.FAILED.value in statuses else Status.DONE.value
+    run.status = Status.FAILED.value if some(Shard.status == Status.FAILED.value) else Status.DONE.value
     session.add(run)
     session.flush()
     return run.status
 
 
-def reap(*, session: Session, pending_grace_s: float, now: datetime | None = None) -> list[tuple[str, int]]:
+def reap(
+    *, session: Session, pending_grace_s: float, now: datetime | None = None, queued: int | None = None
+) -> list[tuple[str, int]]:
     """Shards to enqueue again: expired leases (set back to pending, version bumped) and shards
     pending for longer than ``pending_grace_s`` (their message may be lost; touched so the next
-    reap waits another grace period)."""
+    reap waits another grace period).
+
+    ``queued``, the number of messages waiting in the broker, keeps a deep queue from being doubled: when
+    it is at least the number of stale pending shards, their messages are taken to be still waiting and
+    none is re-enqueued (a run of 60,000 shards waits far longer than the grace period for its turn). Once
+    workers drain the queue below that number, the stale shards are re-enqueued as before."""
     now = now or utcnow()
     out: list[tuple[str, int]] = []
     active_runs = select(Run.id).where(col(Run.status).in_([Status.PENDING.value, Status.RUNNING.value]))
@@ -183,6 +200,8 @@ def reap(*, session: Session, pending_grace_s: float, now: datetime | None = Non
             col(Shard.updated_at) < now - timedelta(seconds=pending_grace_s),
         )
     ).all()
+    if queued is not None and queued >= len(stale):
+        stale = []
     for shard in stale:
         shard.updated_at = now
         session.add(shard)

@@ -136,3 +136,21 @@ def test_status_command_summarises_by_state_and_all_lists_every_shard(sqlite_eng
     assert data["shard_states"] == {"done": 2, "failed": 1, "pending": 5, "running": 2}
     every = json.loads(run_srdq("status", RUN, "--db", db, "--json", "--all").stdout)
     assert [s["index"] for s in every["shards"]] == list(range(10)) and every["listed"] == "all"
+
+
+def test_reaper_leaves_a_deep_queue_alone_and_reenqueues_once_it_drains(sqlite_engine) -> None:
+    """Ten pending shards all past the grace period: while the broker holds at least ten messages none is
+    enqueued again (they are waiting their turn); with fewer, or an unknown depth, all are."""
+    from datetime import timedelta
+
+    from srd_worker.store import leases
+    from srd_worker.store.db import session_scope
+    from srd_worker.store.models import utcnow
+
+    engine, _url = sqlite_engine
+    later = utcnow() + timedelta(hours=1)
+    for queued, expected in ((10, 0), (25, 0), (9, 10), (None, 10)):
+        with session_scope(engine) as session:
+            todo = leases.reap(session=session, pending_grace_s=60, now=later, queued=queued)
+        assert len(todo) == expected, queued
+        later += timedelta(hours=1)  # past the grace period again

@@ -38,6 +38,13 @@ class EngineError(SrdqError):
     """The generation engine failed or was asked for something it cannot do."""
 
 
+class EngineUnavailable(EngineError):
+    """The engine's model server stayed unreachable (connection errors, timeouts, 429/5xx) for longer than
+    its retry window. Not an item's fault: it ends the slice (a fleet worker releases the shard as pending
+    without counting an attempt, ``srdq run`` exits and resumes when run again); it must never be turned
+    into an item's error record."""
+
+
 class CapabilityError(EngineError):
     """A method needs an engine capability (e.g. full logits, gradients) the engine does not declare."""
 

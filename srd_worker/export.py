@@ -258,6 +258,7 @@ def load_report_runs(db: Engine, run_ids: list[str]) -> list[RunRecords]:
                     n_items=n_items,
                     wall_s=(updated_at - created_at).total_seconds() if finished else None,
                     records=records,
+                    versions=dict(crud.get_run(session=session, run_id=run_id).versions or {}),
                 )
             )
     return out

@@ -166,6 +166,10 @@ def run_local(
                 engine = build_engine(spec.engine, spec.model, settings)
                 built.append(engine)
             wired = wire(spec, settings=settings, engine=engine)
+            from srd_worker.provenance import record_runtime
+
+            # engine version, model and reward revisions, once per distinct record
+            record_runtime(db, run_id, spec, wired.engine, settings=settings)
             by_key = {it.id: it for it in prepared.items}
             if on_start is not None:
                 on_start(run_id, len(items), sum(s.stop - s.start for s in pending))

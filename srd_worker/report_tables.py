@@ -167,3 +167,32 @@ def routing_table(rows: Sequence[RoutingRow]) -> str:
         body,
         align="llrrrrrrrrr",
     )
+
+
+def provenance_table(runs: Sequence[Any]) -> str:
+    """What each run ran with (``run.versions["runtime"]``, ``srd_worker.provenance``): one row per distinct
+    record (a run whose workers differed has several). Runs recorded before srdq kept these say so."""
+    from srd_worker.provenance import summary
+
+    body = []
+    for run in runs:
+        rows = summary(getattr(run, "versions", None) or {})
+        if not rows:
+            body.append([run.run_id, "not recorded", "", "", "", "", ""])
+        for r in rows:
+            body.append(
+                [
+                    run.run_id,
+                    r["engine"],
+                    r["model"],
+                    r["revision"],
+                    r["reward"],
+                    r["reward_revision"],
+                    r["server"] or "–",
+                ]
+            )
+    return markdown_table(
+        ["run", "engine (version)", "model", "model revision", "reward", "reward revision", "server"],
+        body,
+        align="lllllll",
+    )

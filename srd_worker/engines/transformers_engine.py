@@ -6,18 +6,20 @@ What it does:
 - per-request temperature / top-k / top-p / max_new_tokens / stop strings / seed. Each request owns a
   ``torch.Generator`` seeded with its seed, and a token is drawn by inverse-CDF sampling with one uniform
   number from that generator, so a request's draws never depend on which other requests share the batch;
-- rows that finish are dropped from the batch and the cache, so long and short requests mix cheaply;
-- padding invariance (``batch_invariant=True``, the default): requests are grouped by prompt length and
-  each group runs as its own batch, so no row is ever padded. Left padding to the longest row changes
-  the length of the attention reductions, and so the float rounding of every logit: a seeded request
-  would get different tokens depending on the prompt lengths of the other requests in its batch (a
-  near-tie flips). With grouping, requests of other lengths no longer matter. What still matters is how
-  many equal-length rows share a group: the CPU matrix kernels switch algorithm with the number of rows
-  (SmolLM2 in bf16 and fp32: 1–3 rows give the same logits, 4 or more differ in the last bits), so this is
-  NOT full batch invariance — a request alone and the same request among three others of its length can
-  still draw different tokens (``benchmarks/batch_invariance.py`` measures it). The tiny test model is
-  invariant in both respects (tests/unit/test_transformers_engine.py). ``batch_invariant=False`` packs
-  every request into one padded batch. Teacher-forced scoring groups the same way.
+- rows that finish are dropped from the batch and the cache, so long and short requests mix cheaply
+  (except with fixed rows, below);
+- batch invariance (``batch_invariant=True``, the default): a seeded request gets the same tokens
+  whatever else is in the batch. Two things would otherwise leak in. (1) Left padding to the longest row
+  changes the length of the attention reductions, and so the float rounding of every logit: requests are
+  grouped by prompt length and each group runs unpadded. (2) The CPU matrix kernels switch algorithm with
+  the number of rows (SmolLM2 in bf16: 1–3 rows give the same logits, 4 or more differ in the last bits),
+  so each group is cut into chunks of exactly ``invariant_rows`` rows (default 4; dummy copies of a
+  prompt fill a short chunk) and a row that finishes stays in place, so every forward pass has the same
+  shapes alone or in company; each row samples from its own logits alone. With ``invariant_rows=0`` the
+  row count follows the group (padding invariance only). ``batch_invariant=False`` packs every request
+  into one padded batch. ``benchmarks/batch_invariance.py`` measures the divergence and the cost of each
+  mode; tests/unit/test_transformers_engine.py checks alone == in company. Teacher-forced scoring groups
+  the same way (by total and continuation length, in fixed-row chunks).
 - per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
   ``raw_logprobs`` convention) and teacher-forced scoring of continuations.
 
@@ -101,6 +103,7 @@ class TransformersEngine:
         max_batch_size: int = 64,
         model_name: str = "",
         batch_invariant: bool = True,
+        invariant_rows: int = 4,
     ) -> None:
         import torch
 
@@ -110,6 +113,9 @@ class TransformersEngine:
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
         self.batch_invariant = batch_invariant
+        if invariant_rows < 0:
+            raise EngineError(f"invariant_rows must be >= 0, got {invariant_rows}")
+        self.invariant_rows = invariant_rows
         self.model_name = model_name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stats = EngineStats()
@@ -137,20 +143,28 @@ class TransformersEngine:
             max_batch_size=max_batch_size,
             model_name=name,
             batch_invariant=settings.batch_invariant,
+            invariant_rows=getattr(settings, "invariant_rows", 4),
         )
 
-    def _batches(self, lengths: Sequence[int]) -> list[list[int]]:
+    @property
+    def fixed_rows(self) -> int:
+        """Rows of every forward pass (full batch invariance), or 0 when the row count follows the batch."""
+        return self.invariant_rows if self.batch_invariant else 0
+
+    def _batches(self, keys: Sequence[Any]) -> list[list[int]]:
         """Indices of the engine batches, in a fixed order: chunks of ``max_batch_size`` of the requests
-        in input order, or (batch-invariant) of each group of equal length, shortest group first."""
-        order = list(range(len(lengths)))
+        in input order, or (batch-invariant) of each group of equal key (prompt length), smallest key
+        first, in chunks of ``invariant_rows`` (``max_batch_size`` when that is 0)."""
+        order = list(range(len(keys)))
+        size = self.fixed_rows or self.max_batch_size
         if not self.batch_invariant:
             groups = [order]
         else:
-            by_length: dict[int, list[int]] = {}
+            by_key: dict[Any, list[int]] = {}
             for i in order:
-                by_length.setdefault(lengths[i], []).append(i)
-            groups = [by_length[k] for k in sorted(by_length)]
-        return [g[s : s + self.max_batch_size] for g in groups for s in range(0, len(g), self.max_batch_size)]
+                by_key.setdefault(keys[i], []).append(i)
+            groups = [by_key[k] for k in sorted(by_key)]
+        return [g[s : s + size] for g in groups for s in range(0, len(g), size)]
 
     # ------------------------------------------------------------------ generation
     @property
@@ -168,8 +182,9 @@ class TransformersEngine:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         slots: list[Generation | None] = [None] * len(requests)
         t0 = time.perf_counter()
+        run = self._generate_fixed_rows if self.fixed_rows else self._generate_batch
         for batch in self._batches([len(r.prompt_ids) for r in requests]):
-            for i, gen in zip(batch, self._generate_batch([requests[i] for i in batch]), strict=True):
+            for i, gen in zip(batch, run([requests[i] for i in batch]), strict=True):
                 slots[i] = gen
         self.stats.generate_calls += 1
         self.stats.generate_seconds += time.perf_counter() - t0
@@ -282,6 +297,91 @@ class TransformersEngine:
 
         return speculate(self, requests, rule, draft_model=draft_model, gamma=gamma)
 
+    def _generate_fixed_rows(self, requests: list[GenerationRequest]) -> list[Generation]:
+        """Full batch invariance: requests of ONE prompt length run in a batch of exactly
+        ``invariant_rows`` rows (dummy copies of the first prompt fill the batch), and a row that finishes
+        stays in place (fed a pad token, its output ignored) so the row count never changes during
+        generation; each row samples from its own logits alone. Every forward pass then has the same
+        shapes whatever else was in the batch, and the CPU and GPU kernels give each row results that do
+        not depend on the other rows' contents or positions (measured: benchmarks/batch_invariance.py)."""
+        torch = self._torch
+        from transformers import DynamicCache
+
+        n, rows = len(requests), self.fixed_rows
+        if n == 0:
+            return []
+        length = len(requests[0].prompt_ids)
+        if n > rows or any(len(r.prompt_ids) != length for r in requests):
+            raise EngineError("a fixed-row batch holds at most invariant_rows requests of one prompt length")
+        tok = self.tokenizer
+        results: list[list[int]] = [[] for _ in range(n)]
+        logps: list[list[float]] = [[] for _ in range(n)]
+        reasons: list[str] = ["length"] * n
+        budgets = [token_budget(i, r, self.max_context) for i, r in enumerate(requests)]
+        live = [i for i in range(n) if budgets[i] > 0]
+        gens = []
+        for r in requests:
+            g = torch.Generator(device="cpu")
+            if r.params.seed is not None:
+                g.manual_seed(int(r.params.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+            else:
+                g.seed()
+            gens.append(g)
+        stop_strings = [r.params.stop for r in requests]
+        max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
+
+        prompts = [r.prompt_ids for r in requests] + [requests[0].prompt_ids] * (rows - n)
+        ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
+        mask = torch.ones_like(ids)
+        positions = torch.arange(length, device=self.device).expand(rows, length)
+        if live:
+            self.stats.prefill_tokens += n * length
+        cache = DynamicCache()
+        step_input, step_pos = ids, positions
+        with torch.inference_mode():
+            while live:
+                kwargs = {self._cache_kw: cache, "use_cache": True}
+                if self._has_logits_to_keep:
+                    kwargs["logits_to_keep"] = 1
+                logits = (
+                    self.model(input_ids=step_input, attention_mask=mask, position_ids=step_pos, **kwargs)
+                    .logits[:, -1, :]
+                    .float()
+                )
+                self.stats.forward_passes += 1
+                next_input = [tok.pad_token_id] * rows
+                still = []
+                for i in live:
+                    token, logp = self._sample(logits[i : i + 1], [requests[i].params], [gens[i]])
+                    t = int(token[0])
+                    results[i].append(t)
+                    logps[i].append(float(logp[0]))
+                    next_input[i] = t
+                    if t in tok.eos_token_ids:
+                        reasons[i] = "eos"
+                    elif max_stop[i] and self._hit_stop(results[i], stop_strings[i], max_stop[i]):
+                        reasons[i] = "stop"
+                    elif len(results[i]) >= budgets[i]:
+                        reasons[i] = "length"
+                    else:
+                        still.append(i)
+                self.stats.generated_tokens += len(live)
+                live = still
+                if not live:
+                    break
+                step_input = torch.tensor(next_input, dtype=torch.long, device=self.device).view(-1, 1)
+                step_pos = step_pos[:, -1:] + 1
+                mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=mask.device)], 1)
+        return [
+            Generation(
+                token_ids=results[i],
+                text=tok.decode(results[i]),
+                finish_reason=reasons[i],
+                logprobs=logps[i] if r.params.logprobs else None,
+            )
+            for i, r in enumerate(requests)
+        ]
+
     def _hit_stop(self, token_ids: list[int], stops: tuple[str, ...], max_stop: int) -> bool:
         # Decode only a tail long enough to hold any stop string (every token decodes to >= 1 char,
         # except specials, which never end a stop string).
@@ -327,8 +427,13 @@ class TransformersEngine:
     # ------------------------------------------------------------------ scoring
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         slots: list[list[float] | None] = [None] * len(pairs)
-        for batch in self._batches([len(p) + len(c) for p, c in pairs]):
-            for i, lp in zip(batch, self._logprobs_batch([pairs[i] for i in batch]), strict=True):
+        # with fixed rows, the continuation length is part of the key: it sets logits_to_keep (a shape)
+        keys = [(len(p) + len(c), len(c)) if self.fixed_rows else len(p) + len(c) for p, c in pairs]
+        for batch in self._batches(keys):
+            chunk = [pairs[i] for i in batch]
+            if self.fixed_rows and chunk:  # dummy copies of the first pair fill the batch
+                chunk += [chunk[0]] * (self.fixed_rows - len(chunk))
+            for i, lp in zip(batch, self._logprobs_batch(chunk), strict=False):
                 slots[i] = lp
         return [lp for lp in slots if lp is not None]
 

@@ -1,0 +1,205 @@
+"""Verification rules of the speculative-decoding family (docs/ALGORITHMS.md §4–§6): pure math on numpy
+arrays, no model. The engine's harness (``engines/speculative.py``) drafts γ tokens, runs the target once,
+and calls ``rule.verify(row, step, rng)`` with the processed distributions q (draft, γ×V) and p (target,
+(γ+1)×V), the raw logits of both, and the request's own random generator; the rule returns how many draft
+tokens it keeps and the one token emitted after them (``engines.base.Verdict``).
+
+- ``LosslessRule`` (§4): Leviathan / Chen accept–resample; the output follows p exactly. Greedy rows
+  (temperature 0): keep while the draft token is the target's argmax, then emit the argmax.
+- ``EASDRule`` (§5): the lossless test, then, on a token that passed, the entropy-aware penalty: both
+  entropies ≥ their thresholds and top-N overlap ≥ ρ → reject and resample from p with the draft token's
+  probability scaled by (1 − β).
+- ``CSDRule`` (§6): greedy verification with rescue: on a mismatch the (draft, target) pair's count in
+  the correction memory is incremented; the draft token is kept anyway when the count reaches λ and the
+  target's logit gap z(x̃) − z(t*) ≥ ln τ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from srd_worker.engines.base import SpecStep, Verdict
+
+
+def draw(probs: np.ndarray, rng: Any) -> int:
+    """Inverse-CDF draw from an (unnormalised) probability vector with one uniform; never a
+    zero-probability token."""
+    cdf = np.cumsum(probs, dtype=np.float64)
+    u = rng.random() * cdf[-1]
+    idx = min(int(np.searchsorted(cdf, u, side="right")), len(cdf) - 1)
+    while probs[idx] <= 0 and idx > 0:
+        idx -= 1
+    return idx
+
+
+def residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """normalise(max(0, p − q)); p itself when the residual has no mass (p ≤ q everywhere, i.e. p == q up
+    to rounding: then a rejection had probability ~0)."""
+    r = np.maximum(p.astype(np.float64) - q.astype(np.float64), 0.0)
+    total = r.sum()
+    return r / total if total > 0 else p.astype(np.float64) / p.sum()
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """softmax in float64 (−inf logits allowed)."""
+    z = logits.astype(np.float64)
+    w = np.exp(z - z.max())
+    return w / w.sum()
+
+
+def entropy(logits: np.ndarray) -> float:
+    """Entropy in nats of softmax(logits) (−inf logits allowed)."""
+    z = logits.astype(np.float64)
+    z = z - z.max()
+    w = np.exp(z)
+    s = w.sum()
+    pr = w / s
+    nz = pr > 0
+    return float(-(pr[nz] * np.log(pr[nz])).sum())
+
+
+def prob_entropy(probs: np.ndarray) -> float:
+    """Entropy in nats of a probability vector."""
+    pr = probs.astype(np.float64)
+    pr = pr[pr > 0]
+    pr = pr / pr.sum()
+    return float(-(pr * np.log(pr)).sum())
+
+
+def top_n_overlap(a: np.ndarray, b: np.ndarray, n: int) -> float:
+    """|TopN(a) ∩ TopN(b)| / N for two score vectors (ties broken by the lower token id)."""
+    n = min(n, len(a))
+    ta = set(np.argsort(-a, kind="stable")[:n].tolist())
+    tb = set(np.argsort(-b, kind="stable")[:n].tolist())
+    return len(ta & tb) / n
+
+
+class LosslessRule:
+    """Standard speculative sampling (§4.1)."""
+
+    def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
+        gamma = len(step.draft_tokens)
+        for i, x in enumerate(step.draft_tokens):
+            if step.greedy:
+                t = int(np.argmax(step.p[i]))
+                if x != t:
+                    return Verdict(i, t)
+                continue
+            px, qx = float(step.p[i][x]), float(step.q[i][x])
+            if not rng.random() < min(1.0, px / qx if qx > 0 else math.inf):
+                return Verdict(i, draw(residual(step.p[i], step.q[i]), rng))
+        bonus = int(np.argmax(step.p[gamma])) if step.greedy else draw(step.p[gamma], rng)
+        return Verdict(gamma, bonus)
+
+
+class EASDRule:
+    """Entropy-aware speculative decoding (§5.2). Thresholds ``tau_q`` / ``tau_p`` in nats; entropies of the
+    raw (``entropy_source='raw'``: softmax of the logits at temperature 1, before top-k/top-p) or the
+    processed distributions; top-N sets from the raw logits."""
+
+    def __init__(
+        self, *, tau_q: float, tau_p: float, top_n: int, overlap: float, beta: float, entropy_source: str
+    ) -> None:
+        self.tau_q, self.tau_p, self.top_n = tau_q, tau_p, top_n
+        self.overlap, self.beta, self.entropy_source = overlap, beta, entropy_source
+
+    def fires(self, step: SpecStep, i: int) -> bool:
+        """Both entropies at or above their thresholds and the top-N sets overlapping at least ``overlap``."""
+        if self.entropy_source == "raw":
+            hq, hp = entropy(step.q_logits[i]), entropy(step.p_logits[i])
+        else:
+            hq, hp = prob_entropy(step.q[i]), prob_entropy(step.p[i])
+        if hq < self.tau_q or hp < self.tau_p:
+            return False
+        return top_n_overlap(step.q_logits[i], step.p_logits[i], self.top_n) >= self.overlap
+
+    def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
+        gamma = len(step.draft_tokens)
+        for i, x in enumerate(step.draft_tokens):
+            # (a) the standard test
+            if step.greedy:
+                t = int(np.argmax(step.p[i]))
+                if x != t:
+                    return Verdict(i, t)
+            else:
+                px, qx = float(step.p[i][x]), float(step.q[i][x])
+                if not rng.random() < min(1.0, px / qx if qx > 0 else math.inf):
+                    return Verdict(i, draw(residual(step.p[i], step.q[i]), rng))
+            # (b) the entropy-aware penalty on a token that passed (a)
+            if self.fires(step, i):
+                # greedy: p is one-hot, so penalise the raw target distribution and take its argmax
+                base = softmax(step.p_logits[i]) if step.greedy else step.p[i].astype(np.float64)
+                pen = base.copy()
+                pen[x] *= 1.0 - self.beta
+                if pen.sum() <= 0:  # all the mass was on x: nothing else to resample; keep x
+                    continue
+                token = int(np.argmax(pen)) if step.greedy else draw(pen / pen.sum(), rng)
+                if step.greedy and token == x:  # a small β left x the argmax: nothing changes
+                    continue
+                return Verdict(i, token, {"easd_rejected": 1})
+        bonus = int(np.argmax(step.p[gamma])) if step.greedy else draw(step.p[gamma], rng)
+        return Verdict(gamma, bonus)
+
+
+def memory_key(draft_token: int, target_token: int) -> str:
+    """A correction-memory key (JSON objects need string keys)."""
+    return f"{draft_token},{target_token}"
+
+
+class CSDRule:
+    """Calibrated speculative decoding (§6.3): greedy verification with frequency-guided rescue.
+
+    ``offline`` is the calibrated memory (shared, read-only); ``online[row]`` is request ``row``'s own
+    counts, updated on every mismatch (the item's state keeps it between rounds). A stochastic row keeps
+    the lossless test first and tries the rescue only when it rejects, with t* = argmax p [PROPOSED]."""
+
+    def __init__(
+        self,
+        *,
+        offline: dict[str, int],
+        online: Sequence[dict[str, int]],
+        lam: int,
+        tau: float,
+        update_before_test: bool,
+    ) -> None:
+        self.offline, self.online = offline, online
+        self.lam, self.update_before_test = lam, update_before_test
+        self.log_tau = math.log(tau) if tau > 0 else -math.inf
+
+    def _rescue(self, row: int, step: SpecStep, i: int, x: int, t: int) -> bool:
+        key = memory_key(x, t)
+        mem = self.online[row]
+        if self.update_before_test:
+            mem[key] = mem.get(key, 0) + 1
+        count = self.offline.get(key, 0) + mem.get(key, 0)
+        ok = count >= self.lam and float(step.p_logits[i][x] - step.p_logits[i][t]) >= self.log_tau
+        if not self.update_before_test:
+            mem[key] = mem.get(key, 0) + 1
+        return ok
+
+    def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
+        gamma = len(step.draft_tokens)
+        rescued = 0
+        for i, x in enumerate(step.draft_tokens):
+            if step.greedy:
+                t = int(np.argmax(step.p_logits[i]))
+                if x == t:
+                    continue
+                if self._rescue(row, step, i, x, t):
+                    rescued += 1
+                    continue
+                return Verdict(i, t, {"rescued": rescued, "rejected": 1})
+            px, qx = float(step.p[i][x]), float(step.q[i][x])
+            if rng.random() < min(1.0, px / qx if qx > 0 else math.inf):
+                continue
+            t = int(np.argmax(step.p[i]))
+            if x != t and self._rescue(row, step, i, x, t):
+                rescued += 1
+                continue
+            return Verdict(i, draw(residual(step.p[i], step.q[i]), rng), {"rescued": rescued, "rejected": 1})
+        bonus = int(np.argmax(step.p[gamma])) if step.greedy else draw(step.p[gamma], rng)
+        return Verdict(gamma, bonus, {"rescued": rescued})

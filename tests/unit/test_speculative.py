@@ -1,0 +1,367 @@
+"""The speculative-decoding family (speculative_sampling, easd, csd): the verification rules as pure math,
+the harness on real transformers models (tiny random Llamas built here; the testbed's trained policy and
+draft, which share a character tokenizer), resume, and the submit-time checks.
+
+Statistical bound used for "matches the target distribution": with N independent draws from a
+distribution p over K outcomes, the empirical distribution p̂ has E[TV(p̂, p)] ≤ ½ Σ_k sqrt(p_k / N)
+(Cauchy–Schwarz on E|p̂_k − p_k|), and TV changes by at most 1/N per draw, so McDiarmid gives
+P(TV ≥ E + t) ≤ exp(−2 N t²). The tests accept TV ≤ ½ Σ sqrt(p_k / N) + sqrt(ln(1/δ) / (2N)) with
+δ = 1e-6, and check that the same bound rejects the draft distribution q (so the test can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from srd_worker.engines.base import GenerationRequest, SamplingParams, SpecStep
+from srd_worker.errors import CapabilityError, ConfigError
+from srd_worker.methods.base import StepContext
+from srd_worker.methods.registry import build_method
+from srd_worker.methods.speculative_rules import CSDRule, EASDRule, LosslessRule, draw
+
+DELTA = 1e-6
+
+
+def tv(a: np.ndarray, b: np.ndarray) -> float:
+    return 0.5 * float(np.abs(a - b).sum())
+
+
+def tv_bound(p: np.ndarray, n: int) -> float:
+    return 0.5 * float(np.sqrt(p / n).sum()) + math.sqrt(math.log(1 / DELTA) / (2 * n))
+
+
+def empirical(tokens: list[int], k: int) -> np.ndarray:
+    return np.bincount(np.asarray(tokens), minlength=k)[:k] / len(tokens)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The rules on toy categorical "models" (docs/ALGORITHMS.md §7)
+
+
+TOY = [
+    (np.array([0.5, 0.3, 0.2, 0.0, 0.0]), np.array([0.1, 0.1, 0.2, 0.3, 0.3])),  # disjoint-ish supports
+    (np.array([0.7, 0.3]), np.array([0.2, 0.8])),  # the 2-token pair of §7
+    (np.array([0.25, 0.25, 0.25, 0.25]), np.array([0.97, 0.01, 0.01, 0.01])),
+]
+
+
+@pytest.mark.parametrize("p, q", TOY)
+def test_lossless_rule_reproduces_p_on_toy_distributions(p, q):
+    rng = np.random.default_rng(0)
+    rule = LosslessRule()
+    n = 20_000
+    out = []
+    for _ in range(n):
+        x = draw(q, rng)
+        step = SpecStep(
+            [x], q[None], np.stack([p, p]), np.log(q + 1e-30)[None], np.log(np.stack([p, p]) + 1e-30), False
+        )
+        v = rule.verify(0, step, rng)
+        out.append(x if v.accepted == 1 else v.token)
+    emp = empirical(out, len(p))
+    assert tv(emp, p) <= tv_bound(p, n)
+    assert tv(emp, q) > tv_bound(q, n)  # the bound is tight enough to tell q from p
+
+
+def test_greedy_rule_accepts_while_draft_is_argmax():
+    p = np.eye(4)[[2, 1, 3, 0]]  # target argmax per position: 2, 1, 3, 0
+    step = SpecStep(
+        [2, 1, 0], np.eye(4)[[2, 1, 0]], p, np.log(np.eye(4)[[2, 1, 0]] + 1e-9), np.log(p + 1e-9), True
+    )
+    v = LosslessRule().verify(0, step, np.random.default_rng(0))
+    assert (v.accepted, v.token) == (2, 3)
+    step.draft_tokens = [2, 1, 3]
+    assert (LosslessRule().verify(0, step, None).accepted, LosslessRule().verify(0, step, None).token) == (
+        3,
+        0,
+    )
+
+
+def test_easd_rule_rejects_only_when_both_uncertain_and_overlapping():
+    flat = np.full(6, 1 / 6)
+    logits = np.log(flat)
+    step = SpecStep([1], flat[None], np.stack([flat, flat]), logits[None], np.stack([logits, logits]), True)
+    step.p = np.stack([np.eye(6)[1], np.eye(6)[0]])  # greedy target agrees on token 1
+    fire = EASDRule(tau_q=0.0, tau_p=0.0, top_n=3, overlap=0.5, beta=1.0, entropy_source="raw")
+    v = fire.verify(0, step, None)
+    assert v.accepted == 0 and v.token != 1 and v.counts == {"easd_rejected": 1}
+    never = EASDRule(tau_q=math.log(6) + 1, tau_p=0.0, top_n=3, overlap=0.5, beta=1.0, entropy_source="raw")
+    assert never.verify(0, step, None).accepted == 1
+
+
+def test_csd_rule_counts_and_rescues():
+    z = np.array([[0.0, 2.0, 1.9], [0.0, 2.0, 1.9]])  # target prefers 1; the draft says 2 (gap −0.1)
+    p = np.stack([np.eye(3)[1], np.eye(3)[1]])
+    step = SpecStep([2], np.eye(3)[[2]], p, np.zeros((1, 3)), z, True)
+    online = [{}]
+    rule = CSDRule(offline={"2,1": 1}, online=online, lam=3, tau=0.5, update_before_test=True)
+    v1 = rule.verify(0, step, None)
+    assert (v1.accepted, v1.token, online[0]) == (0, 1, {"2,1": 1})  # count 2 < λ = 3
+    v2 = rule.verify(0, step, None)
+    assert (v2.accepted, v2.counts["rescued"], online[0]["2,1"]) == (1, 1, 2)  # 1 + 2 ≥ 3, gap ≥ ln 0.5
+    closed = CSDRule(offline={"2,1": 99}, online=[{}], lam=0, tau=2.0, update_before_test=True)
+    assert closed.verify(0, step, None).accepted == 0  # the gate: −0.1 < ln 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# The harness on tiny random Llamas
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """Target: the tiny random Llama (seed 0); draft: a smaller random Llama with untied embeddings (a
+    tied random Llama mostly repeats its input token, so two of them would agree on nearly everything),
+    same tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from srd_worker.engines.loading import build_tiny_llama
+    from srd_worker.engines.speculative import register_draft
+    from srd_worker.engines.transformers_engine import TransformersEngine
+
+    torch.set_num_threads(2)
+    model, tok = build_tiny_llama(seed=0)
+    cfg = LlamaConfig(
+        **{**model.config.to_dict(), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    )
+    cfg.tie_word_embeddings = False
+    with torch.random.fork_rng():
+        torch.manual_seed(1)
+        draft = LlamaForCausalLM(cfg).eval()
+    engine = TransformersEngine(
+        model.to(torch.float32), tok, model_name="tiny-random-llama", max_batch_size=512
+    )
+    register_draft(engine, "tiny-draft", draft.to(torch.float32), tok)
+    return engine
+
+
+def _prompt(engine, text: str) -> tuple[int, ...]:
+    return tuple(engine.tokenizer.chat_prompt_ids([{"role": "user", "content": text}]))
+
+
+def _target_probs(engine, prefix: tuple[int, ...], sp: SamplingParams) -> np.ndarray:
+    import torch
+
+    from srd_worker.engines.speculative import processed_probs
+
+    with torch.inference_mode():
+        logits = engine.model(input_ids=torch.tensor([prefix])).logits[:, -1, :].float()
+    return processed_probs(
+        logits, torch.tensor([sp.temperature]), torch.tensor([sp.top_k]), torch.tensor([sp.top_p])
+    )[0].numpy()
+
+
+def test_speculative_sampling_matches_the_target_distribution(tiny_pair):
+    """Seeded draws of the first two tokens (γ = 1: the first is accepted or resampled from the residual,
+    the second is then either the bonus token or drafted again) against the target's processed p."""
+    sp = dict(temperature=1.0, top_k=8, top_p=0.95, max_new_tokens=2)
+    prompt = tuple(tiny_pair.tokenizer.encode("2+3="))
+    n = 2000
+    reqs = [GenerationRequest(prompt, SamplingParams(**sp, seed=s)) for s in range(n)]
+    gens = tiny_pair.speculate(reqs, LosslessRule(), draft_model="tiny-draft", gamma=1)
+    vocab = tiny_pair.model.config.vocab_size
+    p1 = _target_probs(tiny_pair, prompt, SamplingParams(**sp))
+    first = [g.token_ids[0] for g in gens]
+    assert tv(empirical(first, vocab), p1) <= tv_bound(p1, n)
+    q1 = _target_probs_draft(tiny_pair, prompt, SamplingParams(**sp))
+    assert tv(q1, p1) > tv_bound(p1, n)  # the draft alone would fail the same bound
+    assert 0 < sum(g.stats["accepted"] for g in gens) < n  # both the accept and the residual path ran
+    # the second token, given the most frequent first token
+    top = int(np.argmax(np.bincount(first)))
+    second = [g.token_ids[1] for g in gens if g.token_ids[0] == top and len(g.token_ids) > 1]
+    p2 = _target_probs(tiny_pair, prompt + (top,), SamplingParams(**sp))
+    assert len(second) > 300
+    assert tv(empirical(second, vocab), p2) <= tv_bound(p2, len(second))
+
+
+def _target_probs_draft(engine, prefix, sp):
+    import torch
+
+    from srd_worker.engines.speculative import draft_for, processed_probs
+
+    d = draft_for(engine, "tiny-draft")
+    with torch.inference_mode():
+        logits = d.model(input_ids=torch.tensor([prefix])).logits[:, -1, :].float()
+    return processed_probs(
+        logits, torch.tensor([sp.temperature]), torch.tensor([sp.top_k]), torch.tensor([sp.top_p])
+    )[0].numpy()
+
+
+QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?", "Compute 6 * 7."]
+
+
+def test_greedy_speculative_equals_target_greedy_on_tiny_pair(tiny_pair):
+    reqs = [
+        GenerationRequest(_prompt(tiny_pair, q), SamplingParams(temperature=0, max_new_tokens=30))
+        for q in QUESTIONS
+    ]
+    ref = tiny_pair.generate(reqs)
+    for gamma in (1, 3):
+        out = tiny_pair.speculate(reqs, LosslessRule(), draft_model="tiny-draft", gamma=gamma)
+        assert [g.token_ids for g in out] == [g.token_ids for g in ref]
+        assert [g.finish_reason for g in out] == [g.finish_reason for g in ref]
+
+
+def run_method(method, engine, seed=0, snapshot_round=None):
+    ctx = StepContext(engine, None, seed)
+    states = [method.init_state(f"q{i}", q, list(_prompt(engine, q))) for i, q in enumerate(QUESTIONS)]
+    snaps = []
+    for _ in range(50):
+        active = [s for s in states if not method.done(s)]
+        if not active:
+            return states, snaps
+        method.step(active, ctx)
+        snaps.append(json.dumps(states))
+    raise AssertionError("did not finish")
+
+
+def _det(states: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in s.items() if k != "timing"} for s in states]
+
+
+BASE = {"draft_model": "tiny-draft", "max_new_tokens": 16, "chunk_tokens": 6}
+
+
+def test_easd_that_never_fires_equals_speculative_sampling(tiny_pair):
+    spec = build_method("speculative_sampling", {**BASE, "gamma": 3})
+    easd = build_method("easd", {**BASE, "gamma": 3, "tau_q": 1e9, "tau_p": 1e9})
+    a, _ = run_method(spec, tiny_pair)
+    b, _ = run_method(easd, tiny_pair)
+    assert [s["candidates"] for s in a] == [s["candidates"] for s in b]
+    assert all(s["spec"]["easd_rejected"] == 0 for s in b)
+    # thresholds at 0 and overlap 0: the penalty fires on every token that passes the standard test
+    fire = build_method("easd", {**BASE, "gamma": 3, "tau_q": 0, "tau_p": 0, "overlap": 0})
+    c, _ = run_method(fire, tiny_pair)
+    assert sum(s["spec"]["easd_rejected"] for s in c) > 0
+    assert all(s["spec"]["accepted"] == 0 for s in c)
+
+
+def test_csd_with_empty_memory_and_closed_gate_equals_greedy_speculative(tiny_pair):
+    greedy = build_method("speculative_sampling", {**BASE, "temperature": 0, "gamma": 4})
+    csd = build_method("csd", {**BASE, "gamma": 4, "tau": 2.0})
+    a, _ = run_method(greedy, tiny_pair)
+    b, _ = run_method(csd, tiny_pair)
+    assert [s["candidates"] for s in a] == [s["candidates"] for s in b]
+    assert all(s["spec"]["rescued"] == 0 for s in b)
+    assert sum(sum(s["memory"].values()) for s in b) == sum(s["spec"]["rejected"] for s in b) > 0
+
+
+def test_csd_that_rescues_everything_keeps_every_draft_token(tiny_pair):
+    """λ = 0 and τ = 0 (ln τ = −∞): every mismatch is rescued, so every iteration keeps all γ draft tokens
+    (then the target's bonus token), and the text differs from greedy speculative decoding's."""
+    csd = build_method("csd", {**BASE, "gamma": 4, "tau": 0.0, "lambda_count": 0})
+    states, _ = run_method(csd, tiny_pair)
+    for s in states:
+        assert s["spec"]["accepted"] == s["spec"]["drafted"] > 0
+    assert sum(s["spec"]["rescued"] for s in states) > 0
+    greedy, _ = run_method(
+        build_method("speculative_sampling", {**BASE, "temperature": 0, "gamma": 4}), tiny_pair
+    )
+    assert [s["candidates"] for s in states] != [s["candidates"] for s in greedy]
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("speculative_sampling", {"gamma": 3}),
+        ("speculative_sampling", {"gamma": 2, "temperature": 0}),
+        ("easd", {"gamma": 3, "tau_q": 2.0, "tau_p": 2.0, "overlap": 0.2}),
+        ("csd", {"gamma": 4, "lambda_count": 1, "tau": 0.001}),
+    ],
+)
+def test_resume_from_a_checkpoint_is_identical_and_ledger_adds_up(tiny_pair, name, params):
+    method = build_method(name, {**BASE, **params})
+    states, snaps = run_method(method, tiny_pair)
+    assert len(snaps) >= 3
+    resumed = [json.loads(snaps[1])[i] for i in range(len(QUESTIONS))]
+    ctx = StepContext(tiny_pair, None, 0)
+    while not all(method.done(s) for s in resumed):
+        method.step([s for s in resumed if not method.done(s)], ctx)
+    assert _det(resumed) == _det(states)
+    for s in states:
+        res = method.result(s)
+        json.dumps(res)
+        sp, led = s["spec"], s["ledger"]
+        assert led["gen_tokens"] == len(s["candidates"][0]["tokens"]) <= 16
+        assert sp["draft_forward_passes"] == method.params.gamma * sp["target_forward_passes"]
+        assert 0 <= sp["accepted"] <= sp["drafted"] == method.params.gamma * sp["iterations"]
+        assert res["acceptance_rate"] == sp["accepted"] / sp["drafted"]
+        assert res["mean_accepted_length"] == led["gen_tokens"] / sp["target_forward_passes"]
+        assert led["components"]["drafter"]["calls"] == s["round"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Checks before anything runs
+
+
+def test_refusals():
+    from srd_worker.wiring import check_spec
+
+    with pytest.raises(ConfigError, match="needs a draft model: --set draft_model="):
+        build_method("speculative_sampling", {})
+    with pytest.raises(ConfigError, match="easd needs entropy thresholds"):
+        build_method("easd", {"draft_model": "testbed-draft"})
+    with pytest.raises(ConfigError, match="gamma must be >= 1"):
+        build_method("csd", {"draft_model": "testbed-draft", "gamma": 0})
+    with pytest.raises(ConfigError, match="memory file 'nope.json' does not exist"):
+        build_method("csd", {"draft_model": "testbed-draft", "memory": "nope.json"})
+    m = build_method("speculative_sampling", {"draft_model": "testbed-draft"})
+    check_spec(m, engine="transformers", reward=None)
+    with pytest.raises(
+        CapabilityError,
+        match="method 'speculative_sampling' needs engine capabilities full_logits, which the 'vllm' engine",
+    ):
+        check_spec(m, engine="vllm", reward=None)
+    bad = build_method("easd", {"draft_model": "/no/such/folder", "tau_q": 1, "tau_p": 1})
+    with pytest.raises(ConfigError, match="draft_model '/no/such/folder' is not a local model folder"):
+        check_spec(bad, engine="transformers", reward=None)
+
+
+def test_draft_with_another_vocabulary_is_refused(tiny_pair, tmp_path):
+    from srd_worker.engines.loading import TESTBED_DIR, load_model
+    from srd_worker.engines.speculative import check_draft_model, register_draft
+
+    model, tok = load_model("testbed-draft", cache_dir=tmp_path, dtype="float32")
+    with pytest.raises(ConfigError, match="does not share the target model's tokenizer"):
+        register_draft(tiny_pair, "testbed-draft", model, tok)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="has no config.json"):
+        check_draft_model(str(tmp_path / "empty"))
+    check_draft_model(str(TESTBED_DIR / "draft"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The testbed's trained pair: real text
+
+
+@pytest.fixture(scope="module")
+def testbed_engine(tmp_path_factory):
+    import torch
+
+    from srd_worker.engines.loading import load_model
+    from srd_worker.engines.transformers_engine import TransformersEngine
+
+    torch.set_num_threads(2)
+    model, tok = load_model("testbed", cache_dir=tmp_path_factory.mktemp("cache"), dtype="float32")
+    return TransformersEngine(model, tok, model_name="testbed")
+
+
+def test_greedy_speculative_equals_target_greedy_on_the_testbed(testbed_engine):
+    from srd_worker.engines.loading import TESTBED_DIR
+
+    rows = [json.loads(line) for line in (TESTBED_DIR / "data" / "test.jsonl").read_text().splitlines()[:3]]
+    reqs = [
+        GenerationRequest(
+            _prompt(testbed_engine, r["question"]), SamplingParams(temperature=0, max_new_tokens=48)
+        )
+        for r in rows
+    ]
+    ref = testbed_engine.generate(reqs)
+    out = testbed_engine.speculate(reqs, LosslessRule(), draft_model="testbed-draft", gamma=4)
+    assert [g.token_ids for g in out] == [g.token_ids for g in ref]
+    assert sum(g.stats["accepted"] for g in out) > 0  # the trained draft does get tokens accepted

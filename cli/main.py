@@ -594,11 +594,11 @@ def cancel(run_id: str) -> None:
 def resume(run_id: str) -> None:
     """Re-enqueue RUN_ID's unfinished, failed or cancelled shards (they continue from their checkpoints)."""
     from srd_worker import service
-    from srd_worker.queue import enqueue
+    from srd_worker.queue import enqueue, enqueue_many
 
     db = open_db()
     try:
-        todo = service.resume(db=db, run_id=run_id, enqueue=enqueue)
+        todo = service.resume(db=db, run_id=run_id, enqueue=enqueue, enqueue_many=enqueue_many)
     finally:
         db.dispose()
     click.echo(f"resumed {run_id}: {len(todo)} shard(s) re-enqueued")

@@ -226,3 +226,25 @@ def test_status_on_postgresql(pg_url, check) -> None:
         check(engine, pg_url) if check is check_backfill else check(engine)
     finally:
         engine.dispose()
+
+
+def test_resume_reenqueues_every_unfinished_shard_once(env) -> None:
+    dataset, _task, _extra = datasets(env["tmp"])[0]
+    proc = submit(env, dataset, "--shard-size", "2")
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    eng = create_engine(env["db_url"])
+    with eng.begin() as conn:
+        conn.exec_driver_sql(f"update shard set status = 'done' where run_id = '{run_id}' and index < 3")
+        conn.exec_driver_sql(
+            f"update shard set status = 'failed', error = 'x' where run_id = '{run_id}' and index >= 9"
+        )
+    eng.dispose()
+    redis.Redis.from_url(env["broker"]).delete(env["env"]["SRDQ_QUEUE"])
+    out = subprocess.run(
+        [*CLI, "resume", run_id], env=env["env"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    n_shards = rows(env, f"select n_shards from run where id = '{run_id}'")[0][0]
+    assert f"{n_shards - 3} shard(s) re-enqueued" in out.stdout
+    assert sorted(args[1] for _name, args in queued(env)) == list(range(3, n_shards))

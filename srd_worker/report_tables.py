@@ -196,3 +196,30 @@ def provenance_table(runs: Sequence[Any]) -> str:
         body,
         align="lllllll",
     )
+
+
+def failed_items_table(runs: Sequence[Any], limit: int = 20) -> str | None:
+    """The items that failed (error rows: a prompt that does not fit, an item isolated by
+    ``srd_worker.isolation``, a grading failure), at most ``limit`` per run, with the first line of
+    their error; None when no item failed."""
+    rows: list[list[Any]] = []
+    for run in runs:
+        failed = [r for r in run.records if r.get("error")]
+        for r in failed[:limit]:
+            fault = (r.get("extra") or {}).get("fault") or {}
+            error = str(r["error"]).splitlines()[0]
+            rows.append(
+                [
+                    run.run_id,
+                    r.get("item_id"),
+                    r.get("position"),
+                    fault.get("kind", "–"),
+                    fault.get("round", "–"),
+                    error if len(error) <= 160 else error[:157] + "...",
+                ]
+            )
+        if len(failed) > limit:
+            rows.append([run.run_id, f"… and {len(failed) - limit} more", "", "", "", "see `srdq export`"])
+    if not rows:
+        return None
+    return markdown_table(["run", "item", "position", "fault", "round", "error"], rows, align="llrlrl")

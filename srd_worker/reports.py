@@ -41,6 +41,7 @@ from srd_worker.report_tables import (
     budget_text,
     component_table,
     component_tokens_table,
+    failed_items_table,
     markdown_table,
     provenance_table,
     routing_table,
@@ -565,6 +566,17 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         "method's defaults (N is the budget `n`).",
         "",
     ]
+    if (failed_table := failed_items_table(runs)) is not None:
+        md += [
+            "## Failed items",
+            "",
+            failed_table,
+            "",
+            "*fault* is `item` for an item whose engine or reward call failed on its own (found by "
+            "splitting its batch; the rest of its shard went on) and `oom` for one out of memory even "
+            "alone; empty for a prompt longer than the context or a grading failure. README: Failing items.",
+            "",
+        ]
 
     plots = []
     groups = sorted({(p.task, p.metric) for p in points})

@@ -10,6 +10,8 @@ import pytest
 from srd_worker.errors import ConfigError, EngineError, RewardError
 from srd_worker.isolation import INFRA, ITEM, OOM, SystemicFault, classify
 from srd_worker.methods.registry import build_method
+from srd_worker.report_tables import failed_items_table
+from srd_worker.reports import RunRecords, build_report
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import run_shard
 from srd_worker.store import crud
@@ -209,3 +211,47 @@ def test_lost_lease_is_infrastructure():
     from srd_worker.store.leases import LeaseLost
 
     assert classify(LeaseLost("shard 0 of r was taken over")) == INFRA
+
+
+def _report_run(records: list[dict]) -> RunRecords:
+    spec = {
+        "method": "best_of_n",
+        "task": "gsm8k",
+        "model": "tiny",
+        "reward": "arithmetic",
+        "params": {"n": 2},
+    }
+    return RunRecords("run-x", "x", spec, "done", len(records), 1.0, records)
+
+
+def _row(i: int, error: str | None = None, fault: dict | None = None) -> dict:
+    return {
+        "item_id": f"q{i}",
+        "position": i,
+        "response": None if error else "4",
+        "correct": None if error else True,
+        "reward": None if error else 0.5,
+        "error": error,
+        "extra": {"fault": fault} if fault else {},
+        "ledger": None,
+    }
+
+
+def test_report_lists_failed_items_with_their_error(tmp_path):
+    fault = {"kind": "item", "round": 2, "traceback": "Traceback ..."}
+    records = [
+        _row(0),
+        _row(1, "RuntimeError: injected fault: request 0 contains '[poison]'\nsecond line", fault),
+        _row(2, "prompt of 3000 tokens does not fit the model context of 2048"),
+    ]
+    text = build_report([_report_run(records)], tmp_path).markdown.read_text()
+    assert "## Failed items" in text
+    assert (
+        "| run-x | q1 | 1 | item | 2 | RuntimeError: injected fault: request 0 contains '[poison]' |" in text
+    )
+    assert "| run-x | q2 | 2 | – | – | prompt of 3000 tokens does not fit the model context of 2048 |" in text
+    assert "second line" not in text and "q0 |" not in text.split("## Failed items")[1].split("##")[0]
+    table = failed_items_table([_report_run(records)], limit=1)
+    assert "… and 1 more" in table and "q2" not in table
+    clean = build_report([_report_run([_row(0), _row(1)])], tmp_path / "clean").markdown.read_text()
+    assert "## Failed items" not in clean

@@ -662,6 +662,7 @@ def methods(as_json: bool) -> None:
 
 # Subcommand groups defined in their own modules register themselves on `cli` (they import `cli`'s
 # shared helpers, so they are imported after it is defined).
+from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
@@ -671,6 +672,7 @@ _register_results(cli)  # export, report, sync
 _register_tasks(cli)  # regrade
 _register_datasets(cli)  # datasets
 _register_testbed(cli)  # testbed build
+_register_calibrate(cli)  # calibrate (EASD / CSD)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

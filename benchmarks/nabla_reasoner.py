@@ -1,7 +1,7 @@
 """∇-Reasoner (``nabla_reasoner``) against Best-of-N(8) and self-consistency(8) on the CPU testbed: the
 same test problems, the testbed's policy and its learned outcome reward model (``hf-orm``), one seed.
 
-    nice -n 5 .venv/bin/python benchmarks/nabla_reasoner.py [--items 40] [--max-new-tokens 128] [--seed 0]
+    nice -n 5 .venv/bin/python benchmarks/nabla_reasoner.py [--items 40] [--max-new-tokens 96] [--seed 0]
 
 Per method: accuracy with its 95% bootstrap interval over problems, mean generated (sampled) tokens,
 model passes outside sampling (policy forwards / backwards, reward forwards / backwards), the §8.6
@@ -36,7 +36,6 @@ def configs(max_new: int, grad_threshold: float) -> list[tuple[str, str, dict]]:
     draft = {"max_new_tokens": max_new, "chunk_tokens": max_new}
     return [
         ("best_of_n n=8", "best_of_n", {**draft, "n": 8}),
-        ("self_consistency n=8", "self_consistency", {**draft, "n": 8}),
         ("nabla_reasoner (reference thresholds)", "nabla_reasoner", {"max_new_tokens": max_new}),
         (
             f"nabla_reasoner grad_norm_threshold={grad_threshold}",
@@ -75,6 +74,7 @@ def main() -> None:
 
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.local import run_local
+    from srd_worker.methods.self_consistency import majority
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
     from srd_worker.stats import bootstrap_ci, paired
@@ -98,6 +98,7 @@ def main() -> None:
         recs = [json.loads(line) for line in Path(summary.results_path).read_text().splitlines()]
         timings = Path(summary.results_path).with_name("timings.jsonl").read_text().splitlines()
         compute_s = sum(sum((json.loads(t)["timing"] or {}).values()) for t in timings)
+        scorer_s = sum((json.loads(t)["timing"] or {}).get("scorer", 0.0) for t in timings)
         correct[label] = [None if r["correct"] is None else float(r["correct"]) for r in recs]
         counts = [passes(method, r) for r in recs]
         row = {
@@ -119,6 +120,26 @@ def main() -> None:
                 for k in ("n_generations", "n_dto_calls", "n_revisions", "n_rejections", "num_grad_steps")
             }
         rows.append(row)
+        if method == "best_of_n":
+            # self-consistency(8) votes over the SAME 8 candidates: srdq seeds a candidate's draft by
+            # (run seed, item, candidate, round, "draft"), so self_consistency with n=8 and the same
+            # drafting parameters draws these very tokens (ALGORITHMS.md §0.6); only the answer rule differs
+            sc = []
+            for r in recs:
+                answers = [c["answer"] for c in r["candidates"]]
+                chosen = majority(answers)
+                c = r["candidates"][0 if chosen is None else chosen]["correct"]
+                sc.append(None if c is None else float(c))
+            correct["self_consistency n=8"] = sc
+            rows.append(
+                {
+                    **row,
+                    "label": "self_consistency n=8",
+                    "acc": bootstrap_ci(sc),
+                    "rm_fwd": 0.0,
+                    "compute_s": compute_s - scorer_s,
+                }
+            )
         print(
             f"{label:42s} acc {row['acc'].text()}  tokens {row['tokens'].mean:7.1f}  "
             f"lm fwd/bwd {row['lm_fwd']:.1f}/{row['lm_bwd']:.1f}  rm fwd/bwd {row['rm_fwd']:.1f}/{row['rm_bwd']:.1f}  "
@@ -148,7 +169,9 @@ def main() -> None:
         "Per problem, means. LM fwd / bwd: policy passes outside autoregressive sampling (∇-Reasoner's "
         "teacher-forced rollout prefills, grad-norm probes and full DTO steps); every sampled token is one "
         "more policy step, counted in gen tokens. RM fwd / bwd: reward-model passes (Best-of-N scores 8 "
-        "candidates; self-consistency none). §8.6 LLM calls: the ∇-Reasoner paper's count (rollout tokens "
+        "candidates; self-consistency none). Self-consistency(8) is the majority vote over Best-of-8's own "
+        "candidates (srdq seeds drafts per candidate, so a self_consistency run with n=8 draws the same "
+        "tokens; ALGORITHMS.md §0.6), so its tokens and time are Best-of-8's without the reward. §8.6 LLM calls: the ∇-Reasoner paper's count (rollout tokens "
         "+ 4 per full DTO step + 2 per acceptance check); for the baselines the generated tokens, as the "
         "paper counts them. Compute s: the runs' own per-component wall time, summed over problems.",
         "",

@@ -386,6 +386,7 @@ class NablaReasoner(Method[NablaState]):
         state["ahead"] = state["ahead"][n:]
 
     def _finish(self, state: NablaState, reason: str | None) -> None:
+        self._z_cache.pop(state["item_id"], None)
         state["done"] = True
         state["finish"] = reason or "length"
 
@@ -586,5 +587,6 @@ class NablaReasoner(Method[NablaState]):
             "reward": state["reward"],
             "finish_reason": state["finish"],
             "n_response_tokens": len(state["past"]),
+            "prompt_tokens": len(state["prompt_ids"]),
             **state["stats"],
         }

@@ -312,6 +312,21 @@ def test_cli_refuses_before_writing_anything(tmp_path):
     assert not out.exists()
 
 
+def test_submit_dataset_dry_run_accepts_a_differentiable_reward_and_refuses_arithmetic(tmp_path):
+    from click.testing import CliRunner
+    from srdq_cli.main import cli
+
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "What is 1+1?", "answer": "1+1=2\\n#### 2"}\n', encoding="utf-8")
+    base = ["submit", "dataset", str(data), "--method", "nabla_reasoner", "--model", "testbed", "--dry-run"]
+    ok = CliRunner().invoke(cli, [*base, "--reward", "hf-orm:srd_worker/testbed/artifacts/rm"])
+    assert ok.exit_code == 0 and "dry run, nothing stored" in ok.output, ok.output
+    bad = CliRunner().invoke(cli, [*base, "--reward", "arithmetic"])
+    assert bad.exit_code != 0 and "differentiable reward" in bad.output
+    vllm = CliRunner().invoke(cli, [*base, "--reward", "lm_judge", "--engine", "vllm"])
+    assert vllm.exit_code != 0 and "gradients" in vllm.output
+
+
 # ------------------------------------------------------------------------------------- srdq run
 
 

@@ -81,10 +81,11 @@ def _open_file(path: str | Path, kind: str) -> tuple[str, Any]:
         raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
 
 
-def _lines(fh: Any, where: str, max_row_bytes: int) -> Iterator[tuple[int, bytes]]:
+def _lines(fh: Any, where: str, max_row_bytes: int, *, keep_cr: bool = False) -> Iterator[tuple[int, bytes]]:
     """(line number, raw line without its line break) for every line of ``fh``, one line in memory at a
-    time; a line longer than ``max_row_bytes`` is refused without reading it whole. A leading UTF-8
-    byte-order mark is dropped."""
+    time; a line longer than ``max_row_bytes`` (not counting a final "\r") is refused without reading it
+    whole. ``keep_cr`` leaves a "\r" before the "\n" on the line (CSV: a quoted value spanning CRLF lines
+    keeps its "\r\n"). A leading UTF-8 byte-order mark is dropped."""
     lineno = 0
     cap = max_row_bytes + 2  # the line, a possible "\r" and the "\n"
     while True:
@@ -98,7 +99,9 @@ def _lines(fh: Any, where: str, max_row_bytes: int) -> Iterator[tuple[int, bytes
         if lineno == 1:
             raw = raw.removeprefix(_BOM)
         ended = raw.endswith(b"\n")
-        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        raw = raw.removesuffix(b"\n")
+        cr = raw.endswith(b"\r")
+        raw = raw.removesuffix(b"\r")
         if not ended and len(raw) > max_row_bytes:
             size = len(raw)
             for more in iter(lambda: fh.readline(1 << 20), b""):  # measure the rest of the line
@@ -107,7 +110,7 @@ def _lines(fh: Any, where: str, max_row_bytes: int) -> Iterator[tuple[int, bytes
                     break
             _check_size(size, max_row_bytes, where, lineno)
         _check_size(len(raw), max_row_bytes, where, lineno)
-        yield lineno, raw
+        yield lineno, raw + b"\r" if keep_cr and cr else raw
 
 
 def _decode_line(raw: bytes, where: str, lineno: int) -> str:
@@ -184,8 +187,8 @@ def iter_csv(
     sizes: list[int] = []  # byte sizes of the lines read since the current record started
 
     def texts() -> Iterator[str]:
-        for lineno, raw in _lines(fh, where, max_row_bytes):
-            sizes.append(len(raw))
+        for lineno, raw in _lines(fh, where, max_row_bytes, keep_cr=True):
+            sizes.append(len(raw.removesuffix(b"\r")))
             yield _decode_line(raw, where, lineno) + "\n"
 
     # A record within the limit may still hold a long field: never let csv's own 128 KiB cap decide.

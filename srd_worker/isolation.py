@@ -15,7 +15,8 @@ each half until the failure is pinned on single items:
   rest of this ``run_shard`` call; the next slice starts unlimited again) and the items are stepped in
   chunks of the lowered size. Only an item that runs out of memory alone is an item fault.
 - **infrastructure fault** (``infrastructure_fault``): a lost database or broker connection, a
-  connection refused/reset or timed out by a model server, a server's 5xx, 401/403/404/408/409/429,
+  connection refused/reset or timed out by a model server (the openai engine's ``EngineUnavailable``),
+  a server's 5xx, 401/403/404/408/409/429,
   a broken CUDA context ("CUDA error", not OOM), a dead vLLM engine, a lost lease, a configuration
   error. Nothing is isolated: the exception propagates, the slice fails and is retried from the last
   checkpoint (``SRDQ_MAX_ATTEMPTS`` caps the retries), exactly as before isolation existed.
@@ -36,6 +37,7 @@ from __future__ import annotations
 import gc
 import logging
 import pickle
+import re
 import sys
 import traceback
 from collections.abc import Sequence
@@ -70,6 +72,7 @@ INFRA_CLASS_NAMES = frozenset(
         "TimeoutException",  # httpx
         "EndpointConnectionError",  # botocore
         "EngineDeadError",  # vLLM's engine core died
+        "EngineUnavailable",  # srd_worker.errors: the openai engine's model server stayed down
     }
 )
 
@@ -82,13 +85,18 @@ def _names(exc: BaseException) -> set[str]:
     return {cls.__name__ for cls in type(exc).__mro__}
 
 
+_HTTP_IN_MESSAGE = re.compile(r"\bHTTP (\d{3})\b")
+
+
 def http_status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries (openai's ``status_code``, httpx/requests' ``response``)."""
+    """The HTTP status an exception carries: openai's ``status_code``, httpx/requests' ``response``, or
+    ``HTTP NNN`` in its message (the openai engine's ``EngineError`` for a refused request)."""
     for holder in (exc, getattr(exc, "response", None)):
         status = getattr(holder, "status_code", None)
         if isinstance(status, int) and 100 <= status <= 599:
             return status
-    return None
+    match = _HTTP_IN_MESSAGE.search(str(exc))
+    return int(match.group(1)) if match else None
 
 
 def out_of_memory(exc: BaseException) -> bool:

@@ -1,10 +1,13 @@
 """Runs one shard: batched rounds, a checkpoint after every round, resume from the last checkpoint.
 
 Each round is ONE ``method.step`` over every unfinished item of the shard, so the engine sees one large
-batch. After the round, every stepped item's state is written in one transaction (``ShardStore``); a
-process that dies at any point restarts from the last committed round and, because every random draw
-is seeded from (run seed, item, candidate, round, call kind), produces the same results as a run that
-never stopped. When every item is done, the results are graded and stored (idempotently).
+batch. When that call raises, ``isolation.py`` splits the batch until the failing item is found; that
+item becomes an error row and the others go on (an out-of-memory error first lowers the batch size;
+an infrastructure fault still fails the call). After the round, every stepped item's state is
+written in one transaction (``ShardStore``); a process that dies at any point restarts from the last
+committed round and, because every random draw is seeded from (run seed, item, candidate, round, call
+kind), produces the same results as a run that never stopped. When every item is done, the results
+are graded and stored (idempotently).
 
 The runner knows nothing about SQL, Celery or S3: the store is injected (``ShardStore`` protocol).
 """

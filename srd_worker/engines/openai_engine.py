@@ -11,7 +11,7 @@ send them requests. Settings (environment, ``Settings``):
   Only the tokenizer files are read (a few MB), never the weights;
 - ``SRDQ_OPENAI_CONCURRENCY`` (16): requests in flight per engine (the server batches them);
 - ``SRDQ_OPENAI_TIMEOUT_S`` (600): per-request read timeout; ``SRDQ_OPENAI_RETRY_S`` (300): how long a
-  request is retried on connection errors, timeouts, 429 and 5xx (exponential backoff with jitter,
+  request is retried on connection errors, timeouts, 429 and 5xx (exponential backoff with full jitter,
   ``tenacity``) before the engine gives up with ``EngineUnavailable``;
 - ``SRDQ_OPENAI_MAX_CONTEXT``: the model's context, when the server does not report ``max_model_len``.
 
@@ -139,7 +139,7 @@ class OpenAIClient:
             Retrying,
             retry_if_exception,
             stop_after_delay,
-            wait_exponential_jitter,
+            wait_random_exponential,
         )
 
         def note(state: Any) -> None:
@@ -156,7 +156,7 @@ class OpenAIClient:
 
         retrying = Retrying(
             retry=retry_if_exception(_is_transient),
-            wait=wait_exponential_jitter(initial=0.25, max=self.backoff_max_s),
+            wait=wait_random_exponential(multiplier=0.25, max=self.backoff_max_s),  # full jitter
             stop=stop_after_delay(self.retry_s),
             before_sleep=note,
         )

@@ -4,6 +4,8 @@
 - ``vllm``: the real vLLM engine over the same tiny model family (``VLLMEngine.from_name("tiny-random-llama")``,
   float32), run in the vllm tier (``make test-vllm``: tests/vllm/test_contract.py imports these tests with
   its own ``engine`` fixture on vLLM's CPU build), not here;
+- ``openai``: the openai engine over HTTP against vLLM's OpenAI-compatible server (tests/vllm/test_openai.py,
+  the vllm tier);
 - ``vllm-shim``: the vLLM adapter over tests/unit/fake_vllm.py (a stand-in for vLLM backed by the
   transformers engine), so the adapter's translation of parameters, finish reasons, EOS and logprobs is
   held to the contract on every CI machine. It says nothing about vLLM itself.
@@ -27,7 +29,7 @@ from srd_worker.errors import EngineError
 
 PROMPTS = ["hello there", "what is 2+2? think", "a much longer prompt about ducks and eggs", "x"]
 #: logprob agreement between sampling and teacher forcing (vLLM runs other kernels for the two paths)
-TOLERANCE = {"transformers": 1e-4, "vllm-shim": 1e-4, "vllm": 2e-3}
+TOLERANCE = {"transformers": 1e-4, "vllm-shim": 1e-4, "vllm": 2e-3, "openai": 2e-3}
 
 
 @pytest.fixture(scope="module", params=["transformers", "vllm-shim"])

@@ -1,13 +1,15 @@
 """∇-Reasoner (``nabla_reasoner``) against Best-of-N(8) and self-consistency(8) on the CPU testbed: the
 same test problems, the testbed's policy and its learned outcome reward model (``hf-orm``), one seed.
 
-    nice -n 5 .venv/bin/python benchmarks/nabla_reasoner.py [--items 40] [--max-new-tokens 96] [--seed 0]
+    nice -n 5 .venv/bin/python benchmarks/nabla_reasoner.py [--items 40] [--max-new-tokens 128] [--seed 0]
 
 Per method: accuracy with its 95% bootstrap interval over problems, mean generated (sampled) tokens,
 model passes outside sampling (policy forwards / backwards, reward forwards / backwards), the §8.6
 "LLM calls" count, and the wall time of the run. Two ∇-Reasoner settings run: the reference's
 thresholds (grad-norm 4, which the testbed's small models almost never reach, so it is mostly one
-sampled rollout) and a grad-norm threshold scaled to the testbed (``--grad-threshold``, default 0.5).
+sampled rollout), a grad-norm threshold scaled to the testbed (``--grad-threshold``, default 0.5), and
+that threshold with a 10x learning rate (lr 0.1: the reference's 20 Adam steps at lr 0.01 move a logit
+by at most about 0.2, which rarely changes the testbed policy's token).
 The paired differences against Best-of-8 come with exact McNemar p-values.
 
 Runs go through the embedded runner into --work (default /tmp/srdq-bench-nabla); run ids are
@@ -42,6 +44,11 @@ def configs(max_new: int, grad_threshold: float) -> list[tuple[str, str, dict]]:
             "nabla_reasoner",
             {"max_new_tokens": max_new, "grad_norm_threshold": grad_threshold},
         ),
+        (
+            f"nabla_reasoner grad_norm_threshold={grad_threshold} lr=0.1",
+            "nabla_reasoner",
+            {"max_new_tokens": max_new, "grad_norm_threshold": grad_threshold, "lr": 0.1},
+        ),
     ]
 
 
@@ -66,6 +73,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--grad-threshold", type=float, default=0.5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads (1: on a shared, busy machine 2 was ~50x slower)",
+    )
     ap.add_argument("--work", default="/tmp/srdq-bench-nabla")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -79,7 +92,7 @@ def main() -> None:
     from srd_worker.spec import prepare_run
     from srd_worker.stats import bootstrap_ci, paired
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     settings = Settings(device="cpu", dtype="float32")
     engine = TransformersEngine.from_name("testbed", settings=settings)
     rows, correct = [], {}
@@ -148,10 +161,13 @@ def main() -> None:
         )
 
     base = rows[0]["label"]
+    manifest = json.loads((ROOT / "srd_worker/testbed/artifacts/manifest.json").read_text())
+    sha = {k: manifest["files"][f"{k}/model.safetensors"]["sha256"][:12] for k in ("policy", "rm")}
     lines = [
         f"{args.items} testbed test problems (the first {args.items} rows of `{DATA}`), one seed ({args.seed}), "
-        f"the testbed policy (0.62M parameters) and its learned ORM (`{REWARD}`), fp32 on 2 CPU threads, "
-        f"max_new_tokens={args.max_new_tokens}. Best-of-N and self-consistency draw at T 0.8 / top-p 0.9 / "
+        f"the testbed policy (0.62M parameters) and its learned ORM (`{REWARD}`), fp32 on {args.threads} CPU thread(s), "
+        f"max_new_tokens={args.max_new_tokens}; model files sha256 policy {sha['policy']}…, rm {sha['rm']}… "
+        "(the testbed's manifest at the time of the run). Best-of-N and self-consistency draw at T 0.8 / top-p 0.9 / "
         "top-k 50 (srdq's defaults); ∇-Reasoner at its reference settings (rollouts T 0.6 / top-p 0.95, "
         "resample T 0.5, 20 Adam steps at lr 0.01, confidence 0.97, at most 8 rollouts).",
         "",
@@ -197,7 +213,8 @@ def main() -> None:
     lines += [
         "",
         f"Command: `nice -n 5 .venv/bin/python benchmarks/nabla_reasoner.py --items {args.items} "
-        f"--max-new-tokens {args.max_new_tokens} --grad-threshold {args.grad_threshold} --seed {args.seed}`",
+        f"--max-new-tokens {args.max_new_tokens} --grad-threshold {args.grad_threshold} --seed {args.seed} "
+        f"--threads {args.threads}`",
     ]
     body = "\n".join(lines)
     print(body)

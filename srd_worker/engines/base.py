@@ -139,6 +139,15 @@ class PolicyGradients(Protocol):
         soft ``[L, V]`` matrices); differentiable w.r.t. the soft segments."""
         ...
 
+    def teacher_forced_hidden(self, prefix_ids: Sequence[int], tokens: Sequence[int]) -> Any:
+        """``[len(tokens), d]`` final hidden states (after the last norm) at the positions whose logits
+        predict each of ``tokens`` (no grad): ``project`` of them gives ``teacher_forced_logits``."""
+        ...
+
+    def project(self, hidden: Any) -> Any:
+        """Float32 logits of hidden states through the output head; differentiable w.r.t. ``hidden``."""
+        ...
+
 
 def policy_gradients(engine: Engine) -> PolicyGradients:
     """``engine.gradients`` of an engine that declares ``CAP_GRADIENTS``; CapabilityError otherwise."""

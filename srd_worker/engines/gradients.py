@@ -1,7 +1,7 @@
 """Differentiable access to a transformers policy (``PolicyGradients`` in engines/base.py, CAP_GRADIENTS).
 
-Used by gradient-based decoding (∇-Reasoner, ALGORITHMS.md §8) and by rewards that score with the
-policy itself (the LM judge's soft score). Three operations:
+Used by gradient-based decoding (∇-Reasoner, ALGORITHMS.md §9) and by rewards that score with the
+policy itself (the LM judge's soft score). The operations:
 
 - ``teacher_forced_logits(prefix, tokens)``: one no-grad forward over ``prefix + tokens`` giving the
   logits that predict each of ``tokens`` (the rollout's per-position ``Z`` of §8.1);
@@ -9,6 +9,8 @@ policy itself (the LM judge's soft score). Three operations:
   matrices (``soft @ W_in``, the soft matrix cast to the embedding's dtype); gradients flow to the soft
   matrices only: the weights are never updated and their gradients are never accumulated (callers take
   ``torch.autograd.grad`` w.r.t. their own tensors);
+- ``teacher_forced_hidden`` / ``project``: the same positions' final hidden states, and the output head
+  that maps them to logits (differentiably), for the ``latents`` embedder;
 - ``vocab_tokens()``: the token string of every embedding row, for vocabulary alignment with a reward
   model's tokenizer.
 
@@ -62,6 +64,26 @@ class TransformersGradients:
         self.forward_passes += 1
         start = len(prefix_ids) - 1  # logits[i] predicts seq[i + 1]
         return logits[start : start + len(tokens)].clone()
+
+    def teacher_forced_hidden(self, prefix_ids: Sequence[int], tokens: Sequence[int]) -> Any:
+        import torch
+
+        if not prefix_ids:
+            raise EngineError("teacher-forced hidden states need a non-empty prefix")
+        seq = list(prefix_ids) + list(tokens)
+        self._check_length(len(seq))
+        ids = torch.tensor([seq], dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            hidden = self.model(input_ids=ids, use_cache=False, output_hidden_states=True).hidden_states[-1][
+                0
+            ]
+        self.forward_passes += 1
+        start = len(prefix_ids) - 1
+        return hidden[start : start + len(tokens)].float().clone()
+
+    def project(self, hidden: Any) -> Any:
+        head = self.model.get_output_embeddings()
+        return head(hidden.to(head.weight.dtype)).float()
 
     def soft_logits(self, segments: Sequence[Any]) -> Any:
         import torch

@@ -92,6 +92,11 @@ class NablaReasonerParams(MethodParams):
         True, "hard one-hot forward with softmax gradients (false: the soft relaxation softmax(Z/τ) itself)"
     )
     st_temperature: float = param(1.0, "τ of the straight-through softmax")
+    embedder: str = param(
+        "logits",
+        "what the DTO optimises: logits (Z, the reference default) or latents (the final hidden states H, "
+        "Z = W_out·H; the reference's AMC script)",
+    )
     min_vocab_overlap: float = param(
         0.9,
         "[PROPOSED] refuse a reward model whose tokenizer has a counterpart for less than this fraction "
@@ -110,6 +115,10 @@ class NablaReasonerParams(MethodParams):
         _require(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         _require(self.st_temperature > 0, f"st_temperature must be > 0, got {self.st_temperature}")
         _require(self.nll_coeff >= 0, f"nll_coeff must be >= 0, got {self.nll_coeff}")
+        _require(
+            self.embedder in ("logits", "latents"),
+            f"embedder must be logits or latents, got {self.embedder!r}",
+        )
         _require(
             0 <= self.min_vocab_overlap <= 1,
             f"min_vocab_overlap must be in [0, 1], got {self.min_vocab_overlap}",
@@ -237,7 +246,7 @@ class DTOProblem:
         return g.detach().float(), float(loss.detach())
 
     def probe(self, z: Any) -> Any:
-        """‖∂L/∂Y_t‖₂ per ahead position at the rollout's own logits (the selection probe)."""
+        """‖∂L/∂Y_t‖₂ per ahead position at the rollout's own logits ``z`` (the selection probe)."""
         import torch
 
         y = straight_through(z, self.p.st_temperature, self.p.straight_through).detach().requires_grad_(True)
@@ -245,9 +254,15 @@ class DTOProblem:
         self.stats["n_probe_passes"] += 1
         return torch.linalg.vector_norm(g, ord=2, dim=-1)
 
+    def to_logits(self, latents: Any) -> Any:
+        """Logits from the optimised variables: themselves (``embedder=logits``) or the output head applied
+        to final hidden states (``embedder=latents``)."""
+        return latents if self.p.embedder == "logits" else self.grads.project(latents)
+
     def optimise(self, z: Any) -> DTOResult:
-        """Adam on position 0 of ``z`` (``[L, V]``), the others fixed, for ``max_iters`` iterations with
-        the cosine schedule and gradient caching (ALGORITHMS.md §8.2)."""
+        """Adam on position 0 of ``z`` (``[L, V]`` logits, or ``[L, d]`` hidden states with
+        ``embedder=latents``), the others fixed, for ``max_iters`` iterations with the cosine schedule and
+        gradient caching (ALGORITHMS.md §8.2)."""
         import torch
 
         p = self.p
@@ -258,10 +273,11 @@ class DTOProblem:
             opt, lambda step: cosine_factor(step, p.max_iters, p.min_lr_ratio)
         )
         cached = None
-        current = int(z0.detach().argmax())
+        current = int(self.to_logits(z0.detach().unsqueeze(0))[0].argmax())
         out = DTOResult(None, 0, 0, [], [], [])
         for _ in range(p.max_iters):
-            y = straight_through(torch.cat([z0.unsqueeze(0), rest], 0), p.st_temperature, p.straight_through)
+            logits = self.to_logits(torch.cat([z0.unsqueeze(0), rest], 0))
+            y = straight_through(logits, p.st_temperature, p.straight_through)
             if cached is None:
                 g, value = self.grad_y(y)
                 out.full_steps += 1
@@ -278,11 +294,11 @@ class DTOProblem:
             z0.grad = grad_z0
             opt.step()
             sched.step()
-            token = int(z0.detach().argmax())
+            token = int(self.to_logits(z0.detach().unsqueeze(0))[0].argmax())
             out.tokens.append(token)
             if token != current:
                 current, cached = token, None
-        out.logits = z0.detach()
+        out.logits = self.to_logits(z0.detach().unsqueeze(0))[0].detach()
         return out
 
 
@@ -357,13 +373,17 @@ class NablaReasoner(Method[NablaState]):
 
     # ------------------------------------------------------------------ helpers
     def _z(self, grads: Any, state: NablaState) -> Any:
-        """Teacher-forced logits of the ahead tokens (cached per item for the current sequence)."""
+        """Teacher-forced logits (``embedder=latents``: final hidden states) of the ahead tokens, cached per
+        item for the current sequence."""
         prefix = state["prompt_ids"] + state["past"]
         seq = tuple(prefix + state["ahead"])
         hit = self._z_cache.get(state["item_id"])
         if hit is not None and hit[0] == seq and hit[1] <= len(prefix):
             return hit[2][len(prefix) - hit[1] :]
-        z = grads.teacher_forced_logits(prefix, state["ahead"])
+        if self.params.embedder == "latents":
+            z = grads.teacher_forced_hidden(prefix, state["ahead"])
+        else:
+            z = grads.teacher_forced_logits(prefix, state["ahead"])
         self._z_cache[state["item_id"]] = (seq, len(prefix), z)
         return z
 
@@ -411,7 +431,10 @@ class NablaReasoner(Method[NablaState]):
         p, stats = self.params, state["stats"]
         stats["n_iterations"] += 1
         t0 = time.perf_counter()
-        z = self._z(grads, state)
+        latents = self._z(grads, state)
+        problem = self._problem(ctx, grads, state)
+        with torch.no_grad():
+            z = problem.to_logits(latents).float()
         select = torch.ones(z.shape[0], dtype=torch.bool, device=z.device)
         probs = torch.softmax(z, dim=-1)
         if p.entropy_threshold is not None:
@@ -419,7 +442,6 @@ class NablaReasoner(Method[NablaState]):
             select &= entropy >= p.entropy_threshold
         if p.confidence_threshold is not None:
             select &= probs.max(-1).values <= p.confidence_threshold
-        problem = self._problem(ctx, grads, state)
         if p.grad_norm_threshold is not None and bool(select.any()):
             select &= problem.probe(z).to(select.device) >= p.grad_norm_threshold
         hits = select.nonzero()
@@ -431,7 +453,7 @@ class NablaReasoner(Method[NablaState]):
             return None
         t1 = time.perf_counter()
         problem = self._problem(ctx, grads, state)
-        res = problem.optimise(z[pos:])
+        res = problem.optimise(latents[pos:])
         stats["n_dto_calls"] += 1
         stats["num_grad_steps"] += res.full_steps
         stats["n_cached_steps"] += res.cached_steps

@@ -164,6 +164,20 @@ def test_caching_recomputes_when_the_argmax_changes(tiny_engine, reward):
     )
 
 
+def test_latents_embedder_optimises_hidden_states_through_the_output_head(tiny_engine, reward):
+    import torch
+
+    grads = tiny_engine.gradients
+    prompt = _prompt(tiny_engine, QUESTIONS[0])
+    ahead = tiny_engine.tokenizer.encode("3 + 4 = 7")
+    hidden = grads.teacher_forced_hidden(prompt, ahead)
+    assert torch.allclose(grads.project(hidden), grads.teacher_forced_logits(prompt, ahead), atol=1e-4)
+    problem, _ = _problem(tiny_engine, reward, embedder="latents", max_iters=4, lr=0.5)
+    res = problem.optimise(hidden)
+    assert res.full_steps >= 1 and res.logits.shape == (grads.vocab_size,)
+    assert not torch.allclose(res.logits, grads.project(hidden)[0])  # the hidden state moved
+
+
 # ------------------------------------------------------------------------------------- the loop
 
 

@@ -1,0 +1,241 @@
+"""The speculative-decoding family against target-only decoding, side by side in one run, on the CPU testbed
+(``srd_worker/testbed/artifacts``: the trained policy as target, the trained draft, same character
+tokenizer) and the same test problems:
+
+- greedy: target-only greedy decoding (``sampling`` at temperature 0), greedy ``speculative_sampling``,
+  ``csd`` (offline memory from the calibration split, paper defaults λ = 6, τ = 0.01);
+- sampled (temperature 0.8, top-p 0.9, top-k 50): target-only ``sampling``, ``speculative_sampling``,
+  ``easd`` (τ_q / τ_p = the ``--percentile`` of each model's token entropies on the calibration split).
+
+Every configuration decodes the same ``--problems`` test problems in one process with one engine (float32,
+two threads), each method's batch = all problems (the harness's batches, the engine's batches for
+target-only, both with batch_invariant off: one padded batch of up to 64 rows). Accuracy carries its 95%
+bootstrap interval over problems; tokens/s is generated tokens over the configuration's wall time; the
+speed-up is tokens/s relative to target-only decoding at the same temperature. A second table repeats the
+greedy comparison at batch size 1 (the setting of the speculative-decoding papers) on ``--batch1``
+problems.
+
+    nice -n 5 .venv/bin/python benchmarks/speculative.py [--problems 100] [--batch1 10] [--gamma 4]
+
+Prints the tables and writes them into docs/PERFORMANCE.md (between the speculative markers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._doc import replace_section  # noqa: E402
+
+
+def run_method(
+    method: Any, engine: Any, task: Any, items: list[Any], seed: int = 0
+) -> tuple[list[dict], float]:
+    from srd_worker.methods.base import StepContext
+
+    ctx = StepContext(engine, None, seed, extract_answer=task.extract_answer)
+    states = [
+        method.init_state(it.id, it.question, engine.tokenizer.chat_prompt_ids(task.messages(it)))
+        for it in items
+    ]
+    t0, c0 = time.perf_counter(), time.process_time()
+    while True:
+        active = [s for s in states if not method.done(s)]
+        if not active:
+            break
+        method.step(active, ctx)
+    return states, (time.perf_counter() - t0, time.process_time() - c0)
+
+
+def summarise(
+    label: str, method: Any, states: list[dict], seconds: float, task: Any, items: list[Any]
+) -> dict:
+    import numpy as np
+
+    from srd_worker.stats import bootstrap_ci
+
+    correct, gen, target_passes, extra_counts = [], 0, [], {}
+    for state, item in zip(states, items, strict=True):
+        res = method.result(state)
+        correct.append(1.0 if task.grade(res["response"], item) else 0.0)
+        n = state["ledger"]["gen_tokens"]
+        gen += n
+        if "spec" in state:
+            target_passes.append(res["target_forward_passes"])
+            for key in ("easd_rejected", "rescued"):
+                if key in res:
+                    extra_counts[key] = extra_counts.get(key, 0) + res[key]
+        else:
+            target_passes.append(n)  # one target forward pass per generated token
+    spec = [s["spec"] for s in states if "spec" in s]
+    drafted = sum(s["drafted"] for s in spec)
+    accepted = sum(s["accepted"] for s in spec)
+    passes = sum(target_passes)
+    return {
+        "label": label,
+        "accuracy": bootstrap_ci(np.array(correct)[:, None]),
+        "tokens": gen,
+        "seconds": seconds[0],
+        "tps": gen / seconds[0],
+        "tpcs": gen / seconds[1],
+        "acceptance": accepted / drafted if drafted else None,
+        "accepted_length": gen / passes if spec and passes else None,
+        "target_passes": passes / len(states),
+        "draft_passes": sum(s["draft_forward_passes"] for s in spec) / len(states) if spec else 0.0,
+        "counts": extra_counts,
+    }
+
+
+def _fmt(value: float | None, digits: int) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows: list[dict], baseline: dict[str, dict]) -> str:
+    head = (
+        "| configuration | accuracy [95% CI] | gen tokens | acceptance | tokens / target pass | "
+        "target passes / problem | draft passes / problem | rejected (EASD) / rescued (CSD) | tokens/s (wall) | "
+        "speed-up (wall) | tokens / CPU-s | speed-up (CPU) |\n"
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        base = baseline[r["group"]]
+        acc = r["accuracy"]
+        counts = ", ".join(f"{k} {v}" for k, v in r["counts"].items()) or "–"
+        lines.append(
+            f"| {r['label']} | {acc.mean:.3f} [{acc.low:.3f}, {acc.high:.3f}] | {r['tokens']} | "
+            f"{_fmt(r['acceptance'], 3)} | {_fmt(r['accepted_length'], 2)} | "
+            f"{r['target_passes']:.1f} | {r['draft_passes']:.1f} | {counts} | {r['tps']:.1f} | "
+            f"{r['tps'] / base['tps']:.2f}x | {r['tpcs']:.1f} | {r['tpcs'] / base['tpcs']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--problems", type=int, default=100, help="test problems (the first N)")
+    ap.add_argument("--calibration", type=int, default=100, help="calibration-split problems for EASD/CSD")
+    ap.add_argument(
+        "--batch1", type=int, default=10, help="problems for the batch-size-1 greedy table (0 = skip)"
+    )
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--percentile", default="80", help="EASD thresholds: this percentile of the calibration entropies"
+    )
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
+    args = ap.parse_args()
+
+    import torch
+
+    from srd_worker.engines.loading import TESTBED_DIR, load_model
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.methods.registry import build_method
+    from srd_worker.speculative_calibration import calibrate
+    from srd_worker.tasks.registry import load_items
+
+    torch.set_num_threads(2)
+    model, tok = load_model("testbed", cache_dir=Path("/tmp"), dtype="float32")
+    engine = TransformersEngine(model, tok, model_name="testbed", batch_invariant=False, max_batch_size=64)
+    task, items = load_items(TESTBED_DIR / "data" / "test.jsonl")
+    items = items[: args.problems]
+    _, calib_items = load_items(TESTBED_DIR / "data" / "calibration.jsonl")
+    calib_items = calib_items[: args.calibration]
+
+    t0 = time.perf_counter()
+    prompts = [engine.tokenizer.chat_prompt_ids(task.messages(it)) for it in calib_items]
+    calib = calibrate(
+        engine, prompts, draft_model="testbed-draft", gamma=args.gamma, max_new_tokens=args.max_new_tokens
+    )
+    calib_seconds = time.perf_counter() - t0
+    memory_file = Path("/tmp/srdq-bench-speculative-calibration.json")
+    import json
+
+    memory_file.write_text(json.dumps(calib), encoding="utf-8")
+    raw = calib["entropy_percentiles"]["raw"]
+    tau_q, tau_p = raw["draft"][args.percentile], raw["target"][args.percentile]
+
+    common = {"max_new_tokens": args.max_new_tokens, "chunk_tokens": args.max_new_tokens}
+    spec = {**common, "draft_model": "testbed-draft", "gamma": args.gamma}
+    configs = [
+        ("greedy", "target only (greedy)", "sampling", {**common, "temperature": 0}),
+        (
+            "greedy",
+            f"speculative_sampling greedy, γ={args.gamma}",
+            "speculative_sampling",
+            {**spec, "temperature": 0},
+        ),
+        ("greedy", f"csd, γ={args.gamma}, λ=6, τ=0.01", "csd", {**spec, "memory": str(memory_file)}),
+        ("sampled", "target only (T 0.8)", "sampling", common),
+        ("sampled", f"speculative_sampling T 0.8, γ={args.gamma}", "speculative_sampling", spec),
+        (
+            "sampled",
+            f"easd T 0.8, γ={args.gamma}, P{args.percentile}",
+            "easd",
+            {**spec, "tau_q": tau_q, "tau_p": tau_p},
+        ),
+    ]
+    rows, baseline = [], {}
+    for group, label, name, params in configs:
+        method = build_method(name, params)
+        states, seconds = run_method(method, engine, task, items)
+        row = summarise(label, method, states, seconds, task, items) | {"group": group}
+        baseline.setdefault(group, row)
+        rows.append(row)
+        print(f"{label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
+
+    b1_rows, b1_base = [], {}
+    if args.batch1:
+        sub = items[: args.batch1]
+        for group, label, name, params in configs[:3]:
+            method = build_method(name, params)
+            all_states, wall, cpu = [], 0.0, 0.0
+            for it in sub:
+                states, (w, c) = run_method(method, engine, task, [it])
+                all_states += states
+                wall, cpu = wall + w, cpu + c
+            seconds = (wall, cpu)
+            row = summarise(label, method, all_states, seconds, task, sub) | {"group": group}
+            b1_base.setdefault(group, row)
+            b1_rows.append(row)
+            print(f"batch 1, {label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
+
+    cmd = (
+        f"nice -n 5 .venv/bin/python benchmarks/speculative.py --problems {args.problems} --calibration "
+        f"{args.calibration} --batch1 {args.batch1} --gamma {args.gamma} --max-new-tokens {args.max_new_tokens} "
+        f"--percentile {args.percentile}"
+    )
+    body = "\n".join(
+        [
+            f"`{cmd}` ({platform.machine()}, torch {torch.__version__}, 2 threads, float32, on a shared 2-core "
+            f"machine). Target: the testbed policy ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
+            "parameters); draft: the testbed draft; "
+            f"{args.problems} test problems, one seed, `max_new_tokens` {args.max_new_tokens}, all problems in "
+            f"one batch. Calibration ({args.calibration} calibration-split problems, greedy, {calib_seconds:.0f}s): "
+            f"{calib['positions']} verified positions, {calib['mismatches']} rejections in {len(calib['pairs'])} "
+            f"(draft, target) pairs (CSD's offline memory); EASD τ_q = {tau_q:.3f}, τ_p = {tau_p:.3f} nats "
+            f"(P{args.percentile} of the raw entropies). Speed-up = tokens/s over target-only at the same "
+            "temperature, by wall clock and by the process's CPU time (the machine is shared: CPU time is the "
+            "steadier of the two).",
+            "",
+            table(rows, baseline),
+        ]
+    )
+    if b1_rows:
+        body += f"\n\nGreedy at batch size 1 ({args.batch1} problems, one at a time):\n\n" + table(
+            b1_rows, b1_base
+        )
+    print(body)
+    if not args.no_write:
+        replace_section(ROOT / "docs" / "PERFORMANCE.md", "speculative", body)
+
+
+if __name__ == "__main__":
+    main()

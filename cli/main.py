@@ -83,7 +83,8 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default="transformers",
             show_default=True,
             envvar="SRDQ_ENGINE",
-            help="Generation engine; vllm needs a GPU and pip install 'srdq[vllm]'.",
+            help="Generation engine; vllm needs a GPU and pip install 'srdq[vllm]'; openai sends requests to "
+            "a model server (SRDQ_OPENAI_BASE_URL).",
         ),
         click.option(
             "--reward",

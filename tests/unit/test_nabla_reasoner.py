@@ -282,11 +282,77 @@ def test_prm_and_judge_soft_scores_equal_their_scores_at_one_hot(tiny_engine, tm
     # one step (no separator): the soft layout is the score's layout for a finished response
     soft = prm.soft_score(QUESTIONS[0], "3 + 4", y, vocab)
     hard = prm.score([QUESTIONS[0]], ["3 + 4 is 7"], finished=[True])[0]
-    assert abs(float(soft) - hard) < 1e-5
+    assert abs(float(soft.detach()) - hard) < 1e-5
     judge = LMJudgeReward(tiny_engine)
     soft = judge.soft_score(QUESTIONS[0], "3 + 4", y, vocab)
-    assert abs(float(soft) - judge.score([QUESTIONS[0]], ["3 + 4 is 7"])[0]) < 1e-4
+    assert abs(float(soft.detach()) - judge.score([QUESTIONS[0]], ["3 + 4 is 7"])[0]) < 1e-4
     assert judge.can_differentiate and judge.vocab_overlap(vocab) == 1.0
+
+
+def test_vocabulary_alignment_by_token_string(reward):
+    """A policy vocabulary in another order, with two tokens the reward model lacks: each row is the
+    reward's embedding of the same string, zero for the unknown ones, and the overlap says so."""
+    import torch
+
+    from srd_worker.rewards.hf_common import SoftEmbedder
+
+    emb = SoftEmbedder(reward.model, reward.tokenizer)
+    own = emb._own_vocab()
+    policy = list(reversed(own)) + ["<not-a-token-1>", "<not-a-token-2>"]
+    matrix, overlap = emb.aligned(policy)
+    w = reward.model.get_input_embeddings().weight
+    assert matrix.shape == (len(policy), w.shape[1])
+    assert torch.equal(matrix[0], w[len(own) - 1]) and torch.equal(matrix[len(own) - 1], w[0])
+    assert float(matrix[-2:].abs().sum()) == 0.0
+    assert overlap == pytest.approx(len(own) / len(policy))
+    assert emb.aligned(own)[0] is w  # identical vocabularies: the matrix as it is
+
+
+def test_refused_when_the_reward_vocabulary_covers_too_little(tiny_engine, reward, monkeypatch):
+    from srd_worker.errors import ConfigError
+
+    monkeypatch.setattr(type(reward), "vocab_overlap", lambda self, vocab: 0.5)
+    method = build_method("nabla_reasoner", PARAMS)
+    state = method.init_state("q", QUESTIONS[0], _prompt(tiny_engine, QUESTIONS[0]))
+    with pytest.raises(
+        ConfigError, match=r"counterpart for 50\.0% of the policy's tokens.*min_vocab_overlap=0\.9"
+    ):
+        method.step([state], StepContext(tiny_engine, reward, 0))
+
+
+def test_qwen_prm_with_its_own_step_token_aligns_and_matches_at_one_hot(tiny_engine, tmp_path):
+    """A qwen-style PRM whose tokenizer adds ``<extra_0>`` (so its vocabulary is not the policy's): the
+    soft rows go through the token-string alignment, and a one-step response scores as ``score`` does."""
+    import torch
+    from transformers import LlamaConfig, LlamaForTokenClassification
+
+    from srd_worker.engines.loading import build_tiny_llama
+    from srd_worker.rewards.hf_prm import HFProcessReward
+
+    _, tok = build_tiny_llama()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<extra_0>"]})
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=2,
+        pad_token_id=tok.pad_token_id,
+        initializer_range=0.2,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(3)
+        LlamaForTokenClassification(cfg).save_pretrained(tmp_path / "qprm")
+    tok.save_pretrained(tmp_path / "qprm")
+    prm = HFProcessReward(str(tmp_path / "qprm"), style="qwen", device="cpu", dtype="float32")
+    vocab = tiny_engine.gradients.vocab_tokens()
+    assert prm.vocab_overlap(vocab) == 1.0 and len(vocab) < len(tok)
+    y = _one_hot(tiny_engine, " is 7")
+    soft = prm.soft_score(QUESTIONS[0], "3 + 4", y, vocab)
+    hard = prm.score([QUESTIONS[0]], ["3 + 4 is 7"], finished=[True])[0]
+    assert abs(float(soft.detach()) - hard) < 1e-5
 
 
 # ------------------------------------------------------------------------------------- refusals

@@ -173,19 +173,27 @@ class OpenAIClient:
 
 
 def _load_tokenizer(name: str, settings: Any) -> Any:
-    """The HF tokenizer of ``name`` (see the module docstring), wrapped as the engine's Tokenizer."""
-    from srd_worker.engines.loading import TINY_MODEL, resolve_model_path
+    """The HF tokenizer of ``name`` (see the module docstring), wrapped as the engine's Tokenizer. Only
+    tokenizer files are read: ``smollm2``'s comes from its GGUF file, not from the exported model."""
+    from srd_worker.engines.loading import (
+        DEFAULT_MODEL,
+        SMOLLM2_GGUF,
+        TINY_MODEL,
+        resolve_model_path,
+        smollm2_dir,
+    )
     from srd_worker.engines.transformers_engine import HFTokenizer
 
     if name == TINY_MODEL:
         from srd_worker.engines.loading import build_tiny_llama
 
-        return HFTokenizer(build_tiny_llama(hidden_size=8, layers=1)[1]), "built-in byte tokenizer"
-    path = resolve_model_path(name, settings.cache_dir)
+        return HFTokenizer(build_tiny_llama(hidden_size=8, layers=1)[1])
     from transformers import AutoTokenizer
 
     try:
-        return HFTokenizer(AutoTokenizer.from_pretrained(path)), path
+        if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+            return HFTokenizer(AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF))
+        return HFTokenizer(AutoTokenizer.from_pretrained(resolve_model_path(name, settings.cache_dir)))
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load the tokenizer '{name}' for the openai engine: {exc}. Set SRDQ_OPENAI_TOKENIZER to a "
@@ -262,14 +270,15 @@ class OpenAIEngine:
             retry_s=float(getattr(settings, "openai_retry_s", 300.0)),
             concurrency=concurrency,
         )
-        tokenizer, source = _load_tokenizer(getattr(settings, "openai_tokenizer", None) or model, settings)
+        tokenizer_name = getattr(settings, "openai_tokenizer", None) or model
+        tokenizer = _load_tokenizer(tokenizer_name, settings)
         return cls(
             client,
             model,
             tokenizer,
             max_context=getattr(settings, "openai_max_context", None),
             concurrency=concurrency,
-            tokenizer_source=str(source),
+            tokenizer_source=tokenizer_name,
         )
 
     def close(self) -> None:

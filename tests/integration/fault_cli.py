@@ -4,7 +4,9 @@ engine registry wraps every transformers engine it builds in ``tests.faults.Faul
 from the environment:
 
 - ``SRDQ_TEST_POISON``: a request whose prompt contains this text raises;
-- ``SRDQ_TEST_OOM_ABOVE``: a batch of more requests than this raises ``torch.OutOfMemoryError``.
+- ``SRDQ_TEST_OOM_ABOVE``: a batch of more requests than this raises ``torch.OutOfMemoryError``;
+- ``SRDQ_TEST_PER_REQUEST=1``: generate request by request (results independent of the batch
+  composition, which an out-of-memory error changes differently in a fleet's slices and ``srdq run``).
 
 The product has no such hook: the wrapping happens here, before the CLI starts (a Celery worker's pool
 children are forked from this process, so they build wrapped engines too).
@@ -22,12 +24,14 @@ from srd_worker.engines import registry
 def _install() -> None:
     poison = os.environ.get("SRDQ_TEST_POISON") or None
     oom_above = int(os.environ["SRDQ_TEST_OOM_ABOVE"]) if os.environ.get("SRDQ_TEST_OOM_ABOVE") else None
+    per_request = os.environ.get("SRDQ_TEST_PER_REQUEST") == "1"
     entry = registry.ENGINES["transformers"]
 
     def factory(model: str, settings: Any) -> Any:
         from tests.faults import FaultyEngine
 
-        return FaultyEngine(entry.factory(model, settings), poison=poison, oom_above=oom_above)
+        inner = entry.factory(model, settings)
+        return FaultyEngine(inner, poison=poison, oom_above=oom_above, per_request=per_request)
 
     registry.ENGINES["transformers"] = dataclasses.replace(entry, factory=factory)
 

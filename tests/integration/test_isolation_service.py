@@ -1,9 +1,10 @@
 """Per-item fault isolation on the fleet path: real PostgreSQL and Redis, real worker processes whose
-engine raises for one poisoned prompt (``tests/integration/fault_cli.py`` wraps the real tiny Llama
-engine; the product is unchanged). The shard holding the poisoned item finishes with that item as an
-error row and every other item done, the worker crashing mid-shard (``SRDQ_CRASH_AFTER_ROUND``) and
-another slice resuming from the checkpoint changes nothing, and the results equal the embedded
-``srdq run`` with the same fault.
+engine raises for one poisoned prompt and runs out of memory on batches above a size
+(``tests/integration/fault_cli.py`` wraps the real tiny Llama engine; the product is unchanged). The
+shard holding the poisoned item finishes with that item as an error row and every other item done;
+the out-of-memory error lowers the batch size instead of failing anything; the worker crashing
+mid-shard (``SRDQ_CRASH_AFTER_ROUND``) and another slice resuming from the checkpoint changes nothing;
+the results equal the embedded ``srdq run`` with the same faults.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ pytestmark = pytest.mark.integration
 FAULT_CLI = [sys.executable, "-m", "tests.integration.fault_cli"]
 POISON = "[poison]"
 ROWS, POISONED = 6, 1
+OOM_ABOVE = 6  # requests per engine call: 3 items of n=2 fit, the shard's 6 items do not
 ARGS = [
     "--method",
     "best_of_n",
@@ -40,7 +42,7 @@ ARGS = [
     "--seed",
     "5",
     "--shard-size",
-    "3",
+    "6",
 ]
 
 
@@ -62,7 +64,12 @@ def dataset(tmp_path, datasets_dir) -> Path:
 
 
 def test_poisoned_item_is_an_error_row_and_the_shard_completes_across_a_crash(tmp_path, dataset):
-    fault_env = {"SRDQ_TEST_POISON": POISON}
+    # request by request: the OOM limit restarts with each fleet slice (not in srdq run), so batches differ
+    fault_env = {
+        "SRDQ_TEST_POISON": POISON,
+        "SRDQ_TEST_OOM_ABOVE": str(OOM_ABOVE),
+        "SRDQ_TEST_PER_REQUEST": "1",
+    }
     # the embedded runner with the same fault: the reference
     out = tmp_path / "ref"
     ref = subprocess.run(
@@ -89,8 +96,8 @@ def test_poisoned_item_is_an_error_row_and_the_shard_completes_across_a_crash(tm
         )
         assert sub.returncode == 0, sub.stderr
         run_id = sub.stdout.strip()
-        # every shard's first slice dies right after committing round 2 (the poisoned item's error
-        # state was committed in round 1); the reaper re-enqueues and a new pool child resumes
+        # the first slice dies right after committing round 2 (the poisoned item's error state was
+        # committed in round 1); the reaper re-enqueues and a new pool child resumes
         log = open(tmp_path / "w.log", "w")  # noqa: SIM115 - closed below
         worker = subprocess.Popen(
             [*FAULT_CLI, "worker", "--loglevel", "INFO"],
@@ -116,11 +123,12 @@ def test_poisoned_item_is_an_error_row_and_the_shard_completes_across_a_crash(tm
         assert all(
             r["error"] is None and r["response"] is not None for i, r in enumerate(got) if i != POISONED
         )
-        assert db_rows(env, "select status from shard where run_id = :r", r=run_id) == [("done",)] * 2
+        assert db_rows(env, "select status from shard where run_id = :r", r=run_id) == [("done",)]
 
         text = (tmp_path / "w.log").read_text()
         assert f"item {reference[POISONED]['item_id']} failed at its round 0" in text
         assert "retrying its halves" in text
+        assert "batch limit lowered to 3 for the rest of the slice" in text
         assert "resuming from checkpointed round 2" in text  # the crash happened and was resumed
 
         st = subprocess.run(

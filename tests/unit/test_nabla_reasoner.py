@@ -468,6 +468,30 @@ def test_srdq_run_on_the_testbed(testbed_results):
 
 
 @pytest.mark.slow
+def test_counters_reach_export_and_report(testbed_results, tmp_path):
+    import csv
+
+    from tests.cli import run_srdq
+
+    out = testbed_results.parent.parent
+    run_id = testbed_results.parent.name
+    exported = tmp_path / "nabla.csv"
+    proc = run_srdq("export", run_id, "--format", "csv", "--out", str(exported), "--db", str(out))
+    assert proc.returncode == 0, proc.stderr
+    with exported.open(newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 2
+    for name in COUNTERS:
+        assert f"extra.{name}" in rows[0], name
+    assert [int(r["extra.n_generated_tokens"]) for r in rows] == [
+        json.loads(line)["extra"]["n_generated_tokens"] for line in testbed_results.read_text().splitlines()
+    ]
+    proc = run_srdq("report", run_id, "--out", str(tmp_path / "report"), "--db", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "nabla_reasoner" in (tmp_path / "report" / "report.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
 def test_srdq_run_killed_and_resumed_is_byte_identical(tmp_path, testbed_results):
     out = tmp_path / "out"
     crashed = _testbed_run(out, SRDQ_CRASH_AFTER_ROUND="2")

@@ -137,6 +137,10 @@ def run_local(
     t0 = time.perf_counter()
     spec = prepared.spec
     check_spec(prepared.method, engine=spec.engine, reward=spec.reward)  # before anything is written
+    if engine is None:
+        from srd_worker.engines.registry import check_engine_settings
+
+        check_engine_settings(spec.engine, settings)  # e.g. the openai engine's SRDQ_OPENAI_BASE_URL
     run_id = spec.run_id()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

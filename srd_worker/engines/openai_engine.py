@@ -202,6 +202,21 @@ def _load_tokenizer(name: str, settings: Any) -> Any:
         ) from exc
 
 
+def check_settings(settings: Any) -> str:
+    """The server URL from the settings; ConfigError naming SRDQ_OPENAI_BASE_URL when it is missing or not
+    an http(s) URL (``srdq run`` checks this before it writes anything)."""
+    base = getattr(settings, "openai_base_url", None)
+    if not base:
+        raise ConfigError(
+            "the openai engine needs the model server's URL: set SRDQ_OPENAI_BASE_URL (e.g. http://127.0.0.1:8000/v1)"
+        )
+    if not str(base).startswith(("http://", "https://")):
+        raise ConfigError(
+            f"SRDQ_OPENAI_BASE_URL must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base!r}"
+        )
+    return str(base)
+
+
 class OpenAIEngine:
     name = "openai"
     capabilities = frozenset({CAP_SAMPLING, CAP_LOGPROBS})
@@ -253,12 +268,7 @@ class OpenAIEngine:
 
     @classmethod
     def from_settings(cls, model: str, settings: Any) -> OpenAIEngine:
-        base = getattr(settings, "openai_base_url", None)
-        if not base:
-            raise ConfigError(
-                "the openai engine needs the model server's URL: set SRDQ_OPENAI_BASE_URL "
-                "(e.g. http://127.0.0.1:8000/v1)"
-            )
+        base = check_settings(settings)
         key = getattr(settings, "openai_api_key", None)
         key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
         key = key or os.environ.get("OPENAI_API_KEY") or None

@@ -72,6 +72,15 @@ def engine_capabilities(name: str) -> frozenset[str]:
     return _entry(name).capabilities
 
 
+def check_engine_settings(name: str, settings: Any) -> None:
+    """ConfigError when a setting engine ``name`` cannot start without is missing or malformed (the openai
+    engine's server URL); cheap, no I/O. ``srdq run`` calls it before writing anything."""
+    if name == "openai":
+        from srd_worker.engines.openai_engine import check_settings
+
+        check_settings(settings)
+
+
 def build_engine(name: str, model: str, settings: Any) -> Engine:
     """Build engine ``name`` over ``model`` with the settings' dtype, device, cache and GPU options."""
     return _entry(name).factory(model, settings)

@@ -27,7 +27,9 @@ MODEL = "tiny-random-llama"
 
 def canned(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """The fault server's default answer: ``max_tokens`` tokens 65, 66, ..., stopped by length."""
-    return 200, completion(list(range(65, 65 + body.get("max_tokens", 1))), "length")
+    ids = list(range(65, 65 + body.get("max_tokens", 1)))
+    extra = {"logprobs": {"token_logprobs": [-1.0] * len(ids)}} if body.get("logprobs") else {}
+    return 200, completion(ids, "length", **extra)
 
 
 class FaultServer:
@@ -110,7 +112,6 @@ def test_requests_are_token_ids_with_per_request_seeds_and_sampling_params(fault
     sp = SamplingParams(
         temperature=0.5, top_p=0.8, top_k=0, max_new_tokens=7, stop=("zz",), seed=-1, logprobs=True
     )
-    fault.script = [(200, completion([65, 66], "length", logprobs={"token_logprobs": [-1.0, -2.0]}))]
     near = tuple([65] * 61)
     gens = eng.generate(
         [
@@ -137,7 +138,7 @@ def test_requests_are_token_ids_with_per_request_seeds_and_sampling_params(fault
     assert (b["top_k"], b["seed"], "logprobs" in b, "stop" in b) == (12, 3, False, False)
     assert next(b for b in bodies if b["prompt"] == list(near))["max_tokens"] == 3
     assert gens[3].token_ids == [] and gens[3].logprobs == [] and gens[3].finish_reason == "length"
-    assert [len(g.token_ids) for g in gens[:3]] == [2, 2, 3]
+    assert [len(g.token_ids) for g in gens[:3]] == [7, 2, 3] and gens[0].logprobs == [-1.0] * 7
 
 
 def test_transient_failures_are_retried_with_backoff(fault, tmp_path):
@@ -307,3 +308,17 @@ def test_a_shard_on_a_down_server_goes_back_to_pending_without_using_attempts(fa
         )
     finally:
         db.dispose()
+
+
+def test_srdq_run_without_a_server_url_writes_nothing(tmp_path, monkeypatch, datasets_dir):
+    from click.testing import CliRunner
+    from srdq_cli.main import cli
+
+    monkeypatch.delenv("SRDQ_OPENAI_BASE_URL", raising=False)
+    out = tmp_path / "out"
+    args = ["run", str(datasets_dir / "gsm8k_test.jsonl"), "--method", "sampling", "--engine", "openai"]
+    res = CliRunner().invoke(cli, [*args, "--model", MODEL, "--limit", "1", "--out", str(out)])
+    assert res.exit_code == 1 and "SRDQ_OPENAI_BASE_URL" in res.output and not out.exists()
+    monkeypatch.setenv("SRDQ_OPENAI_BASE_URL", "localhost:8000/v1")  # no scheme
+    res = CliRunner().invoke(cli, [*args, "--model", MODEL, "--limit", "1", "--out", str(out)])
+    assert res.exit_code == 1 and "http(s) URL" in res.output and not out.exists()

@@ -245,13 +245,10 @@ def test_parameters_are_checked():
 
 @pytest.fixture(scope="module")
 def testbed_engine():
-    import torch
-
     from srd_worker.engines.loading import load_model
     from srd_worker.engines.transformers_engine import TransformersEngine
 
     model, tokenizer = load_model("testbed", cache_dir=Path("."), dtype="float32")
-    torch.set_num_threads(2)
     return TransformersEngine(model, tokenizer, max_batch_size=64, model_name="testbed")
 
 

@@ -154,9 +154,10 @@ def test_infrastructure_and_systemic_faults_fail_the_slice_and_write_nothing(
     with pytest.raises(raised):
         shard.run(FaultyEngine(tiny_engine, fail_all=exc, per_request=True))
     assert shard.store.load_checkpoints() == {}  # no round committed, no item marked as an error
-    # the retried slice (a healthy engine now) gives what a run without the fault gives
-    out = shard.run(FaultyEngine(tiny_engine, per_request=True))
-    assert out.finished and strip(out.records) == clean
+    if raised is ConnectionRefusedError:  # (once is enough: the rerun costs a whole clean run)
+        # the retried slice (a healthy engine now) gives what a run without the fault gives
+        out = shard.run(FaultyEngine(tiny_engine, per_request=True))
+        assert out.finished and strip(out.records) == clean
 
 
 def test_resume_keeps_the_error_row_and_equals_an_uninterrupted_run(tmp_path, tiny_engine):

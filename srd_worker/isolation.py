@@ -183,6 +183,7 @@ class Isolation:
         systemic faults (every state is then as it was before this call or as its last successful
         sub-batch left it; the runner checkpoints nothing of a round that raised)."""
         failures: list[tuple[dict[str, Any], BaseException, str]] = []
+        splits, retries, ooms = self.log.splits, self.log.retries, self.log.oom_events
         self._run(method, states, ctx, failures, first=True)
         if failures and len(failures) == len(states) >= 2:
             state, exc, _ = failures[0]
@@ -205,6 +206,15 @@ class Isolation:
             )
             faults.append(fault)
         self.log.faults.extend(faults)
+        if faults or self.log.splits > splits or self.log.oom_events > ooms:  # not every chunked round
+            log.warning(
+                "round of %d items: %d split(s), %d extra step call(s), batch limit %s, isolated: %s",
+                len(states),
+                self.log.splits - splits,
+                self.log.retries - retries,
+                self.log.batch_limit or "none",
+                ", ".join(f.item_id for f in faults) or "none",
+            )
         return faults
 
     def _run(

@@ -62,10 +62,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class BuildConfig:
-    n_train: int = 6000
+    n_train: int = 16000
     n_calibration: int = 600
     n_test: int = 600
-    difficulty: Difficulty = field(default_factory=lambda: Difficulty(max_operand=20, max_value=150))
+    difficulty: Difficulty = field(default_factory=lambda: Difficulty(max_operand=9, max_value=50))
     policy: ModelConfig = field(
         default_factory=lambda: ModelConfig(
             hidden_size=128,
@@ -73,9 +73,10 @@ class BuildConfig:
             heads=4,
             kv_heads=2,
             intermediate_size=384,
-            steps=1100,
+            steps=450,
             batch_size=16,
-            warmup=50,
+            lr=1.5e-3,
+            warmup=20,
         )
     )
     draft: ModelConfig = field(
@@ -85,21 +86,38 @@ class BuildConfig:
             heads=2,
             kv_heads=1,
             intermediate_size=192,
-            steps=600,
+            steps=300,
             batch_size=16,
-            warmup=50,
+            lr=2e-3,
+            warmup=20,
         )
     )
+    #: A finished build folder whose ``policy`` and ``draft`` are trained further instead of starting from
+    #: random weights (same architecture); None = from scratch. The manifest records that folder's
+    #: manifest (its seed, configuration and weights' sha256), so the chain can be rebuilt stage by stage.
+    init_from: str | None = None
+    #: Which training stage this is (0 = from scratch); offsets the training seeds, so a stage trained
+    #: from an earlier one sees the data in another order (the data splits depend on the seed only).
+    stage: int = 0
     rm_problems: int = 400
     rm_samples: int = 4
-    rm_steps: int = 150
+    rm_steps: int = 120
     rm_batch_size: int = 32
     rm_lr: float = 1e-3
     rm_heldout_fraction: float = 0.2
     eval_problems: int = 300
+    #: greedy accuracy on this many calibration problems is logged every ``eval_every`` training steps
+    #: (0: never); a progress read-out only, not used by the build.
+    eval_every: int = 150
+    eval_every_problems: int = 100
     max_new_tokens: int = 96
     max_positions: int = 512
-    threads: int = 2
+    #: One thread: on a shared 2-core machine two threads that wait on each other are several times
+    #: slower than one.
+    threads: int = 1
+    #: Train under ``torch.autocast`` in bf16 (fp32 master weights), several times faster on CPUs with
+    #: AMX/AVX512-bf16 and harmless elsewhere.
+    autocast_bf16: bool = False
 
 
 def sha256_file(path: Path) -> str:
@@ -182,6 +200,15 @@ def _batches(lengths: Sequence[int], batch_size: int, steps: int, rng: random.Ra
     return out[:steps]
 
 
+def _autocast(enabled: bool) -> Any:
+    """bf16 autocast on the CPU (matmuls in bf16, fp32 master weights), or a no-op."""
+    import contextlib
+
+    import torch
+
+    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
 def _padded(seqs: Sequence[Sequence[int]], pad: int, fill_labels: Sequence[Sequence[int]] | None = None):
     import torch
 
@@ -205,13 +232,19 @@ def train_lm(
     seed: int,
     max_positions: int,
     log: Callable[[str], None],
+    autocast_bf16: bool = False,
+    progress: Callable[[Any, int], None] | None = None,
+    progress_every: int = 0,
+    init: Any = None,
 ) -> Any:
-    """A LlamaForCausalLM trained on (prompt ids, response ids) pairs, loss on the response only."""
+    """A LlamaForCausalLM trained on (prompt ids, response ids) pairs, loss on the response only.
+    ``progress(model, step)`` is called every ``progress_every`` steps (in eval mode, then back); ``init``
+    is a model to train further (fp32) instead of a new one."""
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(cfg, tokenizer, max_positions))
+    model = init if init is not None else LlamaForCausalLM(llama_config(cfg, tokenizer, max_positions))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = random.Random(seed)
@@ -223,13 +256,18 @@ def train_lm(
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, cfg.steps, cfg.lr, cfg.warmup)
         ids, mask, lab = _padded([seqs[i] for i in batch], pad, [labels[i] for i in batch])
-        loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
+        with _autocast(autocast_bf16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % 50 == 0 or step == cfg.steps - 1:
             log(f"  step {step:4d}/{cfg.steps} loss {loss.item():.4f} ({time.perf_counter() - t0:.0f}s)")
+        if progress is not None and progress_every and step and step % progress_every == 0:
+            model.eval()
+            progress(model, step)
+            model.train()
     model.eval()
     return model
 
@@ -331,7 +369,8 @@ def build(
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
 
-    # 1. data
+    # 1. data: calibration and test are written; train is regenerated from the seed (its sha256 is in the
+    # manifest), which keeps the committed artifacts small.
     splits = split_rows(
         seed=seed,
         n_train=cfg.n_train,
@@ -339,28 +378,12 @@ def build(
         n_test=cfg.n_test,
         difficulty=cfg.difficulty,
     )
-    for name, rows in splits.items():
-        write_jsonl(out / "data" / f"{name}.jsonl", rows)
+    for name in ("calibration", "test"):
+        write_jsonl(out / "data" / f"{name}.jsonl", splits[name])
+    stale_train = out / "data" / "train.jsonl"
+    if stale_train.exists():
+        stale_train.unlink()
     log(f"data: {', '.join(f'{k} {len(v)}' for k, v in splits.items())}")
-
-    # 2. policy and draft
-    tokenizer = build_tokenizer()
-    hf_tok = HFTokenizer(tokenizer)
-    eos = tokenizer.eos_token_id
-    examples = [
-        (_prompt_ids(hf_tok, r["question"]), hf_tok.encode(r["solution"]) + [eos]) for r in splits["train"]
-    ]
-    models: dict[str, Any] = {}
-    for name, mcfg, mseed in (("policy", cfg.policy, seed), ("draft", cfg.draft, seed + 1)):
-        t0 = time.perf_counter()
-        log(f"{name}: training {mcfg}")
-        models[name] = train_lm(
-            mcfg, tokenizer, examples, seed=mseed, max_positions=cfg.max_positions, log=log
-        )
-        _save(models[name], tokenizer, out / name)
-        # evaluate what was saved: bf16 weights (computed in fp32 here)
-        models[name].to(torch.bfloat16).to(torch.float32)
-        timings[f"train_{name}_s"] = round(time.perf_counter() - t0, 1)
 
     task = GSM8KTask()
 
@@ -371,6 +394,69 @@ def build(
         from srd_worker.tasks.base import Item
 
         return Item(id=row["id"], question=row["question"], gold=str(row["final"]), meta={})
+
+    # 2. policy and draft
+    tokenizer = build_tokenizer()
+    hf_tok = HFTokenizer(tokenizer)
+    eos = tokenizer.eos_token_id
+    examples = [
+        (_prompt_ids(hf_tok, r["question"]), hf_tok.encode(r["solution"]) + [eos]) for r in splits["train"]
+    ]
+    watch = splits["calibration"][-cfg.eval_every_problems :] if cfg.eval_every_problems else []
+    watch_prompts = [_prompt_ids(hf_tok, r["question"]) for r in watch]
+
+    def progress(model: Any, step: int) -> None:
+        resp = generate(
+            model, tokenizer, watch_prompts, greedy=True, seed=0, max_new_tokens=cfg.max_new_tokens
+        )
+        acc = _accuracy(watch, grade(watch, resp))
+        by = " ".join(f"{k}:{v['accuracy']:.2f}" for k, v in acc["by_steps"].items())
+        log(
+            f"  step {step}: greedy accuracy {acc['accuracy']:.3f} on {len(watch)} calibration problems ({by})"
+        )
+
+    inits: dict[str, Any] = {}
+    init_manifest: dict[str, Any] | None = None
+    if cfg.init_from:
+        from transformers import LlamaForCausalLM
+
+        init_dir = Path(cfg.init_from)
+        previous = init_dir / "manifest.json"
+        prev = json.loads(previous.read_text(encoding="utf-8")) if previous.is_file() else {}
+        for name in ("policy", "draft"):
+            inits[name] = LlamaForCausalLM.from_pretrained(init_dir / name, dtype=torch.float32)
+        init_manifest = {
+            "seed": prev.get("seed"),
+            "config": prev.get("config"),
+            "init": prev.get("init"),
+            "weights_sha256": {
+                name: sha256_file(init_dir / name / "model.safetensors") for name in ("policy", "draft")
+            },
+        }
+        log(f"training further from {init_dir}: {init_manifest['weights_sha256']}")
+    models: dict[str, Any] = {}
+    for name, mcfg, mseed in (
+        ("policy", cfg.policy, seed + 100 * cfg.stage),
+        ("draft", cfg.draft, seed + 1 + 100 * cfg.stage),
+    ):
+        t0 = time.perf_counter()
+        log(f"{name}: training {mcfg}")
+        models[name] = train_lm(
+            mcfg,
+            tokenizer,
+            examples,
+            seed=mseed,
+            max_positions=cfg.max_positions,
+            log=log,
+            autocast_bf16=cfg.autocast_bf16,
+            progress=progress if watch else None,
+            progress_every=cfg.eval_every,
+            init=inits.get(name),
+        )
+        _save(models[name], tokenizer, out / name)
+        # evaluate what was saved: bf16 weights (computed in fp32 here)
+        models[name].to(torch.bfloat16).to(torch.float32)
+        timings[f"train_{name}_s"] = round(time.perf_counter() - t0, 1)
 
     # 3. evaluation on the test split
     t0 = time.perf_counter()
@@ -441,7 +527,8 @@ def build(
     ):
         for g in opt.param_groups:
             g["lr"] = _lr_at(step, cfg.rm_steps, cfg.rm_lr, 20)
-        logits = rm_logits(rm, [train_x[i][0] for i in batch])
+        with _autocast(cfg.autocast_bf16):
+            logits = rm_logits(rm, [train_x[i][0] for i in batch]).float()
         target = torch.tensor([train_x[i][1] for i in batch])
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target)
         opt.zero_grad(set_to_none=True)
@@ -474,6 +561,14 @@ def build(
     manifest = {
         "seed": seed,
         "config": asdict(cfg),
+        "init": init_manifest,
+        "train_split": {
+            "rows": len(splits["train"]),
+            "sha256": hashlib.sha256(
+                "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in splits["train"]).encode("utf-8")
+            ).hexdigest(),
+            "note": "not written: generate(n_train, seed=seed, split='train', difficulty) rebuilds it",
+        },
         "parameters": {k: sum(p.numel() for p in m.parameters()) for k, m in (*models.items(), ("rm", rm))},
         "sampling": SAMPLING,
         "evaluation": evaluation,

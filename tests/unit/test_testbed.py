@@ -1,5 +1,6 @@
 """The CPU reasoning testbed (srd_worker/testbed): deterministic generator with correct gold answers, the
-committed build matching its manifest, and the trained policy and reward model working through srdq."""
+committed build matching its manifest (files, regenerated train split), the trained policy and reward model
+working through srdq (by path and by the names ``testbed`` / ``hf-orm:testbed-rm``), and a tiny build."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from srdq_cli.main import cli
 from srd_worker.rewards.arithmetic import check_claims
 from srd_worker.tasks.gsm8k import GSM8KTask
 from srd_worker.testbed.generator import Difficulty, generate, split_rows
-from srd_worker.testbed.train import ARTIFACTS_DIR, auroc, sha256_file
+from srd_worker.testbed.train import ARTIFACTS_DIR, BuildConfig, ModelConfig, auroc, build, sha256_file
 
 MANIFEST = ARTIFACTS_DIR / "manifest.json"
 
@@ -70,7 +71,56 @@ def test_committed_files_match_the_manifest() -> None:
         assert path.stat().st_size == meta["bytes"], name
         assert sha256_file(path) == meta["sha256"], name
     assert {"policy", "draft", "rm"} <= set(manifest["parameters"])
+    assert manifest["parameters"]["draft"] < manifest["parameters"]["policy"]
     assert manifest["reward_model"]["heldout_complete"]["auroc"] is not None
+
+
+def test_train_split_regenerates_from_the_manifest() -> None:
+    """The train split is not committed: the manifest's seed and difficulty rebuild it, byte for byte."""
+    import hashlib
+
+    manifest = json.loads(MANIFEST.read_text(encoding="utf-8"))
+    cfg = manifest["config"]
+    rows = generate(
+        cfg["n_train"], seed=manifest["seed"], split="train", difficulty=Difficulty(**cfg["difficulty"])
+    )
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    assert hashlib.sha256(text.encode("utf-8")).hexdigest() == manifest["train_split"]["sha256"]
+    assert len(rows) == manifest["train_split"]["rows"]
+
+
+def test_testbed_names_resolve_to_the_committed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from srd_worker.datasets import resolve_dataset
+    from srd_worker.rewards.registry import parse_reward_name
+
+    monkeypatch.chdir(tmp_path)  # no local file called testbed
+    assert resolve_dataset("testbed") == ARTIFACTS_DIR / "data" / "test.jsonl"
+    assert parse_reward_name("hf-orm:testbed-rm") == ("hf-orm", str(ARTIFACTS_DIR / "rm"), None)
+    Path("testbed").write_text('{"question": "1+1?", "answer": "#### 2"}\n', encoding="utf-8")
+    assert resolve_dataset("testbed") == Path("testbed")  # a local file still wins
+
+
+def test_a_tiny_build_writes_a_loadable_set_and_its_manifest(tmp_path: Path) -> None:
+    """The whole build at toy size: every stage runs and the manifest describes what was written."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    tiny = ModelConfig(
+        hidden_size=16, layers=1, heads=2, kv_heads=1, intermediate_size=32, steps=2, batch_size=4
+    )
+    cfg = BuildConfig(
+        n_train=24, n_calibration=12, n_test=8, policy=tiny, draft=tiny, rm_problems=6, rm_samples=2,
+        rm_steps=2, rm_batch_size=4, eval_problems=4, eval_every=0, max_new_tokens=8,
+    )  # fmt: skip
+    manifest = build(tmp_path, seed=3, config=cfg, log=lambda _: None)
+    assert set(manifest["files"]) >= {"data/test.jsonl", "policy/model.safetensors", "rm/model.safetensors"}
+    for name, meta in manifest["files"].items():
+        assert sha256_file(tmp_path / name) == meta["sha256"], name
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest
+    assert manifest["train_split"]["rows"] == 24 and manifest["config"]["policy"]["steps"] == 2
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "policy").config.vocab_size > 100
+    assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "rm").config.num_labels == 1
 
 
 def test_policy_solves_some_easy_problems_greedily() -> None:
@@ -113,3 +163,28 @@ def test_srdq_run_best_of_n_with_the_testbed_policy_and_rm(tmp_path: Path) -> No
     assert len(records) == 3
     assert all(r["response"] and isinstance(r["reward"], float) for r in records)
     assert any("\\boxed{" in r["response"] for r in records)
+
+
+@pytest.mark.e2e
+def test_srdq_run_by_the_testbed_names(tmp_path: Path) -> None:
+    """``srdq run testbed --model testbed --reward hf-orm:testbed-rm``: the same run as by paths."""
+    out = tmp_path / "out"
+    common = ["--limit", "2", "--method", "best_of_n", "--n", "2", "--max-new-tokens", "48"]
+    by_name = [
+        "run",
+        "testbed",
+        *common,
+        "--model",
+        "testbed",
+        "--reward",
+        "hf-orm:testbed-rm",
+        "--out",
+        str(out),
+    ]
+    result = CliRunner().invoke(cli, by_name)
+    assert result.exit_code == 0, result.output
+    (results,) = out.glob("run-*/results.jsonl")
+    records = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines()]
+    rows = [json.loads(x) for x in (ARTIFACTS_DIR / "data" / "test.jsonl").read_text().splitlines()[:2]]
+    assert [r["gold"] for r in records] == [str(r["final"]) for r in rows]
+    assert all(isinstance(r["reward"], float) for r in records)

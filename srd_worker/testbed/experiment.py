@@ -1,0 +1,181 @@
+"""Run a grid of decoding methods on the testbed and tabulate it with 95% intervals (``make demo`` and
+``benchmarks/testbed.py`` use this; everything goes through srdq's own sweep, report and k-curve code).
+
+- ``run_grid`` runs a sweep (a dict in the ``srdq run --sweep`` file format) with the embedded runner
+  (``sweep.run_sweep_local``) into one output folder and returns the runs as ``reports.RunRecords``. Run
+  ids are deterministic, so a rerun only re-reports finished points.
+- ``kcurve_rows``: sampling, Best-of-k and self-consistency (majority@k) for every k ≤ n from the
+  candidates of ``best_of_n`` runs at n (``kcurves``: the first k of n seeded candidates ARE a run at k), per
+  problem, pooled over seeds with the two-stage bootstrap of ``stats.bootstrap_ci``. Tokens at k are k
+  times the problem's mean tokens per candidate (the expected cost of a k-subset).
+- ``run_rows``: one row per configuration of the other runs (``reports.pool_seeds``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from srd_worker.stats import Interval, bootstrap_ci
+
+
+@dataclass
+class Row:
+    """One method at one budget: accuracy and mean generated tokens per problem, with 95% intervals."""
+
+    method: str
+    n: int
+    accuracy: Interval
+    tokens: Interval
+    source: str  # "run" (its own runs) or "k-curve of best_of_n n=N"
+    run_ids: list[str]
+    #: per problem id, the correctness per seed (seeds in increasing order), for paired comparisons
+    values: dict[str, list[float | None]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "n": self.n,
+            "accuracy": self.accuracy.to_dict(),
+            "tokens": self.tokens.to_dict(),
+            "source": self.source,
+            "run_ids": self.run_ids,
+        }
+
+
+def run_grid(
+    sweep: dict[str, Any], out_dir: str | Path, *, settings: Any = None, log: Any = print
+) -> list[Any]:
+    """Run every point of ``sweep`` (embedded, one SQLite store under ``out_dir``); the runs' records."""
+    from srd_worker.export import load_report_runs
+    from srd_worker.settings import Settings
+    from srd_worker.store.db import make_engine, sqlite_url
+    from srd_worker.sweep import SweepPlan, parse_sweep, prepare_sweep, run_sweep_local
+
+    parsed = parse_sweep(sweep)
+    sid, prepared = prepare_sweep(parsed)
+    plan = SweepPlan(sid, "testbed", parsed, prepared)
+    out = Path(out_dir)
+
+    def on_point(i: int, point: Any, run_id: str, state: str) -> None:
+        log(f"[{i + 1}/{len(prepared)}] {run_id} {point.method} {point.params} seed {point.seed}: {state}")
+
+    run_sweep_local(plan, out_dir=out, settings=settings or Settings(device="cpu"), on_point=on_point)
+    db = make_engine(sqlite_url(out / "srdq.db"))
+    try:
+        return load_report_runs(db, plan.run_ids)
+    finally:
+        db.dispose()
+
+
+def _by_seed(runs: Sequence[Any]) -> dict[int, dict[str, dict[str, Any]]]:
+    return {int(r.spec.get("seed", 0)): {str(x["item_id"]): x for x in r.records} for r in runs}
+
+
+def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int]) -> list[Row]:
+    """Sampling (k=1), Best-of-k and majority@k rows from ``best_of_n`` runs of one configuration over
+    seeds (their kept candidates, each with ``correct``, ``reward``, ``answer`` and ``n_tokens``)."""
+    from srd_worker.kcurves import best_of_k, usable, vote_at_k
+
+    seeds = _by_seed(bon_runs)
+    order = sorted(seeds)
+    items = [i for i in seeds[order[0]] if all(i in seeds[s] for s in order)]
+    n = min(len(usable(seeds[s][i]) or []) for s in order for i in items)
+    ids = [r.run_id for r in bon_runs]
+    rows = []
+    for k in ks:
+        if k > n:
+            continue
+        best, vote, tokens = [], [], []
+        for i in items:
+            b_row, v_row, t_row = [], [], []
+            for s in order:
+                cands = (usable(seeds[s][i]) or [])[:n]
+                if not cands:
+                    b_row.append(None)
+                    v_row.append(None)
+                    t_row.append(None)
+                    continue
+                b_row.append(best_of_k(cands, k))
+                v_row.append(vote_at_k(cands, k, seed=s))
+                t_row.append(k * sum(int(c.get("n_tokens") or 0) for c in cands) / len(cands))
+            best.append(b_row)
+            vote.append(v_row)
+            tokens.append(t_row)
+        tok = bootstrap_ci(tokens)
+        source = f"k-curve of best_of_n n={n}"
+        if k == 1:
+            rows.append(
+                Row("sampling", 1, bootstrap_ci(best), tok, source, ids, dict(zip(items, best, strict=True)))
+            )
+            continue
+        rows.append(
+            Row("best_of_n", k, bootstrap_ci(best), tok, source, ids, dict(zip(items, best, strict=True)))
+        )
+        rows.append(
+            Row(
+                "self_consistency",
+                k,
+                bootstrap_ci(vote),
+                tok,
+                source,
+                ids,
+                dict(zip(items, vote, strict=True)),
+            )
+        )
+    return rows
+
+
+def run_rows(runs: Sequence[Any]) -> list[Row]:
+    """One row per configuration (runs that differ only in their seed pooled), intervals over problems and
+    seeds (``reports.pool_seeds``)."""
+    from srd_worker.reports import pool_seeds
+
+    return [
+        Row(g.method, int(g.budget or 1), g.accuracy, g.tokens, "run", list(g.run_ids))
+        for g in pool_seeds(runs)
+    ]
+
+
+def correctness(runs: Sequence[Any]) -> dict[str, list[float | None]]:
+    """Per problem id, each seed's correctness (1/0, None when ungraded or failed), seeds in increasing
+    order: the layout of ``Row.values``."""
+    from srd_worker.reports import correct_value
+
+    seeds = _by_seed(runs)
+    order = sorted(seeds)
+    items = [i for i in seeds[order[0]] if all(i in seeds[s] for s in order)]
+    return {i: [correct_value(seeds[s][i]) for s in order] for i in items}
+
+
+def paired_values(a: dict[str, list[float | None]], b: dict[str, list[float | None]]) -> Any:
+    """``stats.paired`` of two ``Row.values`` layouts over the problems both have."""
+    from srd_worker.stats import paired
+
+    common = [i for i in a if i in b]
+    return paired([a[i] for i in common], [b[i] for i in common])
+
+
+def markdown(rows: Sequence[Row]) -> str:
+    """The rows as a markdown table: accuracy (%) and mean generated tokens with 95% intervals."""
+    lines = [
+        "| method | N | accuracy % [95% CI] | mean gen tokens [95% CI] | problems × seeds | from |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        a, t = r.accuracy, r.tokens
+        acc = (
+            "n/a"
+            if a.mean is None
+            else f"{100 * a.mean:.1f} [{100 * (a.low or 0):.1f}, {100 * (a.high or 0):.1f}]"
+        )
+        tok = "n/a" if t.mean is None else f"{t.mean:.1f} [{t.low or 0:.1f}, {t.high or 0:.1f}]"
+        lines.append(f"| {r.method} | {r.n} | {acc} | {tok} | {a.problems} × {a.seeds} | {r.source} |")
+    return "\n".join(lines)
+
+
+def dump(rows: Sequence[Row], path: str | Path) -> None:
+    Path(path).write_text(json.dumps([r.to_dict() for r in rows], indent=1) + "\n", encoding="utf-8")

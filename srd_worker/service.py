@@ -248,14 +248,16 @@ def process_shard(
         spec = RunSpec(**crud.get_run(session=session, run_id=run_id).spec)
         rows = crud.list_items(session=session, run_id=run_id, shard_index=shard_index)
     try:
-        items, positions = _items(rows)
-        wired = wire(spec, settings=engines.settings, engine=engines.get(spec.model, spec.engine))
-        from srd_worker.provenance import record_runtime
-
-        # engine version, model and reward revisions, once per distinct record
-        record_runtime(db, run_id, spec, wired.engine, settings=engines.settings)
-        store = SqlShardStore(db, run_id, shard_index, lease=lease)
+        # the heartbeat starts before the engine is built: a first build (loading weights, starting a
+        # vLLM engine) can take longer than the lease's TTL, and the reaper must not take the shard meanwhile
         with Heartbeat(db, lease, cfg.lease_ttl_s):
+            items, positions = _items(rows)
+            wired = wire(spec, settings=engines.settings, engine=engines.get(spec.model, spec.engine))
+            from srd_worker.provenance import record_runtime
+
+            # engine version, model and reward revisions, once per distinct record
+            record_runtime(db, run_id, spec, wired.engine, settings=engines.settings)
+            store = SqlShardStore(db, run_id, shard_index, lease=lease)
             outcome = run_shard(
                 items=items,
                 positions=positions,

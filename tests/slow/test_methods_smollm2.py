@@ -25,6 +25,10 @@ EXTRA = {
     "srd": {"n": 4, "l_max": 12},
     "rejection_sampling": {"n": 4},
     "speculative_rejection": {"n": 4},
+    # the speculative family, with SmolLM2 as its own draft (the same tokenizer; a real second model load)
+    "speculative_sampling": {"draft_model": "smollm2", "gamma": 3},
+    "easd": {"draft_model": "smollm2", "gamma": 3, "tau_q": 1.0, "tau_p": 1.0},
+    "csd": {"draft_model": "smollm2", "gamma": 3},
 }
 
 

@@ -448,10 +448,10 @@ def status(
         if run_id is not None and run_id.startswith("sweep-"):
             _sweep_status(engine, run_id, watch=watch, as_json=as_json, interval=interval)
             return
-        if run_id is None:
-            from srd_worker import service
+        from srd_worker import status as run_status  # the store only: imports fast
 
-            runs = service.recent_runs(db=db)
+        if run_id is None:
+            runs = run_status.recent_runs(db=db)
             if as_json:
                 click.echo(
                     json.dumps(
@@ -478,8 +478,6 @@ def status(
                 )
             _console().print(table)
             return
-        from srd_worker import status as run_status  # the store only: imports fast
-
         run_status.ensure_run(db=db, run_id=run_id)
 
         def read() -> Any:
@@ -510,7 +508,7 @@ def _sweep_status(engine: Any, sweep_id: str, *, watch: bool, as_json: bool, int
 
     from srdq_cli.sweep_cli import sweep_status_view
 
-    from srd_worker import service
+    from srd_worker import status as service  # the store only: imports fast
 
     st = service.sweep_status(db=engine, sweep_id=sweep_id)
     if as_json and not watch:

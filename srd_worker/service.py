@@ -14,7 +14,6 @@ import threading
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,18 @@ from sqlalchemy import Engine
 
 from srd_worker.errors import EngineUnavailable, SrdqError, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
-from srd_worker.status import STATUS_SHARD_LIMIT, RunStatus, ShardStatus, run_status  # noqa: F401 - re-exported
+from srd_worker.status import (  # noqa: F401 - re-exported: the status reads live in the light status module
+    STATUS_SHARD_LIMIT,
+    RunStatus,
+    ShardStatus,
+    SweepStatus,
+    recent_runs,
+    run_status,
+    sweep_status,
+)
 from srd_worker.store import crud, leases, queries
 from srd_worker.store.db import session_scope
-from srd_worker.store.models import Run, Shard, utcnow
+from srd_worker.store.models import Shard, utcnow
 from srd_worker.tasks.base import Item
 from srd_worker.wiring import check_spec, wire
 
@@ -342,56 +349,6 @@ def resume(
 
 
 # ---------------------------------------------------------------------------------------------- status
-@dataclass
-class SweepStatus:
-    sweep_id: str
-    name: str
-    created_at: datetime
-    runs: list[RunStatus]
-    params: list[dict[str, Any]]  # each run's method parameters
-    seeds: list[int]
-
-    @property
-    def status(self) -> str:
-        states = {r.status for r in self.runs}
-        for state in ("running", "pending", "failed", "cancelled"):
-            if state in states:
-                return state
-        return "done"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "sweep_id": self.sweep_id,
-            "name": self.name,
-            "status": self.status,
-            "created_at": self.created_at.isoformat(),
-            "runs": [
-                {**r.to_dict(), "params": p, "seed": s}
-                for r, p, s in zip(self.runs, self.params, self.seeds, strict=True)
-            ],
-        }
-
-
-def sweep_status(*, db: Engine, sweep_id: str) -> SweepStatus:
-    """Progress of every run of a sweep, in expansion order."""
-    with session_scope(db) as session:
-        sweep = crud.get_sweep(session=session, sweep_id=sweep_id)
-        runs = crud.sweep_runs(session=session, sweep_id=sweep_id)
-    return SweepStatus(
-        sweep_id=sweep.id,
-        name=sweep.name,
-        created_at=sweep.created_at,
-        runs=[run_status(db=db, run_id=r.id) for r in runs],
-        params=[dict(r.spec.get("params") or {}) for r in runs],
-        seeds=[int(r.spec.get("seed", 0)) for r in runs],
-    )
-
-
-def recent_runs(*, db: Engine, limit: int = 20) -> list[Run]:
-    with session_scope(db) as session:
-        return queries.recent_runs(session=session, limit=limit)
-
-
 def shard_rows(*, db: Engine, run_id: str) -> list[Shard]:
     with session_scope(db) as session:
         return crud.list_shards(session=session, run_id=run_id)

@@ -5,7 +5,8 @@ Shard counts by state and the item / token totals come from the shard rows (the 
 ``crud.save_results`` keeps, migration 0004); tokens of unfinished items from the checkpoints of the
 started, unfinished shards only; the listed shards are the notable ones (running, failed, slow: pending
 again after an attempt crashed or raised) unless every shard is asked for. The cost grows with the
-number of shards, not with items or results. ``service`` re-exports these names.
+number of shards, not with items or results. Sweep status and the recent-runs table live here too;
+``service`` re-exports these names.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlalchemy import Engine
 
 from srd_worker.store import crud, queries
 from srd_worker.store.db import session_scope
-from srd_worker.store.models import Shard, utcnow
+from srd_worker.store.models import Run, Shard, utcnow
 
 
 @dataclass
@@ -138,6 +139,56 @@ def run_status(
         listed="all" if all_shards else "notable",
         not_listed=matched - len(shards),
     )
+
+
+@dataclass
+class SweepStatus:
+    sweep_id: str
+    name: str
+    created_at: datetime
+    runs: list[RunStatus]
+    params: list[dict[str, Any]]  # each run's method parameters
+    seeds: list[int]
+
+    @property
+    def status(self) -> str:
+        states = {r.status for r in self.runs}
+        for state in ("running", "pending", "failed", "cancelled"):
+            if state in states:
+                return state
+        return "done"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "sweep_id": self.sweep_id,
+            "name": self.name,
+            "status": self.status,
+            "created_at": self.created_at.isoformat(),
+            "runs": [
+                {**r.to_dict(), "params": p, "seed": s}
+                for r, p, s in zip(self.runs, self.params, self.seeds, strict=True)
+            ],
+        }
+
+
+def sweep_status(*, db: Engine, sweep_id: str) -> SweepStatus:
+    """Progress of every run of a sweep, in expansion order."""
+    with session_scope(db) as session:
+        sweep = crud.get_sweep(session=session, sweep_id=sweep_id)
+        runs = crud.sweep_runs(session=session, sweep_id=sweep_id)
+    return SweepStatus(
+        sweep_id=sweep.id,
+        name=sweep.name,
+        created_at=sweep.created_at,
+        runs=[run_status(db=db, run_id=r.id) for r in runs],
+        params=[dict(r.spec.get("params") or {}) for r in runs],
+        seeds=[int(r.spec.get("seed", 0)) for r in runs],
+    )
+
+
+def recent_runs(*, db: Engine, limit: int = 20) -> list[Run]:
+    with session_scope(db) as session:
+        return queries.recent_runs(session=session, limit=limit)
 
 
 def ensure_run(*, db: Engine, run_id: str) -> None:

@@ -285,6 +285,69 @@ def test_steps_end_at_the_delimiter_on_the_testbed(testbed_engine, name):
         assert method.result(s)["steps"] == s["round"] <= 8
 
 
+@pytest.fixture(scope="module")
+def tiny_prm(tmp_path_factory):
+    """A Skywork-style PRM (token head, one label, step token = newline): a random 2-layer Llama with the
+    tiny byte tokenizer, saved and loaded by path through the hf-prm adapter."""
+    import torch
+    from transformers import LlamaConfig, LlamaForTokenClassification
+
+    from srd_worker.engines.loading import build_tiny_llama
+    from srd_worker.rewards.hf_prm import HFProcessReward
+
+    _, tok = build_tiny_llama()
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=1024, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, num_labels=1, initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(2)
+    path = tmp_path_factory.mktemp("prm") / "prm"
+    model = LlamaForTokenClassification(config).eval()
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return HFProcessReward(str(path), style="skywork", device="cpu", dtype="float32"), model
+
+
+def test_step_scores_are_the_prm_step_scores(testbed_engine, tiny_prm):
+    """With hf-prm (separator = step_delimiter), a beam's S holds the PRM's score of each of its steps,
+    as one forward pass over the whole solution gives them, and min aggregation is their minimum."""
+    import torch
+
+    from srd_worker.tasks.prompts import math_messages
+
+    prm, model = tiny_prm
+    rows = [json.loads(x) for x in (TESTBED / "data" / "test.jsonl").read_text().splitlines()[1:3]]
+    method = build_method(
+        "beam_search",
+        {"n": 4, "beam_width": 2, "step_delimiter": "\\n", "chunk_tokens": 40, "max_new_tokens": 96,
+         "aggregation": "min"},
+    )  # fmt: skip
+    ctx = StepContext(testbed_engine, prm, run_seed=1)
+    states = [
+        method.init_state(
+            r["id"], r["question"], testbed_engine.tokenizer.chat_prompt_ids(math_messages(r["question"]))
+        )
+        for r in rows
+    ]
+    while not all(method.done(s) for s in states):
+        method.step([s for s in states if not method.done(s)], ctx)
+    checked = 0
+    for s in states:
+        for b in s["beams"]:
+            ids, _ = prm.input_ids(s["question"], b["text"], finished=b["finish"] == "eos")
+            with torch.no_grad():
+                values = torch.sigmoid(model(torch.tensor([ids])).logits[0, :, 0])
+            tok = prm.tokenizer  # the steps follow bos + question + newline
+            start = len(tok.encode(tok.bos_token + s["question"] + "\n", add_special_tokens=False))
+            steps = [float(values[i]) for i, t in enumerate(ids) if t == prm.step_token_id and i >= start]
+            got = [b["S"][k] for k in sorted(b["S"], key=int)]
+            assert got == pytest.approx(steps, abs=1e-5)
+            assert b["reward"] == pytest.approx(min(steps), abs=1e-5)
+            checked += len(steps) >= 2
+    assert checked >= 4
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize(
     "name, reward", [("beam_search", "arithmetic"), ("dvts", f"hf-orm:{TESTBED / 'rm'}")]

@@ -124,7 +124,7 @@ def test_bad_parameter_values():
         build_method("best_of_n", {"n": "0"})
     with pytest.raises(ConfigError, match="expects int"):
         build_method("best_of_n", {"n": "many"})
-    with pytest.raises(ConfigError, match="unknown method 'nope'; choose one of: best_of_n"):
+    with pytest.raises(ConfigError, match="unknown method 'nope'; choose one of: .*best_of_n"):
         build_method("nope", {})
     assert build_method("best_of_n", {"n": "8", "temperature": "0.5"}).params.n == 8
 

@@ -1,12 +1,13 @@
-"""What batch-invariant generation costs: the transformers engine's tokens/s with ``batch_invariant=True``
-(requests grouped by prompt length, one unpadded batch per group) divided by ``batch_invariant=False``
-(one left-padded batch), on the same requests in one run, and how many seeded requests get different
-tokens alone than inside the padded batch.
+"""What batch-invariant generation costs and buys: the transformers engine's tokens/s and the number of
+seeded requests whose tokens differ alone and inside the batch, in three modes on the same requests in
+one run: one left-padded batch (``batch_invariant=False``), grouped by prompt length with the row count
+following the group (``invariant_rows=0``), and grouped with a fixed row count per forward pass (the
+default, ``invariant_rows=4``).
 
 The requests are a Best-of-N round's drafts: ``--items`` GSM8K prompts (each a different length) times
-``--n`` seeded candidates, so invariant mode runs ``items`` groups of ``n`` rows.
+``--n`` seeded candidates, so the grouped modes run ``items`` groups of ``n`` rows.
 
-    .venv/bin/python benchmarks/batch_invariance.py [--items 8] [--n 4] [--max-new-tokens 64]
+    .venv/bin/python benchmarks/batch_invariance.py [--items 8] [--n 4] [--max-new-tokens 64] [--rows 4]
 
 Prints a table and writes it into docs/PERFORMANCE.md (between the batch-invariance markers).
 """
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=8)
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=4, help="invariant_rows of the fixed-row mode")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
@@ -54,52 +56,55 @@ def main() -> None:
     )
     lengths = sorted({len(r.prompt_ids) for r in requests})
 
+    modes = [
+        ("one padded batch (batch_invariant=false)", False, 0),
+        ("grouped by prompt length (invariant_rows=0)", True, 0),
+        (f"grouped + fixed {args.rows} rows per pass (default)", True, args.rows),
+    ]
     rows = []
-    outputs = {}
-    for invariant in (False, True):
-        engine.batch_invariant = invariant
+    for label, invariant, fixed in modes:
+        engine.batch_invariant, engine.invariant_rows = invariant, fixed
         engine.generate(requests[:2])  # warm-up
         passes = engine.stats.forward_passes
         t0 = time.perf_counter()
         gens = engine.generate(requests)
         wall = time.perf_counter() - t0
+        passes = engine.stats.forward_passes - passes
         tokens = sum(len(g.token_ids) for g in gens)
-        outputs[invariant] = gens
-        rows.append((invariant, tokens, wall, tokens / wall, engine.stats.forward_passes - passes))
+        # the reference: each request alone, in the same mode
+        alone = [engine.generate([r])[0].token_ids for r in requests]
+        differ = sum(a != g.token_ids for a, g in zip(alone, gens, strict=True))
+        rows.append((label, tokens, wall, tokens / wall, passes, differ))
+        print(rows[-1], flush=True)
 
-    engine.batch_invariant = True
-    alone = [engine.generate([r])[0].token_ids for r in requests]
-    differ = {inv: sum(a != g.token_ids for a, g in zip(alone, outputs[inv], strict=True)) for inv in outputs}
-
-    ratio = rows[1][3] / rows[0][3]
+    tps = {label: t for label, _, _, t, _, _ in rows}
+    padded, grouped, fixed = (tps[m[0]] for m in modes)
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU (2 threads, torch {torch.__version__}), "
-        f"model {args.model} (bfloat16), {len(items)} GSM8K prompts ({len(lengths)} distinct lengths, "
-        f"{lengths[0]}–{lengths[-1]} tokens) × n={args.n} seeded requests = batch {len(requests)}, "
-        f"max_new_tokens={args.max_new_tokens}, T 0.8 / top-p 0.9 / top-k 50.",
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU (2 threads, shared with other jobs, "
+        f"torch {torch.__version__}), model {args.model} (bfloat16), {len(items)} GSM8K prompts "
+        f"({len(lengths)} distinct lengths, {lengths[0]}–{lengths[-1]} tokens) × n={args.n} seeded requests = "
+        f"batch {len(requests)}, max_new_tokens={args.max_new_tokens}, T 0.8 / top-p 0.9 / top-k 50. Each mode "
+        "generates the batch, then every request alone (in the same mode); a request differs when its tokens do.",
         "",
-        f"**batch-invariant ÷ one padded batch = {ratio:.2f}** (tokens/s, same requests, one run)",
+        f"**tokens/s, fixed rows ÷ grouped = {fixed / grouped:.2f}; fixed rows ÷ one padded batch = "
+        f"{fixed / padded:.2f}; grouped ÷ padded = {grouped / padded:.2f}** (same requests, one run)",
         "",
-        "| mode | engine batches | forward passes | generated tokens | wall s | tokens/s | requests whose tokens differ from the same request alone |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| mode | forward passes | generated tokens | wall s | tokens/s | requests whose tokens differ from the same request alone |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    for invariant, tokens, wall, tps, passes in rows:
-        mode = "batch_invariant=true (default)" if invariant else "batch_invariant=false (one padded batch)"
-        batches = len(lengths) if invariant else 1
+    for label, tokens, wall, tps_, passes, differ in rows:
         lines.append(
-            f"| {mode} | {batches} | {passes} | {tokens} | {wall:.1f} | {tps:.1f} | "
-            f"{differ[invariant]} of {len(requests)} |"
+            f"| {label} | {passes} | {tokens} | {wall:.1f} | {tps_:.1f} | {differ} of {len(requests)} |"
         )
     lines += [
         "",
-        "Read plainly: grouping by prompt length removes padding (requests of other lengths no longer change a "
-        "request's tokens) but not the effect of the group's row count, which changes the CPU matrix kernels "
-        "(on SmolLM2, 1–3 rows give identical logits and 4 or more do not); here each group has n rows and "
-        "the reference is the request alone (1 row), so most sampled continuations still diverge after a "
-        "near-tie. Full batch invariance would need a fixed row count per forward pass.",
+        "Read plainly: one padded batch changes a request's float rounding with the other prompts' lengths; "
+        "grouping by prompt length removes that but not the effect of the group's row count (the CPU matrix "
+        "kernels switch algorithm with it); fixed rows per forward pass (dummy rows fill a short chunk, "
+        "finished rows stay in place) give every pass the same shapes alone or in company.",
         "",
         "Command: `.venv/bin/python benchmarks/batch_invariance.py "
-        f"--items {args.items} --n {args.n} --max-new-tokens {args.max_new_tokens}`",
+        f"--items {args.items} --n {args.n} --max-new-tokens {args.max_new_tokens} --rows {args.rows}`",
     ]
     body = "\n".join(lines)
     print(body)

@@ -112,9 +112,17 @@ def _params(params: dict[str, Any]) -> str:
 
 def submit_sweep(sweep_file: str, *, name: str | None, dry_run: bool) -> None:
     """``srdq submit dataset --sweep FILE``: validate every point, then store and enqueue each run."""
-    from srd_worker.sweep import plan_sweep
+    from srd_worker.sweep import close_prepared, plan_sweep
 
-    plan = plan_sweep(sweep_file, name=name, default_shard_size=16)
+    # the dataset is validated once into a spool on disk, shared by every point
+    plan = plan_sweep(sweep_file, name=name, default_shard_size=16, stream=True)
+    try:
+        _submit_plan(plan, dry_run=dry_run)
+    finally:
+        close_prepared(plan.prepared)
+
+
+def _submit_plan(plan: Any, *, dry_run: bool) -> None:
     err = Console(stderr=True, highlight=False)
     if dry_run:
         for p in plan.prepared:
@@ -125,12 +133,12 @@ def submit_sweep(sweep_file: str, *, name: str | None, dry_run: bool) -> None:
     from srdq_cli.common import open_db
 
     from srd_worker.local import versions
-    from srd_worker.queue import enqueue
+    from srd_worker.queue import enqueue, enqueue_many
     from srd_worker.service import submit_sweep as service_submit
 
     db = open_db()
     try:
-        done = service_submit(plan, db=db, enqueue=enqueue, versions=versions())
+        done = service_submit(plan, db=db, enqueue=enqueue, enqueue_many=enqueue_many, versions=versions())
     finally:
         db.dispose()
     err.print(

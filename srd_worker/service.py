@@ -118,7 +118,12 @@ class SweepSubmitted:
 
 
 def submit_sweep(
-    plan: Any, *, db: Engine, enqueue: Enqueue, versions: dict[str, Any] | None = None
+    plan: Any,
+    *,
+    db: Engine,
+    enqueue: Enqueue,
+    versions: dict[str, Any] | None = None,
+    enqueue_many: EnqueueMany | None = None,
 ) -> SweepSubmitted:
     """Store a validated sweep (``sweep.plan_sweep``) and all its runs, shards and items in one
     transaction, then enqueue the shards of the runs created now. Submitting the same sweep again gives
@@ -133,6 +138,9 @@ def submit_sweep(
         shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
     enqueued = 0
     for run_id in created:
+        if enqueue_many is not None:
+            enqueued += enqueue_many(run_id, range(shards[run_id]))
+            continue
         for index in range(shards[run_id]):
             enqueue(run_id, index)
             enqueued += 1

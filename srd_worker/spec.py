@@ -100,6 +100,7 @@ def prepare_run(
     max_row_bytes: int | None = None,
     engine: str = "transformers",
     stream: bool = False,
+    spool: ItemSpool | None = None,
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
     is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
@@ -107,7 +108,8 @@ def prepare_run(
     ``dataset`` is a file path or a built-in dataset name (``srd_worker.datasets``; an existing file wins).
     The spec records it as given, with the file's sha256 (read in blocks). With ``stream=True`` the items
     are validated row by row into an ``ItemSpool`` on disk (memory independent of the dataset's length;
-    ``srdq submit dataset``); the caller closes it (``PreparedRun.close``)."""
+    ``srdq submit dataset``); the caller closes it (``PreparedRun.close``). ``spool`` reuses one already
+    made from the same dataset, task, fields and limit (the points of a sweep) instead of spooling again."""
     from srd_worker.datasets import builtin_dataset, resolve_dataset
     from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
@@ -134,7 +136,7 @@ def prepare_run(
     items: list[Item] | ItemSpool
     if stream:
         task_obj = resolve_task(path, task, fields=fields, max_row_bytes=row_bytes)
-        items = spool_items(task_obj, path, limit=limit, max_row_bytes=row_bytes)
+        items = spool or spool_items(task_obj, path, limit=limit, max_row_bytes=row_bytes)
     else:
         task_obj, items = load_items(path, task, fields=fields, max_row_bytes=row_bytes)
         if limit is not None:
@@ -157,7 +159,7 @@ def prepare_run(
             fields=fields,
         )
     except BaseException:
-        if isinstance(items, ItemSpool):
+        if isinstance(items, ItemSpool) and items is not spool:
             items.close()
         raise
 

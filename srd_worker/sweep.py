@@ -167,37 +167,57 @@ def load_sweep(path: str | Path) -> Sweep:
 
 
 def prepare_sweep(
-    sweep: Sweep, *, base_dir: str | Path | None = None, default_shard_size: int | None = None
+    sweep: Sweep,
+    *,
+    base_dir: str | Path | None = None,
+    default_shard_size: int | None = None,
+    stream: bool = False,
 ) -> tuple[str, list[Any]]:
     """(sweep id, one ``spec.PreparedRun`` per point), every point validated before anything is written.
     A relative dataset path is taken from ``base_dir`` when it exists there. An invalid point raises one
     ``ConfigError`` naming its index, method and parameters. ``default_shard_size`` applies when the file
-    gives no ``shard_size`` (``srdq submit``: 16; ``srdq run``: one shard)."""
+    gives no ``shard_size`` (``srdq submit``: 16; ``srdq run``: one shard). With ``stream`` (``srdq submit``)
+    the dataset is spooled to disk once and every point shares that spool (``spec.prepare_run``);
+    close the points with ``close_prepared``."""
     from srd_worker.spec import prepare_run
 
     dataset: str | Path = sweep.dataset
     if base_dir is not None and not Path(dataset).is_absolute() and (Path(base_dir) / dataset).exists():
         dataset = Path(base_dir) / dataset
-    prepared = []
-    for i, run in enumerate(sweep.runs):
-        try:
-            prepared.append(
-                prepare_run(
-                    dataset=dataset,
-                    task=sweep.task,
-                    method=run.method,
-                    params=dict(run.params),
-                    model=sweep.model,
-                    reward=sweep.reward,
-                    seed=run.seed,
-                    limit=sweep.limit,
-                    shard_size=sweep.shard_size or default_shard_size,
-                    engine=sweep.engine,
+    prepared: list[Any] = []
+    try:
+        for i, run in enumerate(sweep.runs):
+            try:
+                prepared.append(
+                    prepare_run(
+                        dataset=dataset,
+                        task=sweep.task,
+                        method=run.method,
+                        params=dict(run.params),
+                        model=sweep.model,
+                        reward=sweep.reward,
+                        seed=run.seed,
+                        limit=sweep.limit,
+                        shard_size=sweep.shard_size or default_shard_size,
+                        engine=sweep.engine,
+                        stream=stream,
+                        spool=prepared[0].items if stream and prepared else None,
+                    )
                 )
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"sweep run {i} ({run.method}, {run.params}, seed {run.seed}): {exc}") from None
+            except ConfigError as exc:
+                raise ConfigError(
+                    f"sweep run {i} ({run.method}, {run.params}, seed {run.seed}): {exc}"
+                ) from None
+    except BaseException:
+        close_prepared(prepared)
+        raise
     return sweep_id([p.spec.run_id() for p in prepared]), prepared
+
+
+def close_prepared(prepared: list[Any]) -> None:
+    """Delete the spooled items of prepared runs (``prepare_sweep(stream=True)``); a no-op for lists."""
+    for p in prepared:
+        p.close()
 
 
 def sweep_id(run_ids: list[str]) -> str:
@@ -222,12 +242,14 @@ class SweepPlan:
 
 
 def plan_sweep(
-    path: str | Path, *, name: str | None = None, default_shard_size: int | None = None
+    path: str | Path, *, name: str | None = None, default_shard_size: int | None = None, stream: bool = False
 ) -> SweepPlan:
     """Load, validate and expand the sweep file at ``path`` (nothing written); relative dataset paths are
-    taken from the file's folder when they exist there."""
+    taken from the file's folder when they exist there. ``stream``: see ``prepare_sweep``."""
     sweep = load_sweep(path)
-    sid, prepared = prepare_sweep(sweep, base_dir=Path(path).parent, default_shard_size=default_shard_size)
+    sid, prepared = prepare_sweep(
+        sweep, base_dir=Path(path).parent, default_shard_size=default_shard_size, stream=stream
+    )
     return SweepPlan(sid, name or Path(path).stem, sweep, prepared)
 
 

@@ -154,3 +154,24 @@ def test_reaper_leaves_a_deep_queue_alone_and_reenqueues_once_it_drains(sqlite_e
             todo = leases.reap(session=session, pending_grace_s=60, now=later, queued=queued)
         assert len(todo) == expected, queued
         later += timedelta(hours=1)  # past the grace period again
+
+
+def test_a_streamed_sweep_spools_the_dataset_once_for_every_point(tmp_path: Path) -> None:
+    from srd_worker.sweep import close_prepared, plan_sweep
+
+    write_jsonl(tmp_path / "d.jsonl", gsm8k_rows(9))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        "dataset: d.jsonl\nmodel: tiny-random-llama\nshard_size: 4\nseeds: [0, 1]\n"
+        "methods:\n  - method: sampling\n  - method: self_consistency\n    n: [2, 3]\n",
+        encoding="utf-8",
+    )
+    listed = plan_sweep(sweep)
+    streamed = plan_sweep(sweep, stream=True)
+    try:
+        assert streamed.run_ids == listed.run_ids and len(streamed.run_ids) == 6
+        assert len({id(p.items) for p in streamed.prepared}) == 1  # one spool, shared
+        assert all(list(p.items) == q.items for p, q in zip(streamed.prepared, listed.prepared, strict=True))
+    finally:
+        close_prepared(streamed.prepared)
+    assert not streamed.prepared[0].items.path.exists()

@@ -76,8 +76,9 @@ def get_task(
 def _first_row(path: str | Path, max_row_bytes: int) -> dict[str, Any]:
     """The first row, read without loading the whole JSONL file when the file is sound."""
     fmt = file_format(path)
-    if fmt != "jsonl":
-        return read_rows(path, max_row_bytes=max_row_bytes, fmt=fmt).rows[0][1]
+    if fmt != "jsonl":  # streamed: only the header and first record (Parquet: first batch) are read
+        for _at, row in read_rows(path, max_row_bytes=max_row_bytes, fmt=fmt, stream=True):
+            return row
     try:
         with open(path, "rb") as fh:
             for raw in fh:

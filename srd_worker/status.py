@@ -1,5 +1,5 @@
 """``srdq status RUN``: one run's progress, aggregated in SQL, in a module light enough to import fast
-(the store only: no methods, engines or Celery, which cost `srdq status` seconds of imports before).
+(the store only: no methods, engines or Celery, which ``service`` would also import).
 
 Shard counts by state and the item / token totals come from the shard rows (the counters
 ``crud.save_results`` keeps, migration 0004); tokens of unfinished items from the checkpoints of the

@@ -108,9 +108,16 @@ def enqueue(run_id: str, shard_index: int) -> None:
 
 def queue_depth(queue: str) -> int | None:
     """Messages waiting in ``queue`` on the broker (kombu's passive declare), or None if it cannot tell."""
+    from kombu.exceptions import ChannelError
+
     try:
         with app.connection_for_write() as conn:
             return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
+    except ChannelError as exc:
+        if "NOT_FOUND" in str(exc):  # no queue declared yet (no worker has consumed, nothing sent): empty
+            return 0
+        log.warning("queue depth of %s unknown: %s", queue, exc)
+        return None
     except Exception as exc:  # noqa: BLE001 - unknown depth: the reaper falls back to re-enqueueing
         log.warning("queue depth of %s unknown: %s", queue, exc)
         return None

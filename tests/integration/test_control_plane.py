@@ -248,3 +248,21 @@ def test_resume_reenqueues_every_unfinished_shard_once(env) -> None:
     n_shards = rows(env, f"select n_shards from run where id = '{run_id}'")[0][0]
     assert f"{n_shards - 3} shard(s) re-enqueued" in out.stdout
     assert sorted(args[1] for _name, args in queued(env)) == list(range(3, n_shards))
+
+
+def test_queue_depth_reads_the_broker(env) -> None:
+    """The reaper's guard reads the queue's depth from the real broker: a queue nothing was sent to yet is
+    empty (0, not "unknown"), and every waiting message counts."""
+    import sys
+
+    probe = (
+        "from srd_worker.queue import enqueue, queue_depth; from srd_worker.settings import get_settings; "
+        "q = get_settings().queue; before = queue_depth(q); [enqueue('run-x', i) for i in range(3)]; "
+        "print(before, queue_depth(q))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], env=env["env"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "3"]
+    assert "unknown" not in proc.stderr

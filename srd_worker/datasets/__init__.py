@@ -124,6 +124,17 @@ DATASETS: dict[str, BuiltinDataset] = {
     )
 }
 
+#: Datasets srdq generates and commits itself rather than ships from a public source: name -> (file,
+#: description). ``testbed`` is the CPU testbed's test split (``srd_worker/testbed``, ``srdq testbed build``);
+#: its sha256 is in the testbed's ``manifest.json``. A run records it by name with the file's sha256, like
+#: any file; an existing file of the same name wins, as for the packaged ones.
+GENERATED: dict[str, tuple[Path, str]] = {
+    "testbed": (
+        Path(__file__).resolve().parents[1] / "testbed" / "artifacts" / "data" / "test.jsonl",
+        "the CPU testbed's test split: generated multi-step arithmetic word problems (GSM8K layout)",
+    ),
+}
+
 
 def names() -> str:
     """The built-in names, comma-separated, for messages."""
@@ -149,6 +160,14 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
     """
     value = str(name_or_path)
     path = Path(value)
+    if value in GENERATED and not path.is_file():
+        generated = GENERATED[value][0]
+        if not generated.is_file():
+            raise DatasetError(
+                f"dataset {value!r} is missing from this installation (run `srdq testbed build`)",
+                path=str(generated),
+            )
+        return generated
     entry = DATASETS.get(value)
     if path.is_file() or (path.exists() and entry is None):
         return path  # a directory that is not a built-in name: the reader says why it cannot be used

@@ -7,6 +7,7 @@ ignore it.
 Separate reward-model checkpoints are named ``KIND:MODEL`` (``MODEL_REWARDS``):
 
 - ``hf-orm:MODEL`` — HF sequence-classification ORM, scalar logit (``rewards.hf_orm``; AceMath-7B-RM);
+  ``hf-orm:testbed-rm`` is the CPU testbed's committed RM (``MODEL_ALIASES``);
 - ``hf-prm:MODEL[:STYLE]`` — HF process RM, last completed step (``rewards.hf_prm``); STYLE is ``qwen``
   (Qwen2.5-Math-PRM) or ``skywork`` (Skywork-o1-Open-PRM), default ``skywork`` when the model name
   contains "skywork", else ``qwen``. A MODEL holding ":" is not supported;
@@ -22,6 +23,7 @@ from the run spec (batch budget, step separator, system prompt): every reward is
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from srd_worker.engines.base import Engine
@@ -53,6 +55,11 @@ MODEL_REWARDS: dict[str, str] = {
     "vllm-rm": "vLLM pooling/reward model (needs srdq[vllm]), e.g. vllm-rm:nvidia/AceMath-7B-RM",
 }
 PRM_STYLES = ("qwen", "skywork")
+#: Reward-model names srdq resolves to a committed folder: ``hf-orm:testbed-rm`` is the CPU testbed's
+#: outcome RM (``srd_worker/testbed``, ``srdq testbed build``).
+MODEL_ALIASES: dict[str, str] = {
+    "testbed-rm": str(Path(__file__).resolve().parents[1] / "testbed" / "artifacts" / "rm"),
+}
 
 _BUILT: dict[tuple[Any, ...], RewardModel] = {}
 
@@ -83,7 +90,7 @@ def parse_reward_name(name: str) -> tuple[str, str, str | None]:
         )
     if kind == "hf-prm" and style is None:
         style = "skywork" if "skywork" in rest.lower() else "qwen"
-    return kind, rest, style
+    return kind, MODEL_ALIASES.get(rest, rest), style
 
 
 #: Rewards with a differentiable score (rewards/base.py ``DifferentiableReward``), by name or ``KIND``.

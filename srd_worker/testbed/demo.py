@@ -1,7 +1,7 @@
 """``make demo``: sampling, Best-of-N, self-consistency and SRD at the same budget N on the first problems of
 the testbed's test split, with the testbed policy and its learned reward model, on the CPU.
 
-    python -m srd_worker.testbed.demo [--limit 50] [--n 4] [--seed 0] [--out srdq-out/testbed-demo]
+    python -m srd_worker.testbed.demo [--limit 30] [--n 4] [--seed 0] [--out srdq-out/testbed-demo]
 
 Two runs go through the embedded runner (``srdq run --sweep`` underneath): ``best_of_n`` at N (its
 candidates also give sampling = one candidate and self-consistency = majority of N, ``kcurves``) and
@@ -18,7 +18,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--limit", type=int, default=50, help="first LIMIT test problems")
+    ap.add_argument("--limit", type=int, default=30, help="first LIMIT test problems")
     ap.add_argument("--n", type=int, default=4, help="budget N (candidates per problem)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reward", default="hf-orm:testbed-rm")

@@ -1,0 +1,242 @@
+"""Decoding methods on the CPU testbed (srd_worker/testbed): accuracy and mean generated tokens per problem,
+with 95% intervals, for sampling, Best-of-N, self-consistency, rejection sampling, Speculative Rejection and
+SRD at several budgets N, with the arithmetic reward and with the testbed's learned reward model; SRD's
+routing statistics and the paper's gain formula beside the measured token ratio; the coupled SRD vs
+rejection-sampling comparison; paired SRD vs Best-of-N tests.
+
+    .venv/bin/python benchmarks/testbed.py [--items 300] [--seeds 0,1,2] [--budgets 2,4,8]
+        [--rewards arithmetic,hf-orm:testbed-rm] [--rm-items N] [--max-new-tokens 96] [--chunk-tokens 16]
+
+Every reward runs one sweep (``srd_worker.testbed.experiment.run_grid``: the ``srdq run --sweep`` runner)
+into --work: ``best_of_n`` at the largest N (sampling, Best-of-k and self-consistency = majority@k for every
+k ≤ N come from its seeded candidates, ``kcurves``), and ``rejection_sampling`` (rank variant, θ = 0.5 =
+SRD's θ_high), ``speculative_rejection`` and ``srd`` at every N. ``--rm-items`` runs the learned-RM grid on
+the first N problems only (cost). Intervals: two-stage bootstrap over problems, then seeds
+(``stats.bootstrap_ci``); paired differences: ``reports.paired_seed_groups`` (McNemar for accuracy).
+Run ids are deterministic: an interrupted benchmark resumes. The engine runs with ``batch_invariant`` off
+(one padded batch per round), as ``make demo``. Writes docs/testbed_<arithmetic|rm>.png and the
+``testbed-arithmetic`` / ``testbed-rm`` sections of docs/PERFORMANCE.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._doc import replace_section  # noqa: E402
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def sweep_for(
+    reward: str, items: int, seeds: list[int], budgets: list[int], max_new: int, chunk: int
+) -> dict:
+    adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
+    return {
+        "dataset": "testbed",
+        "model": "testbed",
+        "reward": reward,
+        "limit": items,
+        "seeds": seeds,
+        "methods": [
+            {"method": "best_of_n", "n": max(budgets), "params": {"max_new_tokens": max_new}},
+            {"method": "rejection_sampling", "n": budgets, "params": adaptive},
+            {"method": "speculative_rejection", "n": budgets, "params": adaptive},
+            {"method": "srd", "n": budgets, "params": adaptive},
+        ],
+    }
+
+
+def _pooled(runs: list) -> object:
+    """One RunRecords holding every seed's records (routing statistics pool over events)."""
+    return replace(runs[0], records=[r for run in runs for r in run.records])
+
+
+def _f(v: float | None, digits: int = 3) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> dict:
+    from srd_worker.coupled import compare
+    from srd_worker.reports import Point, paired_seed_groups, routing_row
+    from srd_worker.stats import bootstrap_ci
+    from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
+
+    by = {}
+    for r in runs:
+        by.setdefault((r.method, r.budget), []).append(r)
+    bon = by[("best_of_n", max(budgets))]
+    rows = kcurve_rows(bon, [1, *budgets]) + run_rows([r for r in runs if r.method != "best_of_n"])
+    rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",
+                              "speculative_rejection", "srd"].index(r.method), r.n))  # fmt: skip
+    if png is not None:
+        from srd_worker.report_plots import plot_frontier
+
+        points = [
+            Point("gsm8k", "accuracy", r.method, r.n, r.source, r.tokens.mean, r.accuracy.mean,
+                  x_ci=(r.tokens.low, r.tokens.high), y_ci=(r.accuracy.low, r.accuracy.high),
+                  seeds=r.accuracy.seeds, problems=r.accuracy.problems)
+            for r in rows if r.tokens.mean is not None and r.accuracy.mean is not None
+        ]  # fmt: skip
+        plot_frontier(
+            points,
+            png,
+            title=f"testbed: accuracy vs generated tokens, reward {reward}",
+            subtitle=f"{rows[0].accuracy.problems} problems × {rows[0].accuracy.seeds} seeds; 95% intervals",
+        )
+    tok = {(r.method, r.n): r for r in rows}
+    routing = ["| N | events | p̂_H | p̂_M | p̂_L | refinements | ρ̂ | formula 1 + ρ̂·p̂_M/p̂_H "
+               "| measured tokens RS / SRD | measured accuracy SRD − RS |",
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    coupled = ["| N | items × seeds | mean R_max SRD | mean R_max RS | Δ_n [95% CI] | wins / ties / losses "
+               "| refinements improved |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses | McNemar p "
+              "| SRD tokens / Best-of-N tokens |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for n in budgets:
+        srd, rs = by[("srd", n)], by[("rejection_sampling", n)]
+        row = routing_row(_pooled(srd))
+        t_rs, t_srd = tok[("rejection_sampling", n)].tokens.mean, tok[("srd", n)].tokens.mean
+        _, p_rs, _ = paired_seed_groups(srd, rs, metric="accuracy")
+        if row is not None:
+            routing.append(
+                f"| {n} | {row.events} | {_f(row.p_h)} | {_f(row.p_m)} | {_f(row.p_l)} | {row.refinements} "
+                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(t_rs / t_srd if t_rs and t_srd else None)} "
+                f"| {100 * (p_rs.diff.mean or 0):+.1f} pts [{100 * (p_rs.diff.low or 0):+.1f}, "
+                f"{100 * (p_rs.diff.high or 0):+.1f}] |"
+            )
+        # coupled: compare() per seed (the coupling needs the same seed); Δ_n's interval over problems and
+        # seeds from the per-(problem, seed) differences of R_max
+        cs = []
+        diff: dict[str, list[float | None]] = {}
+        for k, s_run in enumerate(srd):
+            (r_run,) = [r for r in rs if r.spec.get("seed") == s_run.spec.get("seed")]
+            cs.append(compare(s_run.records, r_run.records))
+            rs_by = {x["item_id"]: (x.get("extra") or {}).get("R_max") for x in r_run.records}
+            for x in s_run.records:
+                a, b = (x.get("extra") or {}).get("R_max"), rs_by.get(x["item_id"])
+                diff.setdefault(x["item_id"], [None] * len(srd))[k] = (
+                    None if a is None or b is None else float(a) - float(b)
+                )
+        ci = bootstrap_ci(list(diff.values()))
+        items = sum(c.items for c in cs)
+
+        def wmean(attr: str, cs: list = cs) -> float | None:
+            vals = [(getattr(c, attr), c.items) for c in cs if getattr(c, attr) is not None]
+            return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
+
+        refs = sum(c.refinements for c in cs)
+        improved = sum((c.refinements_improved or 0) * c.refinements for c in cs)
+        coupled.append(
+            f"| {n} | {items} | {_f(wmean('mean_rmax_srd'))} | {_f(wmean('mean_rmax_rs'))} "
+            f"| {_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}] | {sum(c.wins for c in cs)} / "
+            f"{sum(c.ties for c in cs)} / {sum(c.losses for c in cs)} | {_f(improved / refs if refs else None)} |"
+        )
+        bo = tok[("best_of_n", n)]
+        ratio = t_srd / bo.tokens.mean if t_srd and bo.tokens.mean else None
+        p_bon = paired_values(correctness(srd), bo.values or {})
+        d = p_bon.diff
+        paired.append(
+            f"| {n} | {100 * (d.mean or 0):+.1f} pts [{100 * (d.low or 0):+.1f}, {100 * (d.high or 0):+.1f}] "
+            f"| {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} | {_f(ratio, 2)} |"
+        )
+    return {
+        "rows": [r.to_dict() for r in rows],
+        "table": markdown(rows),
+        "routing": "\n".join(routing),
+        "coupled": "\n".join(coupled),
+        "paired": "\n".join(paired),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--items", type=int, default=300)
+    ap.add_argument(
+        "--rm-items", type=int, default=None, help="problems for the learned-RM grid (default --items)"
+    )
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--budgets", default="2,4,8")
+    ap.add_argument("--rewards", default="arithmetic,hf-orm:testbed-rm")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--chunk-tokens", type=int, default=16)
+    ap.add_argument("--work", default="/tmp/srdq-testbed-bench")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+
+    from srd_worker.settings import Settings
+    from srd_worker.testbed.experiment import run_grid
+
+    seeds, budgets = _ints(args.seeds), _ints(args.budgets)
+    settings = Settings(device="cpu", batch_invariant=False)
+    manifest = json.loads((ROOT / "srd_worker/testbed/artifacts/manifest.json").read_text())
+    for reward in [x for x in args.rewards.split(",") if x]:
+        items = args.rm_items if (args.rm_items and reward != "arithmetic") else args.items
+        sweep = sweep_for(reward, items, seeds, budgets, args.max_new_tokens, args.chunk_tokens)
+        t0 = time.perf_counter()
+        runs = run_grid(sweep, Path(args.work) / reward.replace(":", "_"), settings=settings)
+        wall = time.perf_counter() - t0
+        slug = "arithmetic" if reward == "arithmetic" else "rm"
+        png = None if args.no_write else ROOT / "docs" / f"testbed_{slug}.png"
+        out = analyse(reward, runs, budgets, png)
+        setting = (
+            f"**Reward `{reward}`**: the first {items} problems of the testbed's test split × seeds "
+            f"{', '.join(map(str, seeds))}; policy `testbed` ({manifest['parameters']['policy']:,} parameters), "
+            f"max_new_tokens {args.max_new_tokens}, Δ = chunk_tokens {args.chunk_tokens} for the adaptive "
+            f"methods, T 0.8 / top-p 0.9 / top-k 50, method defaults otherwise (SRD θ_high 0.5, θ_low 0.3; "
+            f"rejection sampling rank variant θ 0.5; Speculative Rejection α 0.5). Wall time of this grid "
+            f"(incl. runs reused from an earlier invocation): {wall / 60:.0f} min."
+        )
+        body = [setting, ""]
+        if png is not None:
+            body += [f"![testbed, {reward}]({png.name})", ""]
+        body += [
+            out["table"],
+            "",
+            "SRD's routing statistics (pooled over routing events and seeds; paper Table 6 layout), the "
+            "paper's gain formula (Thm 3.3: drafts rejection sampling needs per SRD draft for the same kept "
+            "set) beside what was measured against rejection sampling at the same N:",
+            "",
+            out["routing"],
+            "",
+            "Coupled SRD vs rejection sampling from identical seeded drafts (paper Table 7 layout; pooled "
+            "over seeds):",
+            "",
+            out["coupled"],
+            "",
+            "SRD against Best-of-N at the same N, paired by problem and seed (Best-of-N's correctness per problem "
+            "is the expectation over its k-subsets, so McNemar applies only where it is 0/1: at the largest N):",
+            "",
+            out["paired"],
+            "",
+        ]
+        command = (
+            f"Command: `.venv/bin/python benchmarks/testbed.py --rewards {reward} --items {items} "
+            f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
+            f"--chunk-tokens {args.chunk_tokens}`"
+        )
+        body.append(command)
+        text = "\n".join(body)
+        print(text, flush=True)
+        Path(args.work).mkdir(parents=True, exist_ok=True)
+        (Path(args.work) / f"results-{slug}.json").write_text(
+            json.dumps(out, indent=1) + "\n", encoding="utf-8"
+        )
+        if not args.no_write:
+            replace_section(ROOT / "docs" / "PERFORMANCE.md", f"testbed-{slug}", text)
+
+
+if __name__ == "__main__":
+    main()

@@ -77,7 +77,7 @@ def test_beam_search_keeps_exactly_the_top_beams(tiny_engine, how):
             "n": n,
             "beam_width": m,
             "chunk_tokens": 3,
-            "max_new_tokens": 15,
+            "max_new_tokens": 12,
             "aggregation": how,
             "max_steps": 8,
         },
@@ -129,7 +129,7 @@ def test_beam_search_keeps_exactly_the_top_beams(tiny_engine, how):
 
 def test_dvts_subtrees_never_share_a_prefix_after_the_first_step(tiny_engine):
     n, m = 6, 2
-    method = build_method("dvts", {"n": n, "beam_width": m, "chunk_tokens": 3, "max_new_tokens": 18})
+    method = build_method("dvts", {"n": n, "beam_width": m, "chunk_tokens": 3, "max_new_tokens": 12})
     reward = ScriptedReward()
     ctx = StepContext(tiny_engine, reward, run_seed=5)
     states = start(method, tiny_engine)
@@ -199,11 +199,12 @@ def test_crash_and_resume_give_identical_results(tiny_engine, name):
         )
 
     clean = MemoryStore()
-    assert run(clean).finished
+    uninterrupted = run(clean)
+    assert uninterrupted.finished and uninterrupted.rounds > 2
     crashed = MemoryStore()
     assert not run(crashed, max_rounds=2).finished  # "crash" after round 2: only the checkpoints remain
     resumed = run(crashed)
-    assert resumed.finished and resumed.rounds == run(MemoryStore()).rounds
+    assert resumed.finished and resumed.rounds == uninterrupted.rounds
 
     def strip(records):
         return [{k: v for k, v in r.items() if k != "timing"} for r in records]
@@ -258,7 +259,7 @@ def test_steps_end_at_the_delimiter_on_the_testbed(testbed_engine, name):
     from srd_worker.rewards.arithmetic import ArithmeticReward
     from srd_worker.tasks.prompts import math_messages
 
-    rows = [json.loads(x) for x in (TESTBED / "data" / "test.jsonl").read_text().splitlines()[:3]]
+    rows = [json.loads(x) for x in (TESTBED / "data" / "test.jsonl").read_text().splitlines()[:2]]
     method = build_method(
         name, {"n": 4, "beam_width": 2, "step_delimiter": "\\n", "chunk_tokens": 40, "max_new_tokens": 96}
     )

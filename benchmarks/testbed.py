@@ -56,6 +56,35 @@ def sweep_for(
     }
 
 
+def collect(sweep: dict, folders: list[Path]) -> list:
+    """The grid's finished runs, found by run id in any srdq.db under ``folders`` (runs made by several
+    processes); a grid point without a finished run is an error naming it."""
+    from srd_worker.export import load_report_runs
+    from srd_worker.store.db import make_engine, sqlite_url
+    from srd_worker.sweep import parse_sweep, prepare_sweep
+
+    _, prepared = prepare_sweep(parse_sweep(sweep))
+    wanted = [p.spec.run_id() for p in prepared]
+    found: dict[str, object] = {}
+    for folder in folders:
+        for path in sorted(folder.rglob("srdq.db")):
+            db = make_engine(sqlite_url(path))
+            try:
+                import sqlite3
+
+                with sqlite3.connect(path) as con:
+                    done = {r[0] for r in con.execute("select id from run where status = 'done'")}
+                ids = [i for i in wanted if i in done and i not in found]
+                for run in load_report_runs(db, ids):
+                    found[run.run_id] = run
+            finally:
+                db.dispose()
+    missing = [i for i in wanted if i not in found]
+    if missing:
+        raise SystemExit(f"runs not finished in {folders}: {missing}")
+    return [found[i] for i in wanted]
+
+
 def _pooled(runs: list) -> object:
     """One RunRecords holding every seed's records (routing statistics pool over events)."""
     return replace(runs[0], records=[r for run in runs for r in run.records])
@@ -170,6 +199,20 @@ def main() -> None:
     ap.add_argument("--chunk-tokens", type=int, default=16)
     ap.add_argument("--work", default="/tmp/srdq-testbed-bench")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument(
+        "--methods",
+        default=None,
+        help="run only these methods of the grid (comma-separated; e.g. to run srd in a second process "
+        "into another --work folder), and analyse nothing",
+    )
+    ap.add_argument(
+        "--analyse-only",
+        nargs="*",
+        default=None,
+        metavar="FOLDER",
+        help="run nothing: collect the grid's finished runs from the srdq.db files under these folders "
+        "(default --work) and write the tables",
+    )
     args = ap.parse_args()
 
     import matplotlib
@@ -185,8 +228,16 @@ def main() -> None:
     for reward in [x for x in args.rewards.split(",") if x]:
         items = args.rm_items if (args.rm_items and reward != "arithmetic") else args.items
         sweep = sweep_for(reward, items, seeds, budgets, args.max_new_tokens, args.chunk_tokens)
+        if args.methods:
+            keep = args.methods.split(",")
+            sweep["methods"] = [m for m in sweep["methods"] if m["method"] in keep]
+            run_grid(sweep, Path(args.work) / reward.replace(":", "_"), settings=settings)
+            continue
         t0 = time.perf_counter()
-        runs = run_grid(sweep, Path(args.work) / reward.replace(":", "_"), settings=settings)
+        if args.analyse_only is not None:
+            runs = collect(sweep, [Path(f) for f in (args.analyse_only or [args.work])])
+        else:
+            runs = run_grid(sweep, Path(args.work) / reward.replace(":", "_"), settings=settings)
         wall = time.perf_counter() - t0
         slug = "arithmetic" if reward == "arithmetic" else "rm"
         png = None if args.no_write else ROOT / "docs" / f"testbed_{slug}.png"
@@ -196,8 +247,13 @@ def main() -> None:
             f"{', '.join(map(str, seeds))}; policy `testbed` ({manifest['parameters']['policy']:,} parameters), "
             f"max_new_tokens {args.max_new_tokens}, Δ = chunk_tokens {args.chunk_tokens} for the adaptive "
             f"methods, T 0.8 / top-p 0.9 / top-k 50, method defaults otherwise (SRD θ_high 0.5, θ_low 0.3; "
-            f"rejection sampling rank variant θ 0.5; Speculative Rejection α 0.5). Wall time of this grid "
-            f"(incl. runs reused from an earlier invocation): {wall / 60:.0f} min."
+            f"rejection sampling rank variant θ 0.5; Speculative Rejection α 0.5); the engine with "
+            f"batch_invariant off. "
+            + (
+                f"Wall time of this grid (incl. runs reused from an earlier invocation): {wall / 60:.0f} min."
+                if args.analyse_only is None
+                else "Runs collected from their stores (`--analyse-only`)."
+            )
         )
         body = [setting, ""]
         if png is not None:

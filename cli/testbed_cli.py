@@ -31,12 +31,32 @@ def testbed_group() -> None:
     "there). Default: the package's srd_worker/testbed/artifacts.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data and of all training.")
-def build_command(out_dir: Path | None, seed: int) -> None:
-    """Generate the data and train the policy, draft and reward model on the CPU (2 threads, minutes);
-    print the manifest's measured accuracies and reward-model AUROC."""
-    from srd_worker.testbed.train import ARTIFACTS_DIR, build
+@click.option(
+    "--init-from",
+    "init_from",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A finished build folder: train its policy and draft further instead of starting from random "
+    "weights (the committed build was made this way from the first build; see its manifest's init).",
+)
+def build_command(out_dir: Path | None, seed: int, init_from: Path | None) -> None:
+    """Generate the data and train the policy, draft and reward model on the CPU (one thread, about 20
+    minutes on a shared 2-core machine); print the manifest's measured accuracies and reward-model AUROC."""
+    import shutil
+    import tempfile
 
-    manifest = build(out_dir or ARTIFACTS_DIR, seed=seed, log=lambda m: click.echo(m, err=True))
+    from srd_worker.testbed.train import ARTIFACTS_DIR, BuildConfig, build
+
+    config = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if init_from is not None:
+            # a copy: the build replaces what is in its output folder, which may be init_from itself
+            source = Path(tmp) / "init"
+            shutil.copytree(init_from, source)
+            config = BuildConfig(init_from=str(source))
+        manifest = build(
+            out_dir or ARTIFACTS_DIR, seed=seed, config=config, log=lambda m: click.echo(m, err=True)
+        )
     summary = {k: manifest[k] for k in ("parameters", "evaluation", "reward_model", "timings")}
     click.echo(json.dumps(summary, indent=2))
 

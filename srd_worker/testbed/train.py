@@ -1,12 +1,17 @@
 """Build the testbed: data splits, a policy, a smaller draft policy and an outcome reward model, on the CPU.
 
-``build(out_dir, seed)`` runs every stage in order, seeded, on ``torch.set_num_threads(2)``:
+``build(out_dir, seed)`` runs every stage in order, seeded, on ``torch.set_num_threads(1)`` (on a shared
+2-core machine two threads that wait on each other were several times slower than one):
 
-1. **Data** (``generator.py``): train / calibration / test JSON Lines splits in the GSM8K layout.
+1. **Data** (``generator.py``): calibration / test JSON Lines splits in the GSM8K layout; the train split is
+   generated in memory (the manifest keeps its sha256; ``generate(n_train, seed=seed, split="train")``
+   rebuilds it).
 2. **Policy and draft**: Llama models (``LlamaForCausalLM``) trained from scratch with next-token loss on
    the response only, where the input is exactly what srdq's ``gsm8k`` task feeds a model: the chat
    template of ``math_messages(question)`` with a generation prompt (``HFTokenizer.chat_prompt_ids``),
-   then the gold solution (steps and ``\\boxed{n}``) and the EOS token ``<|im_end|>``.
+   then the gold solution (steps and ``\\boxed{n}``) and the EOS token ``<|im_end|>``. With ``init_from``
+   (a finished build folder) both are trained further from that build's weights instead of from random
+   ones; the manifest's ``init`` records the earlier build's seed, configuration and weights' sha256.
 3. **Outcome reward model**: the policy samples ``rm_samples`` responses per calibration problem (T 0.8,
    top-p 0.9, top-k 50); the ``gsm8k`` grader labels each response right or wrong. Every response gives
    several RM examples: prefixes cut after each of its lines and at a random character, and the complete

@@ -85,7 +85,9 @@ def test_static_capabilities_equal_the_engine_classes():
     assert set(ENGINES) == {"transformers", "vllm", "openai"}
     assert engine_capabilities("transformers") == TransformersEngine.capabilities
     assert engine_capabilities("vllm") == VLLMEngine.capabilities == frozenset({CAP_SAMPLING, CAP_LOGPROBS})
-    assert engine_capabilities("openai") == OpenAIEngine.capabilities == frozenset({CAP_SAMPLING, CAP_LOGPROBS})
+    assert (
+        engine_capabilities("openai") == OpenAIEngine.capabilities == frozenset({CAP_SAMPLING, CAP_LOGPROBS})
+    )
     with pytest.raises(ConfigError, match="unknown engine 'tgi'; choose one of: openai, transformers, vllm"):
         engine_capabilities("tgi")
 

@@ -8,7 +8,7 @@ tokenizer) and the same test problems:
   ``easd`` (τ_q / τ_p = the ``--percentile`` of each model's token entropies on the calibration split).
 
 Every configuration decodes the same ``--problems`` test problems in one process with one engine (float32,
-two threads), each method's batch = all problems (the harness's batches, the engine's batches for
+``--threads`` torch threads, default 1), each method's batch = all problems (the harness's batches, the engine's batches for
 target-only, both with batch_invariant off: one padded batch of up to 128 rows). Accuracy carries its 95%
 bootstrap interval over problems; tokens/s is generated tokens over the configuration's wall time; the
 speed-up is tokens/s relative to target-only decoding at the same temperature. A second table repeats the
@@ -118,6 +118,50 @@ def table(rows: list[dict], baseline: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
+def smollm2_table(args: Any, build_method: Any) -> list[dict]:
+    """Greedy target-only vs greedy speculative decoding at batch size 1 with layer-truncated SmolLM2
+    drafts, on GSM8K problems."""
+    import copy
+
+    from srd_worker.datasets import resolve_dataset
+    from srd_worker.engines.loading import load_model
+    from srd_worker.engines.speculative import register_draft
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.settings import Settings
+    from srd_worker.tasks.gsm8k import GSM8KTask
+
+    model, tok = load_model("smollm2", cache_dir=Settings().cache_dir, dtype="float32")
+    engine = TransformersEngine(model, tok, model_name="smollm2", batch_invariant=False)
+    task = GSM8KTask()
+    items = task.load(resolve_dataset("gsm8k"))[: args.smollm2]
+    configs = [("target only (greedy)", "sampling", {"temperature": 0})]
+    for layers in [int(x) for x in args.draft_layers.split(",") if x]:
+        draft = copy.deepcopy(model)
+        draft.model.layers = draft.model.layers[:layers]
+        draft.config.num_hidden_layers = layers
+        register_draft(engine, f"smollm2-{layers}", draft, tok)
+        configs.append(
+            (
+                f"speculative_sampling greedy, {layers}-layer draft, γ={args.gamma}",
+                "speculative_sampling",
+                {"temperature": 0, "draft_model": f"smollm2-{layers}", "gamma": args.gamma},
+            )
+        )
+    rows = []
+    for label, name, params in configs:
+        method = build_method(
+            name, {**params, "max_new_tokens": args.max_new_tokens, "chunk_tokens": args.max_new_tokens}
+        )
+        all_states, wall, cpu = [], 0.0, 0.0
+        for it in items:
+            states, (w, c) = run_method(method, engine, task, [it])
+            all_states += states
+            wall, cpu = wall + w, cpu + c
+        rows.append(summarise(label, method, all_states, (wall, cpu), task, items) | {"group": "greedy"})
+        print(f"smollm2 batch 1, {label}: {wall:.1f}s", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--problems", type=int, default=100, help="test problems (the first N)")
@@ -130,6 +174,15 @@ def main() -> None:
     ap.add_argument(
         "--percentile", default="80", help="EASD thresholds: this percentile of the calibration entropies"
     )
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: no OpenMP waits on a busy machine)"
+    )
+    ap.add_argument(
+        "--smollm2", type=int, default=0, help="GSM8K problems for the SmolLM2 batch-1 table (0 = skip)"
+    )
+    ap.add_argument(
+        "--draft-layers", default="4,10", help="SmolLM2 table: the truncated drafts' layer counts"
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
 
@@ -141,7 +194,7 @@ def main() -> None:
     from srd_worker.speculative_calibration import calibrate
     from srd_worker.tasks.registry import load_items
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     model, tok = load_model("testbed", cache_dir=Path("/tmp"), dtype="float32")
     engine = TransformersEngine(model, tok, model_name="testbed", batch_invariant=False, max_batch_size=128)
     task, items = load_items(TESTBED_DIR / "data" / "test.jsonl")
@@ -207,14 +260,19 @@ def main() -> None:
             b1_rows.append(row)
             print(f"batch 1, {label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
 
+    sm_rows: list[dict] = []
+    if args.smollm2:
+        sm_rows = smollm2_table(args, build_method)
+
     cmd = (
         f"nice -n 5 .venv/bin/python benchmarks/speculative.py --problems {args.problems} --calibration "
         f"{args.calibration} --batch1 {args.batch1} --gamma {args.gamma} --max-new-tokens {args.max_new_tokens} "
-        f"--percentile {args.percentile}"
+        f"--percentile {args.percentile} --threads {args.threads} --smollm2 {args.smollm2} "
+        f"--draft-layers {args.draft_layers}"
     )
     body = "\n".join(
         [
-            f"`{cmd}` ({platform.machine()}, torch {torch.__version__}, 2 threads, float32, on a shared 2-core "
+            f"`{cmd}` ({platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), float32, on a shared 2-core "
             f"machine). Target: the testbed policy ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M "
             "parameters); draft: the testbed draft; "
             f"{args.problems} test problems, one seed, `max_new_tokens` {args.max_new_tokens}, all problems in "
@@ -231,6 +289,13 @@ def main() -> None:
     if b1_rows:
         body += f"\n\nGreedy at batch size 1 ({args.batch1} problems, one at a time):\n\n" + table(
             b1_rows, b1_base
+        )
+    if sm_rows:
+        body += (
+            f"\n\nSmolLM2-135M-Instruct (30 layers) as target, greedy, batch size 1, {args.smollm2} GSM8K problems, "
+            f"`max_new_tokens` {args.max_new_tokens}; drafts: SmolLM2 truncated to its first "
+            f"{args.draft_layers} decoder layers (same embeddings, head and tokenizer, no training):\n\n"
+            + table(sm_rows, {"greedy": sm_rows[0]})
         )
     print(body)
     if not args.no_write:

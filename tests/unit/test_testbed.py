@@ -190,3 +190,11 @@ def test_srdq_run_by_the_testbed_names(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (ARTIFACTS_DIR / "data" / "test.jsonl").read_text().splitlines()[:2]]
     assert [r["gold"] for r in records] == [str(r["final"]) for r in rows]
     assert all(isinstance(r["reward"], float) for r in records)
+
+
+def test_testbed_build_refuses_a_missing_init_folder(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["testbed", "build", "--out", str(out), "--init-from", str(tmp_path / "nope")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "--init-from" in result.output and "does not exist" in result.output
+    assert not out.exists()

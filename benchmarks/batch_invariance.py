@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--rows", type=int, default=4, help="invariant_rows of the fixed-row mode")
+    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
@@ -46,7 +47,7 @@ def main() -> None:
     from srd_worker.settings import Settings
     from srd_worker.tasks.gsm8k import GSM8KTask
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     settings = Settings(device="cpu", dtype="bfloat16")
     engine = TransformersEngine.from_name(args.model, settings=settings)
     task = GSM8KTask()
@@ -80,7 +81,7 @@ def main() -> None:
     tps = {label: t for label, _, _, t, _, _ in rows}
     padded, grouped, fixed = (tps[m[0]] for m in modes)
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU (2 threads, shared with other jobs, "
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({args.threads} thread(s), shared with other jobs, "
         f"torch {torch.__version__}), model {args.model} (bfloat16), {len(items)} GSM8K prompts "
         f"({len(lengths)} distinct lengths, {lengths[0]}–{lengths[-1]} tokens) × n={args.n} seeded requests = "
         f"batch {len(requests)}, max_new_tokens={args.max_new_tokens}, T 0.8 / top-p 0.9 / top-k 50. Each mode "
@@ -104,7 +105,8 @@ def main() -> None:
         "finished rows stay in place) give every pass the same shapes alone or in company.",
         "",
         "Command: `.venv/bin/python benchmarks/batch_invariance.py "
-        f"--items {args.items} --n {args.n} --max-new-tokens {args.max_new_tokens} --rows {args.rows}`",
+        f"--items {args.items} --n {args.n} --max-new-tokens {args.max_new_tokens} --rows {args.rows} "
+        f"--threads {args.threads}`",
     ]
     body = "\n".join(lines)
     print(body)

@@ -132,7 +132,8 @@ def main() -> None:
     lines += [
         "",
         f"Command: `.venv/bin/python benchmarks/runner_overhead.py --items {args.items} --n {args.n} "
-        f"--max-new-tokens {args.max_new_tokens} --chunk-tokens {args.chunk_tokens} --reps {args.reps}`",
+        f"--max-new-tokens {args.max_new_tokens} --chunk-tokens {args.chunk_tokens} --reps {args.reps} "
+        f"--threads {args.threads}`",
     ]
     text = "\n".join(lines)
     print(text)

@@ -3,7 +3,7 @@ with the rule-based arithmetic reward and with the testbed's learned reward mode
 bootstrap intervals over problems (``srd_worker.stats``), the paired accuracy difference to Best-of-N at
 the same N and reward (exact McNemar p), mean generated tokens and mean reward calls per problem.
 
-    nice -n 5 .venv/bin/python benchmarks/search_baselines.py [--items 150] [--budgets 4,8] [--seed 0]
+    nice -n 5 .venv/bin/python benchmarks/search_baselines.py [--items 300] [--budgets 4,8] [--seed 0]
 
 Runs go through the embedded runner (``run_local``) into --work (default /tmp/srdq-search-bench); run ids
 are deterministic, so an interrupted benchmark resumes and finished configurations are re-reported, not
@@ -40,7 +40,7 @@ def configs(budgets: list[int], beam_width: int, max_new: int, step_tokens: int)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--items", type=int, default=150, help="the first ITEMS test problems")
+    ap.add_argument("--items", type=int, default=300, help="the first ITEMS test problems")
     ap.add_argument("--budgets", default="4,8", help="comma-separated n values")
     ap.add_argument("--beam-width", type=int, default=2, help="M for beam search and DVTS")
     ap.add_argument("--max-new-tokens", type=int, default=96)

@@ -113,7 +113,7 @@ def main() -> None:
             )
 
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({args.threads} threads, shared with "
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({args.threads} thread(s), shared with "
         f"other jobs), model {args.model} (bf16, batch-invariant engine defaults), {args.items} GSM8K problems "
         f"× n={args.n}, max_new_tokens={args.max_new_tokens}, reward arithmetic; {args.reps} interleaved "
         "repetitions (per repetition and method: the runner and the raw engine back to back).",

@@ -45,6 +45,21 @@ from srd_worker.engines.base import (
 from srd_worker.errors import EngineError
 
 
+def _generators(requests: Sequence[GenerationRequest]) -> list[Any]:
+    """One CPU ``torch.Generator`` per request, seeded with its seed (an unseeded request: from entropy)."""
+    import torch
+
+    gens = []
+    for r in requests:
+        g = torch.Generator(device="cpu")
+        if r.params.seed is not None:
+            g.manual_seed(int(r.params.seed) & 0xFFFF_FFFF_FFFF_FFFF)
+        else:
+            g.seed()
+        gens.append(g)
+    return gens
+
+
 class HFTokenizer:
     """Adapts a Hugging Face tokenizer to the engine's Tokenizer protocol."""
 
@@ -209,14 +224,7 @@ class TransformersEngine:
         if not active:
             return [Generation([], "", "length", [] if r.params.logprobs else None) for r in requests]
 
-        gens = []
-        for r in requests:
-            g = torch.Generator(device="cpu")
-            if r.params.seed is not None:
-                g.manual_seed(int(r.params.seed) & 0xFFFF_FFFF_FFFF_FFFF)
-            else:
-                g.seed()
-            gens.append(g)
+        gens = _generators(requests)
 
         max_len = max(len(requests[i].prompt_ids) for i in active)
         pad = tok.pad_token_id
@@ -319,14 +327,7 @@ class TransformersEngine:
         reasons: list[str] = ["length"] * n
         budgets = [token_budget(i, r, self.max_context) for i, r in enumerate(requests)]
         live = [i for i in range(n) if budgets[i] > 0]
-        gens = []
-        for r in requests:
-            g = torch.Generator(device="cpu")
-            if r.params.seed is not None:
-                g.manual_seed(int(r.params.seed) & 0xFFFF_FFFF_FFFF_FFFF)
-            else:
-                g.seed()
-            gens.append(g)
+        gens = _generators(requests)
         stop_strings = [r.params.stop for r in requests]
         max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
 

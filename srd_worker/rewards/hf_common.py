@@ -230,3 +230,24 @@ def split_at_mark(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
     before, after = text.split(SOFT_MARK)
     enc = lambda s: list(tokenizer.encode(s, add_special_tokens=False)) if s else []  # noqa: E731
     return enc(before), enc(after)
+
+
+class SoftScoring:
+    """What the HF ORM and PRM adapters share of the differentiable score: a lazily built ``SoftEmbedder``
+    over the reward's ``model`` and ``tokenizer``, the vocabulary overlap and the forward-pass count."""
+
+    model: Any
+    tokenizer: Any
+    can_differentiate = True
+
+    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
+        return self._soft().aligned(policy_vocab)[1]
+
+    def _soft(self) -> SoftEmbedder:
+        if getattr(self, "_embedder", None) is None:
+            self._embedder = SoftEmbedder(self.model, self.tokenizer)
+        return self._embedder
+
+    @property
+    def soft_forward_passes(self) -> int:
+        return self._soft().forward_passes

@@ -25,7 +25,7 @@ from srd_worker.errors import RewardError
 from srd_worker.rewards.batching import cut_at_stop
 from srd_worker.rewards.hf_common import (
     SOFT_MARK,
-    SoftEmbedder,
+    SoftScoring,
     load_head_model,
     load_tokenizer,
     pad_id_of,
@@ -72,7 +72,7 @@ def check_pairs(prompts: Sequence[str], responses: Sequence[str]) -> None:
             )
 
 
-class HFOutcomeReward:
+class HFOutcomeReward(SoftScoring):
     """Scalar logit of a sequence-classification RM on (question, partial response); module docstring."""
 
     def __init__(
@@ -146,21 +146,7 @@ class HFOutcomeReward:
             lambda batch: self._score_batch([ids[i] for i in batch]),
         )
 
-    # ------------------------------------------------------------------ differentiable score
-    can_differentiate = True
-
-    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
-        return self._soft().aligned(policy_vocab)[1]
-
-    def _soft(self) -> SoftEmbedder:
-        if getattr(self, "_embedder", None) is None:
-            self._embedder = SoftEmbedder(self.model, self.tokenizer)
-        return self._embedder
-
-    @property
-    def soft_forward_passes(self) -> int:
-        return self._soft().forward_passes
-
+    # ------------------------------------------------------------------ differentiable score (SoftScoring)
     def soft_score(self, question: str, prefix: str, soft: Any, policy_vocab: Sequence[str | None]) -> Any:
         """The head's logit on (question, ``prefix`` + soft tokens) under the same template as ``score``,
         differentiable w.r.t. ``soft`` (rewards/base.py ``DifferentiableReward``). The template is rendered

@@ -40,7 +40,7 @@ from srd_worker.errors import RewardError
 from srd_worker.rewards.batching import cut_at_stop
 from srd_worker.rewards.hf_common import (
     SOFT_MARK,
-    SoftEmbedder,
+    SoftScoring,
     checkpoint_tensors,
     load_head_model,
     load_tokenizer,
@@ -106,7 +106,7 @@ def _qwen_remap(model: Any, path: str) -> set[str]:
     return {"score.weight", "score.bias"}
 
 
-class HFProcessReward:
+class HFProcessReward(SoftScoring):
     """Score of the last completed step under a PRM (module docstring for the two styles)."""
 
     def __init__(
@@ -206,21 +206,7 @@ class HFProcessReward:
             lambda batch: self._score_batch([items[i] for i in batch]),
         )
 
-    # ------------------------------------------------------------------ differentiable score
-    can_differentiate = True
-
-    def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
-        return self._soft().aligned(policy_vocab)[1]
-
-    def _soft(self) -> SoftEmbedder:
-        if getattr(self, "_embedder", None) is None:
-            self._embedder = SoftEmbedder(self.model, self.tokenizer)
-        return self._embedder
-
-    @property
-    def soft_forward_passes(self) -> int:
-        return self._soft().forward_passes
-
+    # ------------------------------------------------------------------ differentiable score (SoftScoring)
     def soft_layout(self, question: str, prefix: str) -> tuple[list[int], list[int], int]:
         """(ids before the soft tokens, ids after them, index in the after-ids of the scored step token).
 

@@ -19,20 +19,21 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from srd_worker.errors import EngineUnavailable, SrdqError, StoreError
+from srd_worker.errors import EngineUnavailable, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
 from srd_worker.status import (  # noqa: F401 - re-exported: the status reads live in the light status module
     STATUS_SHARD_LIMIT,
     RunStatus,
     ShardStatus,
     SweepStatus,
+    ensure_run,
     recent_runs,
     run_status,
     sweep_status,
 )
 from srd_worker.store import crud, leases, queries
 from srd_worker.store.db import session_scope
-from srd_worker.store.models import Shard, utcnow
+from srd_worker.store.models import utcnow
 from srd_worker.tasks.base import Item
 from srd_worker.wiring import check_spec, wire
 
@@ -354,15 +355,3 @@ def resume(
     for index in todo:
         enqueue(run_id, index)
     return todo
-
-
-# ---------------------------------------------------------------------------------------------- status
-def shard_rows(*, db: Engine, run_id: str) -> list[Shard]:
-    with session_scope(db) as session:
-        return crud.list_shards(session=session, run_id=run_id)
-
-
-def ensure_run(*, db: Engine, run_id: str) -> None:
-    with session_scope(db) as session:
-        if not queries.run_exists(session=session, run_id=run_id):
-            raise SrdqError(f"no run '{run_id}' in the database")

@@ -51,6 +51,13 @@ def method_args(method: str) -> list[str]:
         args += ["--n", "2"]
     if "chunk_tokens" in fields:
         args += ["--set", "chunk_tokens=8"]
+    if "beam_width" in fields:  # step search: n must be a multiple of the beam width
+        args += ["--set", "beam_width=2"]
+    # the speculative family's own required settings, so what refuses it is the engine's capabilities
+    if "draft_model" in fields:
+        args += ["--set", "draft_model=testbed-draft"]
+    if "tau_q" in fields:
+        args += ["--set", "tau_q=1.0", "--set", "tau_p=1.0"]
     if cls.needs_reward:
         args += ["--reward", "arithmetic"]
     return args

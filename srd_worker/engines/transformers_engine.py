@@ -261,12 +261,9 @@ class TransformersEngine:
                     t = int(next_tokens[row])
                     results[i].append(t)
                     logps[i].append(float(next_logps[row]))
-                    if t in tok.eos_token_ids:
-                        reasons[i] = "eos"
-                    elif max_stop[i] and self._hit_stop(results[i], stop_strings[i], max_stop[i]):
-                        reasons[i] = "stop"
-                    elif len(results[i]) >= budgets[i]:
-                        reasons[i] = "length"
+                    reason = self._finish_reason(results[i], stop_strings[i], max_stop[i], budgets[i])
+                    if reason is not None:
+                        reasons[i] = reason
                     else:
                         keep_rows.append(row)
                         continue
@@ -358,12 +355,9 @@ class TransformersEngine:
                     results[i].append(t)
                     logps[i].append(float(logp[0]))
                     next_input[i] = t
-                    if t in tok.eos_token_ids:
-                        reasons[i] = "eos"
-                    elif max_stop[i] and self._hit_stop(results[i], stop_strings[i], max_stop[i]):
-                        reasons[i] = "stop"
-                    elif len(results[i]) >= budgets[i]:
-                        reasons[i] = "length"
+                    reason = self._finish_reason(results[i], stop_strings[i], max_stop[i], budgets[i])
+                    if reason is not None:
+                        reasons[i] = reason
                     else:
                         still.append(i)
                 self.stats.generated_tokens += len(live)
@@ -382,6 +376,19 @@ class TransformersEngine:
             )
             for i, r in enumerate(requests)
         ]
+
+    def _finish_reason(
+        self, token_ids: list[int], stops: tuple[str, ...], max_stop: int, budget: int
+    ) -> str | None:
+        """Why a row whose last sampled token ends ``token_ids`` stops now (eos, a stop string, its
+        budget), or None while it goes on."""
+        if token_ids[-1] in self.tokenizer.eos_token_ids:
+            return "eos"
+        if max_stop and self._hit_stop(token_ids, stops, max_stop):
+            return "stop"
+        if len(token_ids) >= budget:
+            return "length"
+        return None
 
     def _hit_stop(self, token_ids: list[int], stops: tuple[str, ...], max_stop: int) -> bool:
         # Decode only a tail long enough to hold any stop string (every token decodes to >= 1 char,

@@ -213,8 +213,10 @@ class StepContext:
         self.extract_answer = extract_answer or (lambda text: None)
         self._reward_takes_finished = reward is not None and accepts_finished(reward)
 
-    def seed(self, state: ItemState, candidate: int, kind: str) -> int:
-        return derive_seed(self.run_seed, state["item_id"], candidate, state["round"], kind)
+    def seed(self, state: ItemState, candidate: int, kind: str, *, by_round: bool = True) -> int:
+        """The seed of one engine request. ``by_round=False`` leaves the item's round out (round 0):
+        for draws named by something that does not depend on when they happen (SRD's edits)."""
+        return derive_seed(self.run_seed, state["item_id"], candidate, state["round"] if by_round else 0, kind)
 
     def generate(self, calls: Sequence[GenCall]) -> list[Generation]:
         """ONE engine batch for every call; tokens and time are charged to each call's item."""

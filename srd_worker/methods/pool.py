@@ -210,14 +210,16 @@ def continuation_call(
     top_p: float,
     top_k: int,
     component: str,
+    by_round: bool = True,
 ) -> GenCall:
-    """An engine request continuing ``cand`` by at most ``budget`` tokens, seeded by (cid, kind)."""
+    """An engine request continuing ``cand`` by at most ``budget`` tokens, seeded by (cid, kind) and,
+    unless ``by_round`` is false, the item's round."""
     sp = SamplingParams(
         temperature=temperature,
         top_p=top_p,
         top_k=top_k,
         max_new_tokens=budget,
-        seed=ctx.seed(state, cid, kind),
+        seed=ctx.seed(state, cid, kind, by_round=by_round),
     )
     return GenCall(state, state["prompt_ids"] + cand["tokens"], sp, component)
 

@@ -29,8 +29,8 @@ PROPOSED choices that are parameters here (the others are listed where they are 
     - ``checkpoint_scoring=lazy`` (default) scores only what routing needs; same decisions as eager.
     - ``form``: ``incremental`` (Algorithm B) decides each round's refinement queue in Algorithm 1's
       sequential order, but is not the batch form (Algorithm A) run in rounds: unfinished τ' are judged
-      on partial text, a kept unfinished τ' triggers another routing round, and edit seeds differ
-      (``srd_loop`` docstring, ALGORITHMS.md §1.7).
+      on partial text and a kept unfinished τ' triggers another routing round; edits are seeded by
+      trajectory and edit count in both forms (``srd_loop`` docstring, ALGORITHMS.md §1.7).
     - Final answer: argmax final reward over the completed trajectories of the kept set (ties: earliest
       finished round, then lowest candidate id), or over every completed trajectory ever produced
       (drafts, refinements, refine_bob losers) with ``archive_all``.

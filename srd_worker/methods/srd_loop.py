@@ -28,9 +28,9 @@ Incremental vs batch (ALGORITHMS.md §1.7): the incremental form is NOT the batc
         batch form extends it to EOS / max length first and judges the complete response.
     (b) A kept unfinished τ' makes the item draft another round, which routes the whole pool again
         (with the defaults, about half survives); the batch form routes the drafts once.
-    (c) Edit seeds ``edit<w>`` include the item's round: the drafting round here, while the batch form
-        bumps the round at every step (drafts, waves, extensions), so the same edit draws differently.
-    They coincide only without refinement when every draft finishes in the first round.
+    Edits are seeded by the trajectory and its edit count (``edit<c>``), not by the round or the wave,
+    so a trajectory's c-th edit from the same boundary draws the same tokens in both forms (tested).
+    Without (a) and (b) — every draft and every τ' finishes in its first round — the forms coincide.
 
 PROPOSED choices (ALGORITHMS.md marks them so)
     - Lazy checkpoint scoring scores only what routing needs (chunk ends; final ends in the batch form)
@@ -49,8 +49,11 @@ PROPOSED choices (ALGORITHMS.md marks them so)
       counted apart (``refine_outcomes``: keep / requeue / discard). ρ = refinements whose τ' went to
       KEEP in that decision / refinements; gain = 1 + ρ·p_M/p_H (``routing.efficiency_gain``).
     - Seeds: ``ctx.seed(state, candidate_id, kind)`` with kinds ``draft`` (shared with rejection
-      sampling and Best-of-N), ``edit<w>`` (wave w of the round), ``bob<w>.<b>`` and ``extend<b>``;
-      candidate ids are the initial indices and follow a trajectory through its edits.
+      sampling and Best-of-N), ``edit<c>`` (the trajectory's c-th edit, c = its edit count after this
+      edit; no round in the seed), ``bob<c>.<b>`` and ``extend<b>``; candidate ids are the initial
+      indices and follow a trajectory through its edits. A self_compare fallback that keeps τ counts
+      the failed edit in τ's c (Alg. 1's c counts refinements; without it a kept τ could be refined
+      past N_refine in later rounds, and its next edit would repeat the failed one's seed).
     - Ledger: drafts are charged to ``drafter``, regenerations to ``editor`` (batch-form extensions of an
       edited trajectory to ``drafter``), every reward call to ``scorer``; ``router`` counts one call per
       item per routing pass (initial routing, each wave's decisions) and its wall time.
@@ -228,8 +231,9 @@ class SRDLoop:
             raise RuntimeError(f"candidate {cand['id']}: checkpoint scores missing at {missing}")
         return j
 
-    def _edits(self, ctx: StepContext, state: SRDState, cand: Trajectory, wave: int) -> list[Edit]:
-        """The editor regeneration(s) of ``cand`` from its boundary [PAPER Eq. 5]."""
+    def _edits(self, ctx: StepContext, state: SRDState, cand: Trajectory) -> list[Edit]:
+        """The editor regeneration(s) of ``cand`` from its boundary [PAPER Eq. 5], seeded by the
+        trajectory's id and edit count only, so both forms draw the same c-th edit."""
         p = self.cfg
         j = self._boundary(cand)
         budget = len(cand["tokens"]) - j
@@ -242,12 +246,13 @@ class SRDLoop:
                 state,
                 new,
                 cid=cand["id"],
-                kind=f"bob{wave}.{b}" if p.policy == "refine_bob" else f"edit{wave}",
+                kind=f"bob{new['c']}.{b}" if p.policy == "refine_bob" else f"edit{new['c']}",
                 budget=budget,
                 temperature=p.editor_temperature,
                 top_p=p.top_p,
                 top_k=p.top_k,
                 component="editor",
+                by_round=False,
             )
             out.append(Edit(call, new, budget, j))
         return out
@@ -293,6 +298,7 @@ class SRDLoop:
             else:
                 st["refine_outcomes"]["discard"] += 1
                 if p.policy == "self_compare" and p.self_compare_fallback:
+                    tau["c"] = new["c"]  # the failed edit counts (N_refine; the next edit's seed)
                     keep.append(tau)
                 else:
                     state["dropped"].append(new["id"])
@@ -358,10 +364,8 @@ class SRDLoop:
                 keeps[i], queues[i] = [], []
             keeps[i].extend(bypass)
         # (4) REFINE in waves: each wave is ONE editor batch and ONE reward batch over every item
-        wave = 0
         while any(queues.values()):
-            self._refine_wave(states, ctx, keeps, queues, wave)
-            wave += 1
+            self._refine_wave(states, ctx, keeps, queues)
         # (5) survivors; min-1 guard; stop rule
         for i, state in enumerate(states):
             survivors = keeps[i]
@@ -382,7 +386,6 @@ class SRDLoop:
         ctx: StepContext,
         keeps: dict[int, list[Trajectory]],
         queues: dict[int, list[Trajectory]],
-        wave: int,
     ) -> None:
         p = self.cfg
         active = [i for i in queues if queues[i]]
@@ -392,7 +395,7 @@ class SRDLoop:
         for i in active:
             states[i]["stats"]["rounds"][-1]["waves"].append(len(queues[i]))
             for cand in queues[i]:
-                made.append((i, self._edits(ctx, states[i], cand, wave)))
+                made.append((i, self._edits(ctx, states[i], cand)))
         gens = iter(ctx.generate([e.call for _, edits in made for e in edits]))
         jobs = []
         for i, edits in made:
@@ -430,7 +433,7 @@ class SRDLoop:
             elif s["phase"] == "refine" and not s["pending"]:
                 s["stats"]["rounds"][-1]["waves"].append(len(s["queue"]))
                 for cid in s["queue"]:
-                    edits = self._edits(ctx, s, by_id[id(s)][cid], s["wave"])
+                    edits = self._edits(ctx, s, by_id[id(s)][cid])
                     s["pending"].append({"id": cid, "variants": [e.new for e in edits]})
                     for e in edits:
                         calls.append(e.call)

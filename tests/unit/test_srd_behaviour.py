@@ -372,3 +372,56 @@ def test_boundary_search_is_validated():
 
     with pytest.raises(ConfigError, match="boundary_search"):
         build_method("srd", {"boundary_search": "nope"})
+
+
+class RecordingEngine(SpyEngine):
+    """A spy that also keeps each request's generated token ids."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.outputs: list[tuple[int, ...]] = []
+
+    def generate(self, requests):
+        gens = super().generate(requests)
+        self.outputs.extend(tuple(g.token_ids) for g in gens)
+        return gens
+
+
+def test_both_forms_draw_the_same_first_edit(tiny_engine):
+    # Drafts finish in one round (chunk = max_new_tokens) in both forms, so both route the same pool and
+    # queue the same middle candidate. The incremental form edits it in round 0, the batch form in round 1
+    # (the batch form bumps its round after drafting): edit seeds name the trajectory and its edit count,
+    # not the round, so the two editor requests, and the tokens they draw, are identical.
+    params = {"n": 3, "theta_high": 0.6, "theta_low": 0.3, "max_new_tokens": 12, "chunk_tokens": 12}
+    params |= {"n_refine": 1, "editor_temperature": 0.7, "scoring_interval": 4, "l_max": 6}
+    prompt = tiny_engine.tokenizer.chat_prompt_ids([{"role": "user", "content": QUESTION}])
+
+    def first_edit(form):
+        m = build_method("srd", {**params, "form": form})
+        spy = RecordingEngine(tiny_engine)
+        reward = ScriptedReward(lambda text: (sum(map(ord, text)) % 97) / 97)
+        state = m.init_state("item", QUESTION, prompt)
+        run(m, StepContext(spy, reward, 5), state)
+        edits = [
+            (r, out) for r, out in zip(spy.requests, spy.outputs, strict=True) if r.params.temperature == 0.7
+        ]
+        assert len(edits) == 1, f"{form}: expected one edit, got {len(edits)}"
+        return edits[0]
+
+    (inc_req, inc_out), (bat_req, bat_out) = first_edit("incremental"), first_edit("batch")
+    assert inc_req.prompt_ids == bat_req.prompt_ids
+    assert inc_req.params == bat_req.params  # seed included
+    assert inc_out == bat_out
+
+
+def test_self_compare_fallback_counts_the_failed_edit(tiny_engine):
+    # self_compare with fallback: R(τ') = .3 < R(τ) + δ, so τ' is dropped and τ kept; the failed edit
+    # counts in τ's c (Alg. 1's c), so with N_refine = 1 τ can never be edited again in a later round.
+    params = {**THREE, "n_refine": 1, "policy": "self_compare", "self_compare_fallback": True}
+    m, spy, _, ctx, state, _ = setup(tiny_engine, params, scripted(end_scores(0.9, 0.5, 0.1), {1: 0.3}))
+    run(m, ctx, state)
+    kept = {c["id"]: c for c in state["candidates"]}
+    assert sorted(kept) == [0, 1]
+    assert kept[1]["c"] == 1
+    assert kept[1]["text"] == draft_text(1)
+    assert len(spy.requests) == 1

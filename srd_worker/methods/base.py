@@ -216,7 +216,9 @@ class StepContext:
     def seed(self, state: ItemState, candidate: int, kind: str, *, by_round: bool = True) -> int:
         """The seed of one engine request. ``by_round=False`` leaves the item's round out (round 0):
         for draws named by something that does not depend on when they happen (SRD's edits)."""
-        return derive_seed(self.run_seed, state["item_id"], candidate, state["round"] if by_round else 0, kind)
+        return derive_seed(
+            self.run_seed, state["item_id"], candidate, state["round"] if by_round else 0, kind
+        )
 
     def generate(self, calls: Sequence[GenCall]) -> list[Generation]:
         """ONE engine batch for every call; tokens and time are charged to each call's item."""

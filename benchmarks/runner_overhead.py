@@ -1,10 +1,14 @@
 """Runner overhead: generated tokens/s of a shard through the runner (rounds, reward scoring, SQLite
 checkpoint after every round, grading) divided by the engine's raw batched tokens/s on a batch of the
-same size (one ``generate`` call, no rounds, no reward, no store), for Best-of-N (default: its whole
-budget in one engine call, ``chunk_tokens`` 0), Best-of-N in chunked rounds, and SRD (rounds of Δ).
+same size (one ``generate`` call, no rounds, no reward, no store, no prefix reuse), for Best-of-N
+(default: its whole budget in one engine call, ``chunk_tokens`` 0), Best-of-N in chunked rounds, and SRD
+(rounds of Δ). The chunked rows and SRD run twice, with the transformers engine's prefix KV reuse on
+(``SRDQ_KV_REUSE=true``, the default: a round feeds only the new token) and off (the deterministic mode:
+every round re-feeds prompt + kept tokens); the two engines share one model, and the reuse engine's store
+is emptied before every run so no run profits from the one before.
 
-The machine is shared and noisy, so the two paths are interleaved: every repetition runs, per method,
-the runner and the raw engine back to back (alternating which goes first), and the table reports the
+The machine is shared and noisy, so the paths are interleaved: every repetition runs, per method, the
+raw engine and the runner path(s) back to back (alternating the order), and the table reports the
 median of the per-repetition ratios with their range.
 
     .venv/bin/python benchmarks/runner_overhead.py [--items 10] [--n 4] [--max-new-tokens 256] [--reps 3]
@@ -51,16 +55,33 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     settings = Settings(device="cpu")
-    engine = TransformersEngine.from_name(args.model, settings=settings)
+    engine = TransformersEngine.from_name(args.model, settings=settings)  # kv_reuse: the default (on)
+    assert engine.kv_store is not None, "SRDQ_KV_REUSE=false in the environment: this compares both modes"
+    plain = TransformersEngine(
+        engine.model,
+        engine.tokenizer,
+        model_name=args.model,
+        batch_invariant=settings.batch_invariant,
+        invariant_rows=settings.invariant_rows,
+        kv_reuse=False,
+    )
     base = {"n": args.n, "max_new_tokens": args.max_new_tokens}
-    configs = [
-        ("Best-of-N (default: whole budget, one engine call)", "best_of_n", base),
+    chunked = {**base, "chunk_tokens": args.chunk_tokens}
+    # (label, method, params, [(mode label, engine), ...]): one raw engine sample per group and repetition
+    groups = [
+        ("Best-of-N (default: whole budget, one engine call)", "best_of_n", base, [("", engine)]),
         (
             f"Best-of-N, chunked (chunk_tokens={args.chunk_tokens})",
             "best_of_n",
-            {**base, "chunk_tokens": args.chunk_tokens},
+            chunked,
+            [("KV reuse off", plain), ("KV reuse on", engine)],
         ),
-        (f"SRD (Δ = chunk_tokens = {args.chunk_tokens})", "srd", {**base, "chunk_tokens": args.chunk_tokens}),
+        (
+            f"SRD (Δ = chunk_tokens = {args.chunk_tokens})",
+            "srd",
+            chunked,
+            [("KV reuse off", plain), ("KV reuse on", engine)],
+        ),
     ]
     prepared = {
         label: prepare_run(
@@ -71,7 +92,7 @@ def main() -> None:
             reward="arithmetic",
             limit=args.items,
         )
-        for label, method, params in configs
+        for label, method, params, _ in groups
     }
     first = next(iter(prepared.values()))
     reqs = round_requests(
@@ -83,52 +104,81 @@ def main() -> None:
         max_new_tokens=args.max_new_tokens,
     )
 
-    def runner(label: str) -> tuple[float, float]:
+    def runner(label: str, eng: TransformersEngine) -> tuple[float, float, int, int]:
+        """Generated tokens, wall seconds, prompt tokens fed and reused by one run of the runner."""
+        if eng.kv_store is not None:
+            eng.kv_store.clear()
+        fed, reused = eng.stats.prefill_tokens, eng.stats.reused_tokens
         with tempfile.TemporaryDirectory() as out:
             t0 = time.perf_counter()
-            summary = run_local(prepared[label], out_dir=out, settings=settings, engine=engine)
+            summary = run_local(prepared[label], out_dir=out, settings=settings, engine=eng)
             wall = time.perf_counter() - t0
-        return summary.mean_gen_tokens * summary.items, wall
+        fed, reused = eng.stats.prefill_tokens - fed, eng.stats.reused_tokens - reused
+        return summary.mean_gen_tokens * summary.items, wall, fed, reused
 
     def raw() -> tuple[float, float]:
         # the same prompts, batch size, sampling params and token cap in one generate call (other seeds,
-        # so lengths differ a little; tokens/s normalises for that)
+        # so lengths differ a little; tokens/s normalises for that); no prefix store
         t0 = time.perf_counter()
-        gens = engine.generate(reqs)
+        gens = plain.generate(reqs)
         return sum(len(g.token_ids) for g in gens), time.perf_counter() - t0
 
-    engine.generate(reqs[:2])  # warm-up
-    samples: dict[str, list[tuple[float, float, float, float]]] = {label: [] for label, _, _ in configs}
+    plain.generate(reqs[:2])  # warm-up
+    # per (group label, mode label): (runner tokens, runner s, engine tokens, engine s, fed, reused)
+    samples: dict[tuple[str, str], list[tuple[float, float, float, float, int, int]]] = {
+        (label, mode): [] for label, _, _, modes in groups for mode, _ in modes
+    }
     for rep in range(args.reps):
-        for label, _, _ in configs:
+        for label, _, _, modes in groups:
+            order = modes if rep % 2 == 0 else modes[::-1]
+            got: dict[str, tuple[float, float, int, int]] = {}
+            if rep % 2 == 1:
+                et, es = raw()
+            for mode, eng in order:
+                got[mode] = runner(label, eng)
             if rep % 2 == 0:
-                (rt, rs), (et, es) = runner(label), raw()
-            else:
-                (et, es), (rt, rs) = raw(), runner(label)
-            samples[label].append((rt, rs, et, es))
-            print(
-                f"rep {rep + 1} {label}: runner {rt / rs:.1f} tok/s, engine {et / es:.1f} tok/s, "
-                f"ratio {(rt / rs) / (et / es):.2f}",
-                flush=True,
-            )
+                et, es = raw()
+            for mode, _ in modes:
+                rt, rs, fed, reused = got[mode]
+                samples[(label, mode)].append((rt, rs, et, es, fed, reused))
+                print(
+                    f"rep {rep + 1} {label} {mode}: runner {rt / rs:.1f} tok/s, engine {et / es:.1f} tok/s, "
+                    f"ratio {(rt / rs) / (et / es):.2f}, prompt tokens fed {fed:,} (reused {reused:,})",
+                    flush=True,
+                )
 
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({args.threads} thread(s), shared with "
         f"other jobs), model {args.model} (bf16, batch-invariant engine defaults), {args.items} GSM8K problems "
         f"× n={args.n}, max_new_tokens={args.max_new_tokens}, reward arithmetic; {args.reps} interleaved "
-        "repetitions (per repetition and method: the runner and the raw engine back to back).",
+        "repetitions (per repetition and method: the raw engine and the runner path(s) back to back, order "
+        "alternating). Raw engine: one generate call of the whole budget, no prefix store.",
         "",
-        "| path | batch | runner tokens/s (median) | engine tokens/s (median) | **runner ÷ engine, median** | range over repetitions |",
-        "|---|---:|---:|---:|---:|---|",
+        "| path | KV reuse | batch | prompt tokens fed (reused) per run | runner tokens/s (median) | "
+        "engine tokens/s (median) | **runner ÷ engine, median** | range over repetitions |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
-    for label, _, _ in configs:
-        rows = samples[label]
-        ratios = [(rt / rs) / (et / es) for rt, rs, et, es in rows]
-        lines.append(
-            f"| {label} | {args.items * args.n} | {statistics.median(rt / rs for rt, rs, _, _ in rows):.1f} | "
-            f"{statistics.median(et / es for _, _, et, es in rows):.1f} | **{statistics.median(ratios):.2f}** | "
-            f"{min(ratios):.2f}–{max(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) |"
-        )
+    for label, _, _, modes in groups:
+        for mode, eng in modes:
+            rows = samples[(label, mode)]
+            ratios = [(rt / rs) / (et / es) for rt, rs, et, es, _, _ in rows]
+            fed = statistics.median(r[4] for r in rows)
+            reused = statistics.median(r[5] for r in rows)
+            lines.append(
+                f"| {label} | {'on' if eng.kv_store is not None else 'off'} | {args.items * args.n} | "
+                f"{fed:,.0f} ({reused:,.0f}) | {statistics.median(r[0] / r[1] for r in rows):.1f} | "
+                f"{statistics.median(r[2] / r[3] for r in rows):.1f} | **{statistics.median(ratios):.2f}** | "
+                f"{min(ratios):.2f}–{max(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) |"
+            )
+    lines.append("")
+    for label, _, _, modes in groups:
+        if len(modes) == 2:
+            off, on = samples[(label, modes[0][0])], samples[(label, modes[1][0])]
+            speedups = [(b[0] / b[1]) / (a[0] / a[1]) for a, b in zip(off, on, strict=True)]
+            lines.append(
+                f"- {label}: runner tokens/s with KV reuse ÷ without, per repetition: median "
+                f"**{statistics.median(speedups):.2f}** ({', '.join(f'{x:.2f}' for x in speedups)})"
+            )
     lines += [
         "",
         f"Command: `.venv/bin/python benchmarks/runner_overhead.py --items {args.items} --n {args.n} "

@@ -1,5 +1,7 @@
 """What a run really ran with: engine name and version, the model's and the reward model's revisions, and
-for the ``openai`` engine the server's URL and the model it reports.
+for the ``openai`` engine the server's URL and the model it reports; for the transformers engine its
+``mode`` (``kv-reuse (<MB> MB)`` or ``deterministic``, ``SRDQ_KV_REUSE``), since reusing cached prefixes
+changes results in the last bits (README, *What a resumed run reproduces*).
 
 Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
 after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
@@ -193,6 +195,9 @@ def runtime_record(spec: Any, engine: Any, *, settings: Any = None) -> dict[str,
         return _RECORDS[key]
     name = getattr(engine, "name", spec.engine)
     record: dict[str, Any] = {"engine": {"name": name, **engine_version(name)}}
+    mode = getattr(engine, "mode", None)
+    if isinstance(mode, str):  # the transformers engine: kv-reuse or deterministic (changes results)
+        record["engine"]["mode"] = mode
     describe = getattr(engine, "describe", None)
     if name == "openai" and callable(describe):
         served = describe()

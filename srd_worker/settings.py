@@ -55,6 +55,20 @@ class Settings(BaseSettings):
         "into chunks of this many, dummy rows fill the rest, finished rows stay in place); 0 = the row "
         "count follows the group (padding-invariant only: CPU kernels switch with the row count).",
     )
+    kv_reuse: bool = Field(
+        True,
+        description="Transformers engine: keep each sequence's KV cache after a generate call (a "
+        "content-addressed prefix store) and feed only the new tokens when a later request extends or "
+        "shares a prefix of it (SRD's rounds and edits, chunked rounds). Next-token distributions agree "
+        "with a full re-feed up to float rounding; false = the deterministic mode (every prompt re-fed), "
+        "in which a resumed run is byte-identical to an uninterrupted one.",
+    )
+    kv_reuse_mb: float = Field(
+        1024.0,
+        gt=0,
+        description="Transformers engine with kv_reuse: memory budget of the prefix KV store in MiB (on "
+        "the model's device), least recently used sequences evicted first.",
+    )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."
     )

@@ -53,7 +53,8 @@ def datasets_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_engine():
-    """TransformersEngine over a 2-layer random Llama in float32 (exact comparisons need fp32)."""
+    """TransformersEngine over a 2-layer random Llama in float32 (exact comparisons need fp32), in the
+    deterministic mode (no prefix KV reuse: the tests that compare runs byte for byte rely on it)."""
     import torch
 
     from srd_worker.engines.loading import build_tiny_llama
@@ -62,7 +63,7 @@ def tiny_engine():
     torch.set_num_threads(2)
     model, tokenizer = build_tiny_llama(seed=0)
     return TransformersEngine(
-        model.to(torch.float32), tokenizer, max_batch_size=64, model_name="tiny-random-llama"
+        model.to(torch.float32), tokenizer, max_batch_size=64, model_name="tiny-random-llama", kv_reuse=False
     )
 
 

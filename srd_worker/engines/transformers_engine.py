@@ -23,7 +23,18 @@ What it does:
 - per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
   ``raw_logprobs`` convention) and teacher-forced scoring of continuations.
 
-What it leaves out: prefix caching across calls, speculative decoding, beam search.
+- prefix KV reuse across calls (``kv_reuse=True``; ``SRDQ_KV_REUSE``, on by default in Settings, off by
+  default in the constructor): when a request's generation ends, its per-layer keys and values are kept
+  in a content-addressed store (``engines/prefix_kv.py``, LRU under ``kv_reuse_mb``); a later request
+  whose prompt shares a prefix of at least 16 tokens with a stored sequence feeds only the rest (a round
+  of SRD continuing a candidate feeds one token; an edit at j* crops the stored cache to j*). Such
+  requests are grouped by (cached length, prompt length), so every forward pass is still unpadded and of
+  ``invariant_rows`` rows. The cached keys and values were computed in other forward passes (other
+  shapes) than a full re-feed would use, so the next-token distributions agree up to float rounding,
+  not bit for bit: ``kv_reuse=False`` (the ``deterministic`` mode) re-feeds every prompt and is what
+  makes a resumed run byte-identical (README, *What a resumed run reproduces*).
+
+What it leaves out: speculative decoding (``engines/speculative.py`` is a separate harness), beam search.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from srd_worker.engines.base import (
     GenerationRequest,
     token_budget,
 )
+from srd_worker.engines.prefix_kv import BLOCK, KVEntry, PrefixKVStore
 from srd_worker.errors import EngineError
 
 
@@ -101,7 +113,9 @@ class EngineStats:
 
     generate_calls: int = 0
     generated_tokens: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens fed to the model
+    reused_tokens: int = 0  # prompt tokens taken from the prefix KV store instead of fed
+    reuse_crops: int = 0  # requests served by a stored sequence cut back (an SRD edit at j*)
     generate_seconds: float = 0.0
     forward_passes: int = 0
 
@@ -119,6 +133,8 @@ class TransformersEngine:
         model_name: str = "",
         batch_invariant: bool = True,
         invariant_rows: int = 4,
+        kv_reuse: bool = False,
+        kv_reuse_mb: float = 1024.0,
     ) -> None:
         import torch
 
@@ -134,6 +150,8 @@ class TransformersEngine:
         self.model_name = model_name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stats = EngineStats()
+        self.kv_reuse = bool(kv_reuse)
+        self.kv_store = PrefixKVStore(int(kv_reuse_mb * (1 << 20))) if kv_reuse else None
         # transformers >= 5.2x names the KV cache argument `cache`; older releases `past_key_values`
         import inspect
 
@@ -159,20 +177,29 @@ class TransformersEngine:
             model_name=name,
             batch_invariant=settings.batch_invariant,
             invariant_rows=getattr(settings, "invariant_rows", 4),
+            kv_reuse=getattr(settings, "kv_reuse", False),
+            kv_reuse_mb=getattr(settings, "kv_reuse_mb", 1024.0),
         )
+
+    @property
+    def mode(self) -> str:
+        """``kv-reuse`` or ``deterministic`` (recorded in a run's provenance: it changes results)."""
+        if self.kv_store is None:
+            return "deterministic"
+        return f"kv-reuse ({self.kv_store.budget_bytes / (1 << 20):g} MB)"
 
     @property
     def fixed_rows(self) -> int:
         """Rows of every forward pass (full batch invariance), or 0 when the row count follows the batch."""
         return self.invariant_rows if self.batch_invariant else 0
 
-    def _batches(self, keys: Sequence[Any]) -> list[list[int]]:
+    def _batches(self, keys: Sequence[Any], *, by_key: bool = False) -> list[list[int]]:
         """Indices of the engine batches, in a fixed order: chunks of ``max_batch_size`` of the requests
-        in input order, or (batch-invariant) of each group of equal key (prompt length), smallest key
-        first, in chunks of ``invariant_rows`` (``max_batch_size`` when that is 0)."""
+        in input order, or (batch-invariant, or ``by_key``) of each group of equal key (prompt length),
+        smallest key first, in chunks of ``invariant_rows`` (``max_batch_size`` when that is 0)."""
         order = list(range(len(keys)))
         size = self.fixed_rows or self.max_batch_size
-        if not self.batch_invariant:
+        if not (self.batch_invariant or by_key):
             groups = [order]
         else:
             by_key: dict[Any, list[int]] = {}
@@ -198,8 +225,19 @@ class TransformersEngine:
         slots: list[Generation | None] = [None] * len(requests)
         t0 = time.perf_counter()
         run = self._generate_fixed_rows if self.fixed_rows else self._generate_batch
-        for batch in self._batches([len(r.prompt_ids) for r in requests]):
-            for i, gen in zip(batch, run([requests[i] for i in batch]), strict=True):
+        # every lookup happens before anything runs, so the batches' order cannot change what is reused
+        plan = self._reuse_plan(requests)
+        fresh = [i for i in range(len(requests)) if plan[i] is None]
+        for batch in self._batches([len(requests[i].prompt_ids) for i in fresh]):
+            idx = [fresh[j] for j in batch]
+            for i, gen in zip(idx, run([requests[i] for i in idx]), strict=True):
+                slots[i] = gen
+        cached = [i for i in range(len(requests)) if plan[i] is not None]
+        keys = [(plan[i][1], len(requests[i].prompt_ids)) for i in cached]  # type: ignore[index]
+        for batch in self._batches(keys, by_key=True):
+            idx = [cached[j] for j in batch]
+            prefix = ([plan[i][0] for i in idx], plan[idx[0]][1])  # type: ignore[index]
+            for i, gen in zip(idx, run([requests[i] for i in idx], prefix), strict=True):
                 slots[i] = gen
         self.stats.generate_calls += 1
         self.stats.generate_seconds += time.perf_counter() - t0
@@ -208,7 +246,51 @@ class TransformersEngine:
             raise EngineError(f"engine returned {len(out)} generations for {len(requests)} requests")
         return out
 
-    def _generate_batch(self, requests: list[GenerationRequest]) -> list[Generation]:
+    def _reuse_plan(self, requests: Sequence[GenerationRequest]) -> list[tuple[KVEntry, int] | None]:
+        """Per request: (stored entry, cached length L) when at least ``BLOCK`` prompt tokens can come
+        from the prefix store (L <= len(prompt) - 1: one token at least is fed), else None."""
+        plan: list[tuple[KVEntry, int] | None] = [None] * len(requests)
+        if self.kv_store is None:
+            return plan
+        for i, r in enumerate(requests):
+            if len(r.prompt_ids) >= self.max_context or r.params.max_new_tokens <= 0:
+                continue  # token_budget decides (and reports) these on the plain path
+            entry, common = self.kv_store.lookup(r.prompt_ids)
+            cached = min(common, len(r.prompt_ids) - 1)
+            if entry is not None and cached >= BLOCK:
+                plan[i] = (entry, cached)
+                self.stats.reuse_crops += cached < len(entry.tokens)
+        return plan
+
+    def _prefix_cache(self, entries: list[KVEntry], length: int) -> Any:
+        """A DynamicCache holding the first ``length`` positions of each entry (one row each)."""
+        from transformers import DynamicCache
+
+        torch = self._torch
+        layers = [
+            (
+                torch.stack([e.kv[li][0][:, :length] for e in entries]),
+                torch.stack([e.kv[li][1][:, :length] for e in entries]),
+            )
+            for li in range(len(entries[0].kv))
+        ]
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _snapshot(self, cache: Any, row: int, start: int, tokens: tuple[int, ...], source: Any) -> None:
+        """Store row ``row``'s keys and values at cache positions [start, start + len(tokens))."""
+        if self.kv_store is None or len(tokens) < BLOCK:
+            return
+        end = start + len(tokens)
+        kv = [
+            (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())
+            for layer in cache.layers
+        ]
+        supersedes = source[0] if source is not None and source[1] == len(source[0].tokens) else None
+        self.kv_store.put(tokens, kv, supersedes=supersedes)
+
+    def _generate_batch(
+        self, requests: list[GenerationRequest], prefix: tuple[list[KVEntry], int] | None = None
+    ) -> list[Generation]:
         torch = self._torch
         from transformers import DynamicCache
 
@@ -226,18 +308,29 @@ class TransformersEngine:
 
         gens = _generators(requests)
 
-        max_len = max(len(requests[i].prompt_ids) for i in active)
+        entries, cached = prefix if prefix is not None else ([], 0)
+        if cached and len({len(r.prompt_ids) for r in requests}) != 1:
+            raise EngineError("a batch with a cached prefix holds requests of one prompt length")
+        max_len = max(len(requests[i].prompt_ids) for i in active) - cached
         pad = tok.pad_token_id
         ids = torch.full((len(active), max_len), pad, dtype=torch.long)
         mask = torch.zeros((len(active), max_len), dtype=torch.long)
         for row, i in enumerate(active):
-            p = requests[i].prompt_ids
+            p = requests[i].prompt_ids[cached:]
             ids[row, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[row, max_len - len(p) :] = 1
         self.stats.prefill_tokens += int(mask.sum())
+        self.stats.reused_tokens += cached * len(active)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
+        positions = (mask.cumsum(-1) - 1).clamp(min=0) + cached
+        starts = [max_len - len(requests[i].prompt_ids[cached:]) for i in range(n)]  # left padding
+        if cached:
+            cache = self._prefix_cache([entries[i] for i in active], cached)
+            mask = torch.cat(
+                [torch.ones((len(active), cached), dtype=mask.dtype, device=mask.device), mask], 1
+            )
+        else:
+            cache = DynamicCache()
         stop_strings = [r.params.stop for r in requests]
         max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
 
@@ -264,6 +357,13 @@ class TransformersEngine:
                     reason = self._finish_reason(results[i], stop_strings[i], max_stop[i], budgets[i])
                     if reason is not None:
                         reasons[i] = reason
+                        self._snapshot(
+                            cache,
+                            row,
+                            starts[i],
+                            tuple(requests[i].prompt_ids) + tuple(results[i][:-1]),
+                            (entries[i], cached) if cached else None,
+                        )
                     else:
                         keep_rows.append(row)
                         continue
@@ -302,7 +402,9 @@ class TransformersEngine:
 
         return speculate(self, requests, rule, draft_model=draft_model, gamma=gamma)
 
-    def _generate_fixed_rows(self, requests: list[GenerationRequest]) -> list[Generation]:
+    def _generate_fixed_rows(
+        self, requests: list[GenerationRequest], prefix: tuple[list[KVEntry], int] | None = None
+    ) -> list[Generation]:
         """Full batch invariance: requests of ONE prompt length run in a batch of exactly
         ``invariant_rows`` rows (dummy copies of the first prompt fill the batch), and a row that finishes
         stays in place (fed a pad token, its output ignored) so the row count never changes during
@@ -328,13 +430,18 @@ class TransformersEngine:
         stop_strings = [r.params.stop for r in requests]
         max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
 
-        prompts = [r.prompt_ids for r in requests] + [requests[0].prompt_ids] * (rows - n)
+        entries, cached = prefix if prefix is not None else ([], 0)
+        prompts = [r.prompt_ids[cached:] for r in requests] + [requests[0].prompt_ids[cached:]] * (rows - n)
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
-        mask = torch.ones_like(ids)
-        positions = torch.arange(length, device=self.device).expand(rows, length)
+        mask = torch.ones((rows, length), dtype=torch.long, device=self.device)
+        positions = torch.arange(cached, length, device=self.device).expand(rows, length - cached)
         if live:
-            self.stats.prefill_tokens += n * length
-        cache = DynamicCache()
+            self.stats.prefill_tokens += n * (length - cached)
+            self.stats.reused_tokens += n * cached
+        if cached and live:
+            cache = self._prefix_cache(list(entries) + [entries[0]] * (rows - n), cached)
+        else:
+            cache = DynamicCache()
         step_input, step_pos = ids, positions
         with torch.inference_mode():
             while live:
@@ -367,6 +474,11 @@ class TransformersEngine:
                 step_input = torch.tensor(next_input, dtype=torch.long, device=self.device).view(-1, 1)
                 step_pos = step_pos[:, -1:] + 1
                 mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=mask.device)], 1)
+            for i in range(n):  # finished rows stayed in place: their first positions are theirs
+                if results[i]:
+                    source = (entries[i], cached) if cached else None
+                    tokens = tuple(requests[i].prompt_ids) + tuple(results[i][:-1])
+                    self._snapshot(cache, i, 0, tokens, source)
         return [
             Generation(
                 token_ids=results[i],

@@ -28,7 +28,15 @@ from sqlalchemy.engine import make_url
 PG_URL = os.environ.get("SRDQ_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 CLI = [sys.executable, "-m", "srdq_cli.main"]
-BASE_ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+# the deterministic mode (SRDQ_KV_REUSE=false): fleet results are compared byte for byte with embedded runs,
+# and which prefixes a worker has cached depends on how slices fell on workers
+BASE_ENV = {
+    "SRDQ_DTYPE": "float32",
+    "SRDQ_DEVICE": "cpu",
+    "SRDQ_KV_REUSE": "false",
+    "OMP_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+}
 #: Short leases and slices so the fault scenarios play out in seconds.
 FAST_SERVICE_ENV = {
     "SRDQ_LEASE_TTL_S": "4",

@@ -24,7 +24,14 @@ SRDQ = [sys.executable, "-m", "srdq_cli.main"]
 def srdq(
     *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", **(env or {})}
+    # the deterministic mode (no prefix KV reuse): these tests compare resumed runs byte for byte
+    full_env = {
+        **os.environ,
+        "SRDQ_DTYPE": "float32",
+        "SRDQ_DEVICE": "cpu",
+        "SRDQ_KV_REUSE": "false",
+        **(env or {}),
+    }
     return subprocess.run([*SRDQ, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
 
 

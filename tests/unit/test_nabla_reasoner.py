@@ -441,7 +441,7 @@ def _testbed_run(out: Path, **env: str):
         "--out",
         str(out),
         cwd=ROOT,
-        env=srdq_env(SRDQ_DTYPE="float32", SRDQ_DEVICE="cpu", **env),
+        env=srdq_env(SRDQ_DTYPE="float32", SRDQ_DEVICE="cpu", SRDQ_KV_REUSE="false", **env),
         timeout=300,
     )
 

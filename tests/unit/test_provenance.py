@@ -114,6 +114,7 @@ def test_runs_record_engine_and_revisions_in_manifest_and_report(tmp_path, tiny_
         with session_scope(db) as session:
             (record,) = crud.get_run(session=session, run_id=run_id).versions["runtime"]
         assert record["engine"]["name"] == "transformers" and record["engine"]["torch"]
+        assert record["engine"]["mode"] == "deterministic"  # the fixture's engine re-feeds every prompt
         assert record["model"] == {
             "name": "tiny-random-llama",
             "revision": model_revision("tiny-random-llama"),

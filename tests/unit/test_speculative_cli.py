@@ -13,7 +13,7 @@ from tests.cli import run_srdq, srdq_env
 
 pytestmark = pytest.mark.e2e
 
-ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu"}
+ENV = {"SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "SRDQ_KV_REUSE": "false"}  # byte-identical resume
 ARGS = [
     "--model",
     "testbed",

@@ -90,6 +90,12 @@ def _pooled(runs: list) -> object:
     return replace(runs[0], records=[r for run in runs for r in run.records])
 
 
+def _pts(d: object) -> str:
+    """A difference of accuracies (fractions) as points with its interval."""
+    mean, low, high = (100 * (getattr(d, k) or 0) for k in ("mean", "low", "high"))
+    return f"{mean:+.1f} pts [{low:+.1f}, {high:+.1f}]"
+
+
 def _f(v: float | None, digits: int = 3) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
 
@@ -104,9 +110,11 @@ def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> di
     for r in runs:
         by.setdefault((r.method, r.budget), []).append(r)
     bon = by[("best_of_n", max(budgets))]
-    rows = kcurve_rows(bon, [1, *budgets]) + run_rows([r for r in runs if r.method != "best_of_n"])
+    rows = kcurve_rows(bon, [1, *budgets], oracle=True) + run_rows(
+        [r for r in runs if r.method != "best_of_n"]
+    )
     rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",
-                              "speculative_rejection", "srd"].index(r.method), r.n))  # fmt: skip
+                              "speculative_rejection", "srd", "pass@k"].index(r.method), r.n))  # fmt: skip
     if png is not None:
         from srd_worker.report_plots import plot_frontier
 
@@ -129,7 +137,8 @@ def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> di
     coupled = ["| N | items × seeds | mean R_max SRD | mean R_max RS | Δ_n [95% CI] | wins / ties / losses "
                "| refinements improved |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses | McNemar p "
-              "| SRD tokens / Best-of-N tokens |", "|---:|---:|---:|---:|---:|"]  # fmt: skip
+              "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] |",
+              "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in budgets:
         srd, rs = by[("srd", n)], by[("rejection_sampling", n)]
         row = routing_row(_pooled(srd))
@@ -173,9 +182,11 @@ def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> di
         ratio = t_srd / bo.tokens.mean if t_srd and bo.tokens.mean else None
         p_bon = paired_values(correctness(srd), bo.values or {})
         d = p_bon.diff
+        # self-consistency and Best-of-N at the same k come from the same candidates: a paired difference
+        sc = paired_values(tok[("self_consistency", n)].values or {}, bo.values or {}).diff
         paired.append(
-            f"| {n} | {100 * (d.mean or 0):+.1f} pts [{100 * (d.low or 0):+.1f}, {100 * (d.high or 0):+.1f}] "
-            f"| {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} | {_f(ratio, 2)} |"
+            f"| {n} | {_pts(d)} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "
+            f"| {_f(ratio, 2)} | {_pts(sc)} |"
         )
     return {
         "rows": [r.to_dict() for r in rows],
@@ -273,7 +284,8 @@ def main() -> None:
             out["coupled"],
             "",
             "SRD against Best-of-N at the same N, paired by problem and seed (Best-of-N's correctness per problem "
-            "is the expectation over its k-subsets, so McNemar applies only where it is 0/1: at the largest N):",
+            "is the expectation over its k-subsets, so McNemar applies only where it is 0/1: at the largest N), "
+            "and self-consistency against Best-of-N (the same candidates, voted or ranked by the reward):",
             "",
             out["paired"],
             "",

@@ -75,10 +75,11 @@ def _by_seed(runs: Sequence[Any]) -> dict[int, dict[str, dict[str, Any]]]:
     return {int(r.spec.get("seed", 0)): {str(x["item_id"]): x for x in r.records} for r in runs}
 
 
-def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int]) -> list[Row]:
+def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = False) -> list[Row]:
     """Sampling (k=1), Best-of-k and majority@k rows from ``best_of_n`` runs of one configuration over
-    seeds (their kept candidates, each with ``correct``, ``reward``, ``answer`` and ``n_tokens``)."""
-    from srd_worker.kcurves import best_of_k, usable, vote_at_k
+    seeds (their kept candidates, each with ``correct``, ``reward``, ``answer`` and ``n_tokens``);
+    ``oracle`` adds pass@k (some candidate of k right: the ceiling of any selector) for every k > 1."""
+    from srd_worker.kcurves import best_of_k, pass_at_k, usable, vote_at_k
 
     seeds = _by_seed(bon_runs)
     order = sorted(seeds)
@@ -89,22 +90,23 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int]) -> list[Row]:
     for k in ks:
         if k > n:
             continue
-        best, vote, tokens = [], [], []
+        best, vote, tokens, passed = [], [], [], []
         for i in items:
-            b_row, v_row, t_row = [], [], []
+            b_row, v_row, t_row, p_row = [], [], [], []
             for s in order:
                 cands = (usable(seeds[s][i]) or [])[:n]
                 if not cands:
-                    b_row.append(None)
-                    v_row.append(None)
-                    t_row.append(None)
+                    for row in (b_row, v_row, t_row, p_row):
+                        row.append(None)
                     continue
                 b_row.append(best_of_k(cands, k))
                 v_row.append(vote_at_k(cands, k, seed=s))
                 t_row.append(k * sum(int(c.get("n_tokens") or 0) for c in cands) / len(cands))
+                p_row.append(pass_at_k(len(cands), sum(1 for c in cands if c.get("correct")), k))
             best.append(b_row)
             vote.append(v_row)
             tokens.append(t_row)
+            passed.append(p_row)
         tok = bootstrap_ci(tokens)
         source = f"k-curve of best_of_n n={n}"
         if k == 1:
@@ -126,6 +128,12 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int]) -> list[Row]:
                 dict(zip(items, vote, strict=True)),
             )
         )
+        if oracle:
+            rows.append(
+                Row(
+                    "pass@k", k, bootstrap_ci(passed), tok, source, ids, dict(zip(items, passed, strict=True))
+                )
+            )
     return rows
 
 

@@ -198,3 +198,29 @@ def test_testbed_build_refuses_a_missing_init_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 2 and "--init-from" in result.output and "does not exist" in result.output
     assert not out.exists()
+
+
+def test_kcurve_rows_oracle_is_pass_at_k_per_problem():
+    # Two problems, one seed, n = 4 candidates. Problem a: candidates 0 and 3 right; b: none right.
+    # pass@2 on a = 1 - C(2,2)/C(4,2) = 1 - 1/6 = 5/6; on b = 0. Best-of-2 by reward on a: the reward
+    # ranks the right candidates last, so it is right only when the pair is {0, 3}: 1/6.
+    from types import SimpleNamespace
+
+    from srd_worker.testbed.experiment import kcurve_rows
+
+    def cand(correct: bool, reward: float) -> dict:
+        return {"correct": correct, "reward": reward, "answer": "1" if correct else "2", "n_tokens": 10}
+
+    records = [
+        {
+            "item_id": "a",
+            "candidates": [cand(True, 0.1), cand(False, 0.9), cand(False, 0.8), cand(True, 0.2)],
+        },
+        {"item_id": "b", "candidates": [cand(False, 0.5)] * 4},
+    ]
+    run = SimpleNamespace(spec={"seed": 0}, run_id="r0", records=records)
+    rows = {(r.method, r.n): r for r in kcurve_rows([run], [1, 2], oracle=True)}
+    assert rows[("pass@k", 2)].values == {"a": [pytest.approx(5 / 6)], "b": [0.0]}
+    assert rows[("best_of_n", 2)].values == {"a": [pytest.approx(1 / 6)], "b": [0.0]}
+    assert ("pass@k", 1) not in rows
+    assert not any(r.method == "pass@k" for r in kcurve_rows([run], [1, 2]))

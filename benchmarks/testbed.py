@@ -41,18 +41,28 @@ def sweep_for(
     reward: str, items: int, seeds: list[int], budgets: list[int], max_new: int, chunk: int
 ) -> dict:
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
+    return testbed_sweep(
+        reward,
+        items,
+        seeds,
+        [
+            {"method": "best_of_n", "n": max(budgets), "params": {"max_new_tokens": max_new}},
+            {"method": "rejection_sampling", "n": budgets, "params": adaptive},
+            {"method": "speculative_rejection", "n": budgets, "params": adaptive},
+            {"method": "srd", "n": budgets, "params": adaptive},
+        ],
+    )
+
+
+def testbed_sweep(reward: str, items: int, seeds: list[int], methods: list[dict]) -> dict:
+    """A sweep (the ``srdq run --sweep`` format) of ``methods`` on the testbed's first ``items`` problems."""
     return {
         "dataset": "testbed",
         "model": "testbed",
         "reward": reward,
         "limit": items,
         "seeds": seeds,
-        "methods": [
-            {"method": "best_of_n", "n": max(budgets), "params": {"max_new_tokens": max_new}},
-            {"method": "rejection_sampling", "n": budgets, "params": adaptive},
-            {"method": "speculative_rejection", "n": budgets, "params": adaptive},
-            {"method": "srd", "n": budgets, "params": adaptive},
-        ],
+        "methods": methods,
     }
 
 
@@ -100,10 +110,44 @@ def _f(v: float | None, digits: int = 3) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
 
 
-def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> dict:
+def coupled_cells(srd: list, rs: list) -> dict[str, str]:
+    """Coupled SRD vs rejection sampling (runs of one configuration over seeds), as table cells: ``compare()``
+    per seed (the coupling needs the same seed), pooled; Δ_n's interval over problems and seeds from the
+    per-(problem, seed) differences of R_max (two-stage bootstrap)."""
     from srd_worker.coupled import compare
-    from srd_worker.reports import Point, paired_seed_groups, routing_row
     from srd_worker.stats import bootstrap_ci
+
+    cs = []
+    diff: dict[str, list[float | None]] = {}
+    for k, s_run in enumerate(srd):
+        (r_run,) = [r for r in rs if r.spec.get("seed") == s_run.spec.get("seed")]
+        cs.append(compare(s_run.records, r_run.records))
+        rs_by = {x["item_id"]: (x.get("extra") or {}).get("R_max") for x in r_run.records}
+        for x in s_run.records:
+            a, b = (x.get("extra") or {}).get("R_max"), rs_by.get(x["item_id"])
+            diff.setdefault(x["item_id"], [None] * len(srd))[k] = (
+                None if a is None or b is None else float(a) - float(b)
+            )
+    ci = bootstrap_ci(list(diff.values()))
+
+    def wmean(attr: str) -> float | None:
+        vals = [(getattr(c, attr), c.items) for c in cs if getattr(c, attr) is not None]
+        return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
+
+    refs = sum(c.refinements for c in cs)
+    improved = sum((c.refinements_improved or 0) * c.refinements for c in cs)
+    return {
+        "items": str(sum(c.items for c in cs)),
+        "rmax_srd": _f(wmean("mean_rmax_srd")),
+        "rmax_rs": _f(wmean("mean_rmax_rs")),
+        "delta": f"{_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}]",
+        "wtl": f"{sum(c.wins for c in cs)} / {sum(c.ties for c in cs)} / {sum(c.losses for c in cs)}",
+        "improved": _f(improved / refs if refs else None),
+    }
+
+
+def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> dict:
+    from srd_worker.reports import Point, paired_seed_groups, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
     by = {}
@@ -151,32 +195,9 @@ def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> di
                 f"| {100 * (p_rs.diff.mean or 0):+.1f} pts [{100 * (p_rs.diff.low or 0):+.1f}, "
                 f"{100 * (p_rs.diff.high or 0):+.1f}] |"
             )
-        # coupled: compare() per seed (the coupling needs the same seed); Δ_n's interval over problems and
-        # seeds from the per-(problem, seed) differences of R_max
-        cs = []
-        diff: dict[str, list[float | None]] = {}
-        for k, s_run in enumerate(srd):
-            (r_run,) = [r for r in rs if r.spec.get("seed") == s_run.spec.get("seed")]
-            cs.append(compare(s_run.records, r_run.records))
-            rs_by = {x["item_id"]: (x.get("extra") or {}).get("R_max") for x in r_run.records}
-            for x in s_run.records:
-                a, b = (x.get("extra") or {}).get("R_max"), rs_by.get(x["item_id"])
-                diff.setdefault(x["item_id"], [None] * len(srd))[k] = (
-                    None if a is None or b is None else float(a) - float(b)
-                )
-        ci = bootstrap_ci(list(diff.values()))
-        items = sum(c.items for c in cs)
-
-        def wmean(attr: str, cs: list = cs) -> float | None:
-            vals = [(getattr(c, attr), c.items) for c in cs if getattr(c, attr) is not None]
-            return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
-
-        refs = sum(c.refinements for c in cs)
-        improved = sum((c.refinements_improved or 0) * c.refinements for c in cs)
+        c = coupled_cells(srd, rs)
         coupled.append(
-            f"| {n} | {items} | {_f(wmean('mean_rmax_srd'))} | {_f(wmean('mean_rmax_rs'))} "
-            f"| {_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}] | {sum(c.wins for c in cs)} / "
-            f"{sum(c.ties for c in cs)} / {sum(c.losses for c in cs)} | {_f(improved / refs if refs else None)} |"
+            f"| {n} | {c['items']} | {c['rmax_srd']} | {c['rmax_rs']} | {c['delta']} | {c['wtl']} | {c['improved']} |"
         )
         bo = tok[("best_of_n", n)]
         ratio = t_srd / bo.tokens.mean if t_srd and bo.tokens.mean else None

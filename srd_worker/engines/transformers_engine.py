@@ -27,9 +27,13 @@ What it does:
   default in the constructor): when a request's generation ends, its per-layer keys and values are kept
   in a content-addressed store (``engines/prefix_kv.py``, LRU under ``kv_reuse_mb``); a later request
   whose prompt shares a prefix of at least 16 tokens with a stored sequence feeds only the rest (a round
-  of SRD continuing a candidate feeds one token; an edit at j* crops the stored cache to j*). Such
-  requests are grouped by (cached length, prompt length), so every forward pass is still unpadded and of
-  ``invariant_rows`` rows. The cached keys and values were computed in other forward passes (other
+  of SRD continuing a candidate feeds one token; an edit at j* crops the stored cache to j*). In the
+  batch-invariant modes such requests are grouped by (cached length, prompt length), so every forward
+  pass is still unpadded and of ``invariant_rows`` rows. With ``batch_invariant=False`` every request of
+  the call, cached or not, joins the padded batch (chunks of ``max_batch_size``): a row is [left pad to
+  the longest cached length][its cached L_i positions][pad to the longest fed suffix][its suffix], the
+  2D attention mask is 0 at every pad and the positions continue from L_i; a row's snapshot gathers only
+  its real cache columns. The cached keys and values were computed in other forward passes (other
   shapes) than a full re-feed would use, so the next-token distributions agree up to float rounding,
   not bit for bit: ``kv_reuse=False`` (the ``deterministic`` mode) re-feeds every prompt and is what
   makes a resumed run byte-identical (README, *What a resumed run reproduces*).
@@ -229,18 +233,29 @@ class TransformersEngine:
         run = self._generate_fixed_rows if self.fixed_rows else self._generate_batch
         # every lookup happens before anything runs, so the batches' order cannot change what is reused
         plan = self._reuse_plan(requests)
-        fresh = [i for i in range(len(requests)) if plan[i] is None]
-        for batch in self._batches([len(requests[i].prompt_ids) for i in fresh]):
-            idx = [fresh[j] for j in batch]
-            for i, gen in zip(idx, run([requests[i] for i in idx]), strict=True):
-                slots[i] = gen
-        cached = [i for i in range(len(requests)) if plan[i] is not None]
-        keys = [(plan[i][1], len(requests[i].prompt_ids)) for i in cached]  # type: ignore[index]
-        for batch in self._batches(keys, by_key=True):
-            idx = [cached[j] for j in batch]
-            prefix = ([plan[i][0] for i in idx], plan[idx[0]][1])  # type: ignore[index]
-            for i, gen in zip(idx, run([requests[i] for i in idx], prefix), strict=True):
-                slots[i] = gen
+        if not self.batch_invariant:
+            # one padded batch (in chunks of max_batch_size, input order) whatever each row's cached length
+            for batch in self._batches([0] * len(requests)):
+                rows = self._generate_batch([requests[i] for i in batch], [plan[i] for i in batch])
+                for i, gen in zip(batch, rows, strict=True):
+                    slots[i] = gen
+        else:
+            fresh = [i for i in range(len(requests)) if plan[i] is None]
+            for batch in self._batches([len(requests[i].prompt_ids) for i in fresh]):
+                idx = [fresh[j] for j in batch]
+                for i, gen in zip(idx, run([requests[i] for i in idx]), strict=True):
+                    slots[i] = gen
+            # cached requests: grouped by (cached length, prompt length), so every pass stays unpadded
+            cached = [i for i in range(len(requests)) if plan[i] is not None]
+            keys = [(plan[i][1], len(requests[i].prompt_ids)) for i in cached]  # type: ignore[index]
+            for batch in self._batches(keys, by_key=True):
+                idx = [cached[j] for j in batch]
+                if self.fixed_rows:
+                    prefix: Any = ([plan[i][0] for i in idx], plan[idx[0]][1])  # type: ignore[index]
+                else:
+                    prefix = [plan[i] for i in idx]
+                for i, gen in zip(idx, run([requests[i] for i in idx], prefix), strict=True):
+                    slots[i] = gen
         self.stats.generate_calls += 1
         self.stats.generate_seconds += time.perf_counter() - t0
         out = [g for g in slots if g is not None]
@@ -278,21 +293,50 @@ class TransformersEngine:
         ]
         return DynamicCache(ddp_cache_data=layers)
 
-    def _snapshot(self, cache: Any, row: int, start: int, tokens: tuple[int, ...], source: Any) -> None:
-        """Store row ``row``'s keys and values at cache positions [start, start + len(tokens))."""
+    def _padded_prefix_cache(self, rows: list[tuple[KVEntry, int] | None], length: int) -> Any:
+        """A DynamicCache of ``length`` positions per row: row k holds the first L_k positions of its
+        entry right-aligned (left padding of zeros; None: all padding). The mask must hide the pads."""
+        from transformers import DynamicCache
+
+        some = next(r[0] for r in rows if r is not None)
+        layers = []
+        for li in range(len(some.kv)):
+            k0, v0 = some.kv[li]
+            keys = k0.new_zeros((len(rows), k0.shape[0], length, k0.shape[2]))
+            values = v0.new_zeros((len(rows), v0.shape[0], length, v0.shape[2]))
+            for row, r in enumerate(rows):
+                if r is not None and r[1]:
+                    entry, cached = r
+                    keys[row, :, length - cached :] = entry.kv[li][0][:, :cached]
+                    values[row, :, length - cached :] = entry.kv[li][1][:, :cached]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers)
+
+    def _snapshot(
+        self, cache: Any, row: int, cols: list[tuple[int, int]], tokens: tuple[int, ...], source: Any
+    ) -> None:
+        """Store row ``row``'s keys and values at the cache columns ``cols`` ([start, end) spans, in
+        order; together one per token of ``tokens``; pads between them are left out)."""
         if self.kv_store is None or len(tokens) < BLOCK:
             return
-        end = start + len(tokens)
+        cols = [(a, b) for a, b in cols if b > a]
+        if sum(b - a for a, b in cols) != len(tokens):
+            raise EngineError(f"snapshot of {len(tokens)} tokens from cache columns {cols}")
+        torch = self._torch
         kv = [
-            (layer.keys[row, :, start:end].clone(), layer.values[row, :, start:end].clone())
+            (
+                torch.cat([layer.keys[row, :, a:b] for a, b in cols], 1),  # a copy, never a view
+                torch.cat([layer.values[row, :, a:b] for a, b in cols], 1),
+            )
             for layer in cache.layers
         ]
         supersedes = source[0] if source is not None and source[1] == len(source[0].tokens) else None
         self.kv_store.put(tokens, kv, supersedes=supersedes)
 
     def _generate_batch(
-        self, requests: list[GenerationRequest], prefix: tuple[list[KVEntry], int] | None = None
+        self, requests: list[GenerationRequest], prefix: Sequence[tuple[KVEntry, int] | None] | None = None
     ) -> list[Generation]:
+        """One padded batch; ``prefix``: per request, (stored entry, cached length) or None (feed it all)."""
         torch = self._torch
         from transformers import DynamicCache
 
@@ -310,27 +354,31 @@ class TransformersEngine:
 
         gens = _generators(requests)
 
-        entries, cached = prefix if prefix is not None else ([], 0)
-        if cached and len({len(r.prompt_ids) for r in requests}) != 1:
-            raise EngineError("a batch with a cached prefix holds requests of one prompt length")
-        max_len = max(len(requests[i].prompt_ids) for i in active) - cached
+        # per row: [left pad to max L][cached L_i][pad to max s][fed suffix s_i]; pads are masked out
+        plan = list(prefix) if prefix is not None else [None] * n
+        lens = [plan[i][1] if plan[i] is not None else 0 for i in range(n)]  # type: ignore[index]
+        lmax = max(lens[i] for i in active)
+        max_len = max(len(requests[i].prompt_ids) - lens[i] for i in active)
         pad = tok.pad_token_id
         ids = torch.full((len(active), max_len), pad, dtype=torch.long)
         mask = torch.zeros((len(active), max_len), dtype=torch.long)
         for row, i in enumerate(active):
-            p = requests[i].prompt_ids[cached:]
+            p = requests[i].prompt_ids[lens[i] :]
             ids[row, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[row, max_len - len(p) :] = 1
         self.stats.prefill_tokens += int(mask.sum())
-        self.stats.reused_tokens += cached * len(active)
+        self.stats.reused_tokens += sum(lens[i] for i in active)
         ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0) + cached
-        starts = [max_len - len(requests[i].prompt_ids[cached:]) for i in range(n)]  # left padding
-        if cached:
-            cache = self._prefix_cache([entries[i] for i in active], cached)
-            mask = torch.cat(
-                [torch.ones((len(active), cached), dtype=mask.dtype, device=mask.device), mask], 1
-            )
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # cache columns of row i's fed tokens: the cached part, then the suffix and what it generates
+        spans = [(lmax - lens[i], lmax + max_len - len(requests[i].prompt_ids) + lens[i]) for i in range(n)]
+        if lmax:
+            positions = positions + torch.tensor([lens[i] for i in active], device=self.device).unsqueeze(1)
+            cache = self._padded_prefix_cache([plan[i] for i in active], lmax)
+            past = torch.zeros((len(active), lmax), dtype=mask.dtype)
+            for row, i in enumerate(active):
+                past[row, lmax - lens[i] :] = 1
+            mask = torch.cat([past.to(mask.device), mask], 1)
         else:
             cache = DynamicCache()
         stop_strings = [r.params.stop for r in requests]
@@ -359,13 +407,10 @@ class TransformersEngine:
                     reason = self._finish_reason(results[i], stop_strings[i], max_stop[i], budgets[i])
                     if reason is not None:
                         reasons[i] = reason
-                        self._snapshot(
-                            cache,
-                            row,
-                            starts[i],
-                            tuple(requests[i].prompt_ids) + tuple(results[i][:-1]),
-                            (entries[i], cached) if cached else None,
-                        )
+                        fed = tuple(requests[i].prompt_ids) + tuple(results[i][:-1])
+                        first, start = spans[i]  # cached part at [first, lmax), then from start on
+                        cols = [(first, lmax), (start, start + len(fed) - lens[i])]
+                        self._snapshot(cache, row, cols, fed, plan[i])
                     else:
                         keep_rows.append(row)
                         continue
@@ -480,7 +525,7 @@ class TransformersEngine:
                 if results[i]:
                     source = (entries[i], cached) if cached else None
                     tokens = tuple(requests[i].prompt_ids) + tuple(results[i][:-1])
-                    self._snapshot(cache, i, 0, tokens, source)
+                    self._snapshot(cache, i, [(0, len(tokens))], tokens, source)
         return [
             Generation(
                 token_ids=results[i],

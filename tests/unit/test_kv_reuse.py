@@ -88,7 +88,7 @@ def test_cached_prefix_gives_the_refed_next_token_distribution(model):
 ENGINE_MODES = [
     {},  # batch-invariant, 4 rows per pass (the default)
     {"invariant_rows": 0},  # rows follow the group
-    {"batch_invariant": False},  # one padded batch (cached rows: grouped by cached and prompt length)
+    {"batch_invariant": False},  # one padded batch (cached rows of any cached length packed in it)
 ]
 
 
@@ -364,3 +364,136 @@ def test_store_longest_prefix_supersede_and_lru_order():
     assert store.lookup(b + (1,))[1] == 20  # now only a2's first 20 tokens match
     assert store.lookup(a2 + (1,))[0].tokens == a2
     assert store.evictions == 1 and store.nbytes <= store.budget_bytes
+
+
+# ------------------------------------------------------------------ packed batches (batch_invariant=False)
+
+
+def _stored_round(engine, prompts, ns):
+    """Round 0 of each prompt (greedy, ``ns[k]`` tokens), stored; returns the generations."""
+    return engine.generate(
+        [_req(p, k, n=n, temperature=0.0) for k, (p, n) in enumerate(zip(prompts, ns, strict=True))]
+    )
+
+
+def _mixed_requests(engine):
+    """A continuation, an edit (a cropped stored sequence) and an uncached prompt: three cached lengths
+    (one of them 0) and three fed-suffix lengths, in one generate call."""
+    prompts = _prompts(engine)
+    ga, gb = _stored_round(engine, prompts, [20, 24])
+    fresh = engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "Name a prime above 10."}])
+    reqs = [
+        _req(list(prompts[0]) + ga.token_ids + [65, 66, 67], 11, n=10),  # continuation, 4 tokens fed
+        _req(list(prompts[1]) + gb.token_ids[:7], 12, n=10),  # an edit at j* = 7: crop, 1 token fed
+        _req(fresh, 13, n=10),  # nothing stored
+        _req(list(prompts[1]) + gb.token_ids[:7] + [70, 71], 14, n=6, temperature=0.0),
+    ]
+    return reqs
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padded_prefix_cache_with_holes_gives_each_rows_refed_logits(attn):
+    """The packed layout at the model level: rows [left pad][cached L_i][pad][suffix s_i] with a 2D mask
+    of zeros at every pad, explicit positions and a pre-filled, left-padded DynamicCache give each row
+    the logits of a full re-feed of that row alone, at every suffix position (sdpa and eager)."""
+    from srd_worker.engines.loading import build_tiny_llama
+
+    m, tok = build_tiny_llama(seed=0)
+    m = m.to(torch.float32)
+    m.set_attn_implementation(attn)
+    assert m.config._attn_implementation == attn
+    engine = _engine((m, tok), kv_reuse=True, batch_invariant=False)
+    reqs = _mixed_requests(engine)
+    plan = engine._reuse_plan(reqs)
+    lens = [p[1] if p is not None else 0 for p in plan]
+    assert lens[2] == 0 and len(set(lens)) == 4  # four different cached lengths, one uncached
+    suffix = [list(r.prompt_ids[k:]) for r, k in zip(reqs, lens, strict=True)]
+    assert len({len(s) for s in suffix}) >= 3
+    lmax, smax = max(lens), max(len(s) for s in suffix)
+    ids = torch.full((len(reqs), smax), engine.tokenizer.pad_token_id)
+    mask = torch.zeros((len(reqs), lmax + smax), dtype=torch.long)
+    pos = torch.zeros((len(reqs), smax), dtype=torch.long)
+    for row, (s, k) in enumerate(zip(suffix, lens, strict=True)):
+        ids[row, smax - len(s) :] = torch.tensor(s)
+        mask[row, lmax - k : lmax] = 1
+        mask[row, lmax + smax - len(s) :] = 1
+        pos[row, smax - len(s) :] = torch.arange(k, k + len(s))
+    with torch.inference_mode():
+        cache = engine._padded_prefix_cache(plan, lmax)
+        packed = m(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits
+        for row, (r, s) in enumerate(zip(reqs, suffix, strict=True)):
+            alone = m(input_ids=torch.tensor([list(r.prompt_ids)])).logits[0, -len(s) :]
+            got = packed[row, smax - len(s) :]
+            diff = (got - alone).abs().max().item()
+            assert diff < TOL, (row, diff)
+            assert torch.isfinite(packed[row]).all()
+
+
+def test_packed_batch_mixes_cached_lengths_and_matches_each_row_alone(model):
+    """batch_invariant=False with reuse: cached rows of different cached and fed lengths and an uncached
+    row run as ONE padded batch (forward passes = the longest generation), and each row gets the tokens
+    and (to float rounding) the logprobs it gets alone with a full re-feed."""
+    engine = _engine(model, kv_reuse=True, batch_invariant=False)
+    reqs = _mixed_requests(engine)
+    before = dict(vars(engine.stats))
+    got = engine.generate(reqs)
+    d = {k: v - before[k] for k, v in vars(engine.stats).items()}
+    assert d["forward_passes"] == max(len(g.token_ids) for g in got)
+    plan_lens = [len(r.prompt_ids) for r in reqs]
+    assert d["reused_tokens"] > 0 and d["prefill_tokens"] < sum(plan_lens) / 2
+    ref = _engine(model)  # deterministic: every prompt re-fed, each request alone
+    for r, g in zip(reqs, got, strict=True):
+        (want,) = ref.generate([r])
+        assert g.token_ids == want.token_ids
+        assert max(abs(x - y) for x, y in zip(g.logprobs, want.logprobs, strict=True)) < TOL
+
+
+def test_snapshot_after_a_packed_batch_holds_only_the_rows_real_positions(model):
+    """After a packed batch, each row's stored sequence is prompt + generated[:-1] with the keys and
+    values a full re-feed computes (pads left out), and the next packed round continues from it."""
+    engine = _engine(model, kv_reuse=True, batch_invariant=False)
+    reqs = _mixed_requests(engine)
+    got = engine.generate(reqs)
+    m = model[0]
+    for r, g in zip(reqs, got, strict=True):
+        fed = tuple(r.prompt_ids) + tuple(g.token_ids[:-1])
+        entry, common = engine.kv_store.lookup(fed + (5,))
+        assert entry is not None and entry.tokens == fed and common == len(fed)
+        with torch.inference_mode():
+            full = m(input_ids=torch.tensor([list(fed)]), use_cache=True).past_key_values
+        for (k, v), layer in zip(entry.kv, full.layers, strict=True):
+            assert k.shape == layer.keys[0].shape
+            assert (k - layer.keys[0]).abs().max().item() < TOL
+            assert (v - layer.values[0]).abs().max().item() < TOL
+    # the next round: every row continues from its snapshot (one token fed each), still one batch
+    nxt = [
+        _req(list(r.prompt_ids) + g.token_ids, 40 + k, n=6)
+        for k, (r, g) in enumerate(zip(reqs, got, strict=True))
+    ]
+    before = dict(vars(engine.stats))
+    again = engine.generate(nxt)
+    d = {k: v - before[k] for k, v in vars(engine.stats).items()}
+    assert d["prefill_tokens"] == len(nxt) and d["forward_passes"] == max(len(g.token_ids) for g in again)
+    ref = _engine(model)
+    for r, g in zip(nxt, again, strict=True):
+        (want,) = ref.generate([r])
+        assert g.token_ids == want.token_ids
+        assert max(abs(x - y) for x, y in zip(g.logprobs, want.logprobs, strict=True)) < TOL
+
+
+def test_packing_takes_fewer_forward_passes_than_grouping(model):
+    """The same call grouped by (cached length, prompt length) (batch-invariant, rows following the
+    group) runs one batch per group; packed, one batch in all."""
+    packed = _engine(model, kv_reuse=True, batch_invariant=False)
+    grouped = _engine(model, kv_reuse=True, invariant_rows=0)
+    results = []
+    for engine in (packed, grouped):
+        reqs = _mixed_requests(engine)
+        before = engine.stats.forward_passes
+        gens = engine.generate(reqs)
+        results.append((engine.stats.forward_passes - before, [g.token_ids for g in gens]))
+    (p_passes, p_tokens), (g_passes, g_tokens) = results
+    assert p_tokens == g_tokens  # same tokens on this model and these seeds
+    assert p_passes == max(len(t) for t in p_tokens)
+    assert g_passes == sum(len(t) for t in g_tokens)  # four groups of one: one pass per token
+    assert p_passes < g_passes

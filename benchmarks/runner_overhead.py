@@ -7,6 +7,11 @@ same size (one ``generate`` call, no rounds, no reward, no store, no prefix reus
 every round re-feeds prompt + kept tokens); the two engines share one model, and the reuse engine's store
 is emptied before every run so no run profits from the one before.
 
+With ``--modes invariant,padded`` (the default) the chunked rows and SRD also run on engines with
+``batch_invariant=False`` (``SRDQ_BATCH_INVARIANT=false``): every request of a call, cached or not, in
+one padded batch. Their ratio is to a raw engine of the same mode (one padded batch of the same
+requests), and the notes give the padded runner's tokens/s ÷ the batch-invariant one's, both with reuse.
+
 The table also gives, per runner path, the generated tokens per forward pass (how full the engine's
 passes of ``invariant_rows`` rows were; the raw engine's figure is listed below the table) and the share
 of the runner's wall time spent inside ``generate`` (the rest: reward, checkpoints, grading).
@@ -47,6 +52,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions of both paths")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="smollm2")
+    ap.add_argument(
+        "--modes",
+        default="invariant,padded",
+        help="engine batching modes of the chunked rows and SRD: invariant (the default engine), padded "
+        "(batch_invariant=False), or both, comma-separated",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
 
@@ -69,6 +80,27 @@ def main() -> None:
         invariant_rows=settings.invariant_rows,
         kv_reuse=False,
     )
+    modes = args.modes.split(",")
+    if not modes or set(modes) - {"invariant", "padded"}:
+        ap.error("--modes: invariant, padded or both")
+    # padded (batch_invariant=False): reuse on and off, and its own raw engine (one padded batch)
+    padded_on, padded_off = (
+        TransformersEngine(
+            engine.model,
+            engine.tokenizer,
+            model_name=args.model,
+            batch_invariant=False,
+            kv_reuse=reuse,
+            kv_reuse_mb=settings.kv_reuse_mb,
+        )
+        for reuse in (True, False)
+    )
+    raw_of = {engine: plain, plain: plain, padded_on: padded_off, padded_off: padded_off}
+    paths = []
+    if "invariant" in modes:
+        paths += [("KV reuse off", plain), ("KV reuse on", engine)]
+    if "padded" in modes:
+        paths += [("padded, KV reuse off", padded_off), ("padded, KV reuse on", padded_on)]
     base = {"n": args.n, "max_new_tokens": args.max_new_tokens}
     chunked = {**base, "chunk_tokens": args.chunk_tokens}
     # (label, method, params, [(mode label, engine), ...]): one raw engine sample per group and repetition
@@ -78,13 +110,13 @@ def main() -> None:
             f"Best-of-N, chunked (chunk_tokens={args.chunk_tokens})",
             "best_of_n",
             chunked,
-            [("KV reuse off", plain), ("KV reuse on", engine)],
+            paths,
         ),
         (
             f"SRD (Δ = chunk_tokens = {args.chunk_tokens})",
             "srd",
             chunked,
-            [("KV reuse off", plain), ("KV reuse on", engine)],
+            paths,
         ),
     ]
     prepared = {
@@ -129,16 +161,17 @@ def main() -> None:
             d["generate_seconds"] / wall,
         )
 
-    def raw() -> tuple[float, float]:
+    def raw(eng: TransformersEngine) -> tuple[float, float]:
         # the same prompts, batch size, sampling params and token cap in one generate call (other seeds,
         # so lengths differ a little; tokens/s normalises for that); no prefix store
         t0 = time.perf_counter()
-        passes = plain.stats.forward_passes
-        gens = plain.generate(reqs)
-        raw_per_pass.append(sum(len(g.token_ids) for g in gens) / (plain.stats.forward_passes - passes))
+        passes = eng.stats.forward_passes
+        gens = eng.generate(reqs)
+        raw_per_pass[eng].append(sum(len(g.token_ids) for g in gens) / (eng.stats.forward_passes - passes))
         return sum(len(g.token_ids) for g in gens), time.perf_counter() - t0
 
-    raw_per_pass: list[float] = []
+    raw_per_pass: dict[TransformersEngine, list[float]] = {plain: [], padded_off: []}
+    raw_speed: dict[TransformersEngine, list[float]] = {plain: [], padded_off: []}
 
     plain.generate(reqs[:2])  # warm-up
     # per (group label, mode label): (runner tokens, runner s, engine tokens, engine s, fed, reused,
@@ -150,14 +183,19 @@ def main() -> None:
         for label, _, _, modes in groups:
             order = modes if rep % 2 == 0 else modes[::-1]
             got: dict[str, tuple[float, float, int, int, float, float]] = {}
+            raws = list(dict.fromkeys(raw_of[eng] for _, eng in modes))  # the raw engine(s) of this group
+            engine_sample: dict[TransformersEngine, tuple[float, float]] = {}
             if rep % 2 == 1:
-                et, es = raw()
+                engine_sample = {r: raw(r) for r in raws}
             for mode, eng in order:
                 got[mode] = runner(label, eng)
             if rep % 2 == 0:
-                et, es = raw()
-            for mode, _ in modes:
+                engine_sample = {r: raw(r) for r in raws}
+            for r, (t, sec) in engine_sample.items():
+                raw_speed[r].append(t / sec)
+            for mode, eng in modes:
                 rt, rs, fed, reused, per_pass, share = got[mode]
+                et, es = engine_sample[raw_of[eng]]
                 samples[(label, mode)].append((rt, rs, et, es, fed, reused, per_pass, share))
                 print(
                     f"rep {rep + 1} {label} {mode}: runner {rt / rs:.1f} tok/s, engine {et / es:.1f} tok/s, "
@@ -167,15 +205,17 @@ def main() -> None:
 
     lines = [
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({args.threads} thread(s), shared with "
-        f"other jobs), model {args.model} (bf16, batch-invariant engine defaults), {args.items} GSM8K problems "
+        f"other jobs), model {args.model} (bf16), {args.items} GSM8K problems "
         f"× n={args.n}, max_new_tokens={args.max_new_tokens}, reward arithmetic; {args.reps} interleaved "
         "repetitions (per repetition and method: the raw engine and the runner path(s) back to back, order "
-        "alternating). Raw engine: one generate call of the whole budget, no prefix store.",
+        "alternating). Raw engine: one generate call of the whole budget, no prefix store, in the same "
+        "batching mode as the row (invariant: the default, groups of equal prompt length in passes of "
+        f"{settings.invariant_rows} rows; padded: `SRDQ_BATCH_INVARIANT=false`, one padded batch).",
         "",
-        "| path | KV reuse | batch | prompt tokens fed (reused) per run | generated tokens per forward pass "
+        "| path | engine batches | KV reuse | batch | prompt tokens fed (reused) per run | generated tokens per forward pass "
         "| share of runner time in the engine | runner tokens/s (median) | engine tokens/s (median) | "
         "**runner ÷ engine, median** | range over repetitions |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for label, _, _, modes in groups:
         for mode, eng in modes:
@@ -184,7 +224,8 @@ def main() -> None:
             fed = statistics.median(r[4] for r in rows)
             reused = statistics.median(r[5] for r in rows)
             lines.append(
-                f"| {label} | {'on' if eng.kv_store is not None else 'off'} | {args.items * args.n} | "
+                f"| {label} | {'invariant' if eng.batch_invariant else 'padded'} | "
+                f"{'on' if eng.kv_store is not None else 'off'} | {args.items * args.n} | "
                 f"{fed:,.0f} ({reused:,.0f}) | {statistics.median(r[6] for r in rows):.2f} | "
                 f"{statistics.median(r[7] for r in rows):.0%} | {statistics.median(r[0] / r[1] for r in rows):.1f} | "
                 f"{statistics.median(r[2] / r[3] for r in rows):.1f} | **{statistics.median(ratios):.2f}** | "
@@ -192,22 +233,40 @@ def main() -> None:
             )
     lines.append("")
     lines.append(
-        f"- Raw engine: {statistics.median(raw_per_pass):.2f} generated tokens per forward pass "
-        f"(rows per pass: {settings.invariant_rows if settings.batch_invariant else 'the batch'})."
+        f"- Raw engine (invariant): {statistics.median(raw_per_pass[plain]):.2f} generated tokens per forward "
+        f"pass (rows per pass: {settings.invariant_rows if settings.batch_invariant else 'the batch'}), "
+        f"median {statistics.median(raw_speed[plain]):.1f} tokens/s."
     )
-    for label, _, _, modes in groups:
-        if len(modes) == 2:
-            off, on = samples[(label, modes[0][0])], samples[(label, modes[1][0])]
-            speedups = [(b[0] / b[1]) / (a[0] / a[1]) for a, b in zip(off, on, strict=True)]
+    if raw_per_pass[padded_off]:
+        lines.append(
+            f"- Raw engine (padded, one batch of {args.items * args.n}): "
+            f"{statistics.median(raw_per_pass[padded_off]):.2f} generated tokens per forward pass, median "
+            f"{statistics.median(raw_speed[padded_off]):.1f} tokens/s."
+        )
+
+    def per_rep(label: str, a: str, b: str) -> str:
+        x, y = samples[(label, a)], samples[(label, b)]
+        ups = [(q[0] / q[1]) / (p[0] / p[1]) for p, q in zip(x, y, strict=True)]
+        return f"median **{statistics.median(ups):.2f}** ({', '.join(f'{u:.2f}' for u in ups)})"
+
+    for label, _, _, mode_list in groups:
+        names = [m for m, _ in mode_list]
+        for prefix, what in (("", "invariant"), ("padded, ", "padded")):
+            if f"{prefix}KV reuse off" in names and f"{prefix}KV reuse on" in names:
+                lines.append(
+                    f"- {label}, {what}: runner tokens/s with KV reuse ÷ without, per repetition: "
+                    + per_rep(label, f"{prefix}KV reuse off", f"{prefix}KV reuse on")
+                )
+        if "KV reuse on" in names and "padded, KV reuse on" in names:
             lines.append(
-                f"- {label}: runner tokens/s with KV reuse ÷ without, per repetition: median "
-                f"**{statistics.median(speedups):.2f}** ({', '.join(f'{x:.2f}' for x in speedups)})"
+                f"- {label}, KV reuse on: runner tokens/s padded ÷ invariant, per repetition: "
+                + per_rep(label, "KV reuse on", "padded, KV reuse on")
             )
     lines += [
         "",
         f"Command: `.venv/bin/python benchmarks/runner_overhead.py --items {args.items} --n {args.n} "
         f"--max-new-tokens {args.max_new_tokens} --chunk-tokens {args.chunk_tokens} --reps {args.reps} "
-        f"--threads {args.threads}`",
+        f"--threads {args.threads}`" + ("" if args.modes == "invariant,padded" else f" --modes {args.modes}"),
     ]
     text = "\n".join(lines)
     print(text)

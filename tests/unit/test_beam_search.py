@@ -23,6 +23,7 @@ from srd_worker.methods.registry import build_method
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
+from tests.doubles import MemoryStore
 
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
 TESTBED = Path(__file__).resolve().parents[2] / "srd_worker" / "testbed" / "artifacts"
@@ -159,24 +160,6 @@ def test_dvts_subtrees_never_share_a_prefix_after_the_first_step(tiny_engine):
     for s in states:
         assert s["pool"] and all(e["finish"] for e in s["pool"])
         assert len(s["pool"]) <= n
-
-
-class MemoryStore:
-    """The runner's ShardStore in memory; checkpoints go through JSON as they do in the real stores."""
-
-    def __init__(self) -> None:
-        self.checkpoints: dict[str, tuple[int, str]] = {}
-        self.results: list[dict[str, Any]] | None = None
-
-    def load_checkpoints(self):
-        return {k: (r, json.loads(v)) for k, (r, v) in self.checkpoints.items()}
-
-    def save_checkpoints(self, round_, states):
-        self.checkpoints.update({k: (round_, json.dumps(v)) for k, v in states.items()})
-
-    def save_results(self, records):
-        self.results = records
-        return len(records)
 
 
 @pytest.mark.parametrize("name", ["beam_search", "dvts"])

@@ -8,7 +8,6 @@ mode (README, *What a resumed run reproduces*): byte-identical records in the de
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 
 import pytest
@@ -22,6 +21,7 @@ from srd_worker.runner import run_shard
 from srd_worker.settings import Settings
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
+from tests.doubles import HashReward, MemoryStore
 
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
 SRD = {"n": 6, "max_new_tokens": 24, "chunk_tokens": 6, "scoring_interval": 3, "l_max": 5}
@@ -175,18 +175,6 @@ def test_settings_choose_the_mode_and_default_to_reuse():
 # ------------------------------------------------------------------ SRD runs and resume
 
 
-class HashReward:
-    """Deterministic pseudo-random reward per response text, so that SRD's drops and edits occur."""
-
-    name = "hash"
-
-    def score(self, prompts, responses):
-        return [
-            int.from_bytes(hashlib.blake2b(r.encode(), digest_size=4).digest(), "big") / 2**32
-            for r in responses
-        ]
-
-
 class Crash(BaseException):
     """The process dying mid-round (not an ``Exception``: nothing may catch it)."""
 
@@ -218,22 +206,6 @@ class Recording:
 
     def close(self) -> None:
         pass
-
-
-class MemoryStore:
-    """A ShardStore keeping checkpoints as JSON text, as the SQL store does."""
-
-    def __init__(self) -> None:
-        self.checkpoints: dict[str, tuple[int, str]] = {}
-
-    def load_checkpoints(self):
-        return {k: (r, json.loads(v)) for k, (r, v) in self.checkpoints.items()}
-
-    def save_checkpoints(self, round_, states) -> None:
-        self.checkpoints.update({k: (round_, json.dumps(v)) for k, v in states.items()})
-
-    def save_results(self, records) -> int:
-        return len(records)
 
 
 ITEMS = [Item(f"q{i}", q, "0") for i, q in enumerate(QUESTIONS)]

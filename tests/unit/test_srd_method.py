@@ -9,7 +9,6 @@ drops, refinements and re-routing all occur.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -19,23 +18,12 @@ from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import METHODS, build_method
 from srd_worker.methods.speculative_rejection import keep_count
 from srd_worker.rewards.arithmetic import ArithmeticReward
+from tests.doubles import HashReward
 
 QUESTIONS = ["What is 3 + 4?", "Compute 6 * 7 and add 5."]
 BASE = {"n": 6, "max_new_tokens": 12, "chunk_tokens": 6}
 SRD_BASE = {**BASE, "scoring_interval": 3, "l_max": 5}
 POLICIES = ["reroute_global", "keep_on_refine", "self_compare", "force_keep", "refine_bob"]
-
-
-class HashReward:
-    """Deterministic pseudo-random reward in [0, 1) per response text (a test double for a reward model)."""
-
-    name = "hash"
-
-    def score(self, prompts, responses):
-        return [
-            int.from_bytes(hashlib.blake2b(r.encode(), digest_size=4).digest(), "big") / 2**32
-            for r in responses
-        ]
 
 
 class CountingEngine:

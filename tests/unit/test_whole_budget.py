@@ -15,6 +15,7 @@ from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
+from tests.doubles import MemoryStore
 
 FIXED_POOLS = ("sampling", "best_of_n", "self_consistency")
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
@@ -110,22 +111,6 @@ class CrashingEngine:
 
     def close(self) -> None:
         pass
-
-
-class MemoryStore:
-    """A ShardStore keeping checkpoints as JSON text, as the SQL store does (``runner.ShardStore``)."""
-
-    def __init__(self) -> None:
-        self.checkpoints: dict[str, tuple[int, str]] = {}
-
-    def load_checkpoints(self):
-        return {k: (r, json.loads(v)) for k, (r, v) in self.checkpoints.items()}
-
-    def save_checkpoints(self, round_, states) -> None:
-        self.checkpoints.update({k: (round_, json.dumps(v)) for k, v in states.items()})
-
-    def save_results(self, records) -> int:
-        return len(records)
 
 
 ITEMS = [Item(f"q{i}", q, "0") for i, q in enumerate(QUESTIONS)]

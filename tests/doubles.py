@@ -40,3 +40,33 @@ class MemoryStore:
     def save_results(self, records) -> int:
         self.results = records
         return len(records)
+
+
+class Crash(BaseException):
+    """Stands in for the process dying mid-round (not an ``Exception``: nothing may catch it)."""
+
+
+class CrashingEngine:
+    """The real engine; its ``crash_on``-th generate call runs and then dies before returning (never when
+    ``crash_on`` is None). Subclasses change what a call records through ``_generate``."""
+
+    def __init__(self, inner, crash_on: int | None = None) -> None:
+        self.inner, self.crash_on, self.calls = inner, crash_on, 0
+        self.name, self.capabilities = inner.name, inner.capabilities
+        self.tokenizer, self.max_context = inner.tokenizer, inner.max_context
+
+    def _generate(self, requests):
+        return self.inner.generate(requests)
+
+    def generate(self, requests):
+        self.calls += 1
+        out = self._generate(requests)
+        if self.calls == self.crash_on:
+            raise Crash
+        return out
+
+    def logprobs(self, pairs):
+        return self.inner.logprobs(pairs)
+
+    def close(self) -> None:
+        pass

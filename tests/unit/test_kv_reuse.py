@@ -21,7 +21,7 @@ from srd_worker.runner import run_shard
 from srd_worker.settings import Settings
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
-from tests.doubles import HashReward, MemoryStore
+from tests.doubles import Crash, CrashingEngine, HashReward, MemoryStore
 
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
 SRD = {"n": 6, "max_new_tokens": 24, "chunk_tokens": 6, "scoring_interval": 3, "l_max": 5}
@@ -175,37 +175,23 @@ def test_settings_choose_the_mode_and_default_to_reuse():
 # ------------------------------------------------------------------ SRD runs and resume
 
 
-class Crash(BaseException):
-    """The process dying mid-round (not an ``Exception``: nothing may catch it)."""
-
-
-class Recording:
+class Recording(CrashingEngine):
     """The real engine; records every (request, generation) with logprobs, and can die on call k."""
 
     def __init__(self, inner, crash_on: int | None = None) -> None:
-        self.inner, self.crash_on, self.calls, self.log = inner, crash_on, 0, []
-        self.name, self.capabilities = inner.name, inner.capabilities
-        self.tokenizer, self.max_context = inner.tokenizer, inner.max_context
+        super().__init__(inner, crash_on)
+        self.log = []
 
-    def generate(self, requests):
-        self.calls += 1
+    def _generate(self, requests):
         asked = [
             GenerationRequest(r.prompt_ids, dataclasses.replace(r.params, logprobs=True)) for r in requests
         ]
         out = self.inner.generate(asked)
         self.log += [(r, dataclasses.replace(g)) for r, g in zip(asked, out, strict=True)]
-        if self.calls == self.crash_on:
-            raise Crash
         for r, g in zip(requests, out, strict=True):
             if not r.params.logprobs:
                 g.logprobs = None
         return out
-
-    def logprobs(self, pairs):
-        return self.inner.logprobs(pairs)
-
-    def close(self) -> None:
-        pass
 
 
 ITEMS = [Item(f"q{i}", q, "0") for i, q in enumerate(QUESTIONS)]

@@ -15,7 +15,7 @@ from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
-from tests.doubles import MemoryStore
+from tests.doubles import Crash, CrashingEngine, MemoryStore
 
 FIXED_POOLS = ("sampling", "best_of_n", "self_consistency")
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
@@ -85,32 +85,6 @@ def test_whole_budget_draft_begins_with_the_chunked_first_chunk_then_draws_anew(
     assert all(a[:8] == b[:8] for a, b in pairs)
     long_pairs = [(a, b) for a, b in pairs if len(a) > 12 and len(b) > 12]
     assert long_pairs and any(a[8:] != b[8:] for a, b in long_pairs)
-
-
-class Crash(BaseException):
-    """Stands in for the process dying mid-round (not an ``Exception``: nothing may catch it)."""
-
-
-class CrashingEngine:
-    """The real engine; its ``crash_on``-th generate call runs and then dies before returning."""
-
-    def __init__(self, inner, crash_on: int) -> None:
-        self.inner, self.crash_on, self.calls = inner, crash_on, 0
-        self.name, self.capabilities = inner.name, inner.capabilities
-        self.tokenizer, self.max_context = inner.tokenizer, inner.max_context
-
-    def generate(self, requests):
-        self.calls += 1
-        out = self.inner.generate(requests)
-        if self.calls == self.crash_on:
-            raise Crash
-        return out
-
-    def logprobs(self, pairs):
-        return self.inner.logprobs(pairs)
-
-    def close(self) -> None:
-        pass
 
 
 ITEMS = [Item(f"q{i}", q, "0") for i, q in enumerate(QUESTIONS)]

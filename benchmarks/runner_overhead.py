@@ -58,8 +58,17 @@ def main() -> None:
         help="engine batching modes of the chunked rows and SRD: invariant (the default engine), padded "
         "(batch_invariant=False), or both, comma-separated",
     )
+    ap.add_argument(
+        "--rows",
+        default="default,chunked,srd",
+        help="which rows to measure: default (Best-of-N, whole budget), chunked (Best-of-N in rounds), srd; "
+        "comma-separated (e.g. `--rows default --no-write` at a large size)",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
+    rows = args.rows.split(",")
+    if not rows or set(rows) - {"default", "chunked", "srd"}:
+        ap.error("--rows: one or more of default, chunked, srd")
 
     import torch
 
@@ -119,6 +128,7 @@ def main() -> None:
             paths,
         ),
     ]
+    groups = [g for g, row in zip(groups, ("default", "chunked", "srd"), strict=True) if row in rows]
     prepared = {
         label: prepare_run(
             dataset=args.dataset,
@@ -262,12 +272,14 @@ def main() -> None:
                 f"- {label}, KV reuse on: runner tokens/s padded ÷ invariant, per repetition: "
                 + per_rep(label, "KV reuse on", "padded, KV reuse on")
             )
-    lines += [
-        "",
-        f"Command: `.venv/bin/python benchmarks/runner_overhead.py --items {args.items} --n {args.n} "
+    command = (
+        f".venv/bin/python benchmarks/runner_overhead.py --items {args.items} --n {args.n} "
         f"--max-new-tokens {args.max_new_tokens} --chunk-tokens {args.chunk_tokens} --reps {args.reps} "
-        f"--threads {args.threads}`" + ("" if args.modes == "invariant,padded" else f" --modes {args.modes}"),
-    ]
+        f"--threads {args.threads}"
+    )
+    command += "" if args.modes == "invariant,padded" else f" --modes {args.modes}"
+    command += "" if args.rows == "default,chunked,srd" else f" --rows {args.rows}"
+    lines += ["", f"Command: `{command}`"]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:

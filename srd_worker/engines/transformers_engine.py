@@ -154,7 +154,6 @@ class TransformersEngine:
         self.model_name = model_name
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stats = EngineStats()
-        self.kv_reuse = bool(kv_reuse)
         self.kv_store = PrefixKVStore(int(kv_reuse_mb * (1 << 20))) if kv_reuse else None
         # transformers >= 5.2x names the KV cache argument `cache`; older releases `past_key_values`
         import inspect
@@ -197,13 +196,13 @@ class TransformersEngine:
         """Rows of every forward pass (full batch invariance), or 0 when the row count follows the batch."""
         return self.invariant_rows if self.batch_invariant else 0
 
-    def _batches(self, keys: Sequence[Any], *, by_key: bool = False) -> list[list[int]]:
+    def _batches(self, keys: Sequence[Any]) -> list[list[int]]:
         """Indices of the engine batches, in a fixed order: chunks of ``max_batch_size`` of the requests
-        in input order, or (batch-invariant, or ``by_key``) of each group of equal key (prompt length),
-        smallest key first, in chunks of ``invariant_rows`` (``max_batch_size`` when that is 0)."""
+        in input order, or (batch-invariant) of each group of equal key ((cached length, prompt length)), smallest key
+        first, in chunks of ``invariant_rows`` (``max_batch_size`` when that is 0)."""
         order = list(range(len(keys)))
         size = self.fixed_rows or self.max_batch_size
-        if not (self.batch_invariant or by_key):
+        if not self.batch_invariant:
             groups = [order]
         else:
             by_key: dict[Any, list[int]] = {}
@@ -233,29 +232,16 @@ class TransformersEngine:
         run = self._generate_fixed_rows if self.fixed_rows else self._generate_batch
         # every lookup happens before anything runs, so the batches' order cannot change what is reused
         plan = self._reuse_plan(requests)
-        if not self.batch_invariant:
-            # one padded batch (in chunks of max_batch_size, input order) whatever each row's cached length
-            for batch in self._batches([0] * len(requests)):
-                rows = self._generate_batch([requests[i] for i in batch], [plan[i] for i in batch])
-                for i, gen in zip(batch, rows, strict=True):
-                    slots[i] = gen
-        else:
-            fresh = [i for i in range(len(requests)) if plan[i] is None]
-            for batch in self._batches([len(requests[i].prompt_ids) for i in fresh]):
-                idx = [fresh[j] for j in batch]
-                for i, gen in zip(idx, run([requests[i] for i in idx]), strict=True):
-                    slots[i] = gen
-            # cached requests: grouped by (cached length, prompt length), so every pass stays unpadded
-            cached = [i for i in range(len(requests)) if plan[i] is not None]
-            keys = [(plan[i][1], len(requests[i].prompt_ids)) for i in cached]  # type: ignore[index]
-            for batch in self._batches(keys, by_key=True):
-                idx = [cached[j] for j in batch]
-                if self.fixed_rows:
-                    prefix: Any = ([plan[i][0] for i in idx], plan[idx[0]][1])  # type: ignore[index]
-                else:
-                    prefix = [plan[i] for i in idx]
-                for i, gen in zip(idx, run([requests[i] for i in idx], prefix), strict=True):
-                    slots[i] = gen
+        # batch-invariant: grouped by (cached length, prompt length), so every pass stays unpadded (fresh
+        # requests, cached length 0, first); otherwise one padded batch in input order whatever each
+        # row's cached length (chunks of max_batch_size)
+        keys = [
+            (p[1] if p is not None else 0, len(r.prompt_ids)) for p, r in zip(plan, requests, strict=True)
+        ]
+        for batch in self._batches(keys):
+            rows = run([requests[i] for i in batch], [plan[i] for i in batch])
+            for i, gen in zip(batch, rows, strict=True):
+                slots[i] = gen
         self.stats.generate_calls += 1
         self.stats.generate_seconds += time.perf_counter() - t0
         out = [g for g in slots if g is not None]
@@ -278,20 +264,6 @@ class TransformersEngine:
                 plan[i] = (entry, cached)
                 self.stats.reuse_crops += cached < len(entry.tokens)
         return plan
-
-    def _prefix_cache(self, entries: list[KVEntry], length: int) -> Any:
-        """A DynamicCache holding the first ``length`` positions of each entry (one row each)."""
-        from transformers import DynamicCache
-
-        torch = self._torch
-        layers = [
-            (
-                torch.stack([e.kv[li][0][:, :length] for e in entries]),
-                torch.stack([e.kv[li][1][:, :length] for e in entries]),
-            )
-            for li in range(len(entries[0].kv))
-        ]
-        return DynamicCache(ddp_cache_data=layers)
 
     def _padded_prefix_cache(self, rows: list[tuple[KVEntry, int] | None], length: int) -> Any:
         """A DynamicCache of ``length`` positions per row: row k holds the first L_k positions of its
@@ -450,7 +422,7 @@ class TransformersEngine:
         return speculate(self, requests, rule, draft_model=draft_model, gamma=gamma)
 
     def _generate_fixed_rows(
-        self, requests: list[GenerationRequest], prefix: tuple[list[KVEntry], int] | None = None
+        self, requests: list[GenerationRequest], prefix: Sequence[tuple[KVEntry, int] | None] | None = None
     ) -> list[Generation]:
         """Full batch invariance: requests of ONE prompt length run in a batch of exactly
         ``invariant_rows`` rows (dummy copies of the first prompt fill the batch), and a row that finishes
@@ -477,7 +449,11 @@ class TransformersEngine:
         stop_strings = [r.params.stop for r in requests]
         max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
 
-        entries, cached = prefix if prefix is not None else ([], 0)
+        # prefix: per request (stored entry, cached length), one cached length for the whole group
+        plan = list(prefix) if prefix is not None else [None] * n
+        cached = plan[0][1] if plan[0] is not None else 0
+        if any((r[1] if r is not None else 0) != cached for r in plan):
+            raise EngineError("a fixed-row batch holds requests of one cached length")
         prompts = [r.prompt_ids[cached:] for r in requests] + [requests[0].prompt_ids[cached:]] * (rows - n)
         ids = torch.tensor(prompts, dtype=torch.long, device=self.device)
         mask = torch.ones((rows, length), dtype=torch.long, device=self.device)
@@ -486,7 +462,7 @@ class TransformersEngine:
             self.stats.prefill_tokens += n * (length - cached)
             self.stats.reused_tokens += n * cached
         if cached and live:
-            cache = self._prefix_cache(list(entries) + [entries[0]] * (rows - n), cached)
+            cache = self._padded_prefix_cache(plan + [plan[0]] * (rows - n), cached)
         else:
             cache = DynamicCache()
         step_input, step_pos = ids, positions
@@ -523,9 +499,8 @@ class TransformersEngine:
                 mask = torch.cat([mask, torch.ones((rows, 1), dtype=mask.dtype, device=mask.device)], 1)
             for i in range(n):  # finished rows stayed in place: their first positions are theirs
                 if results[i]:
-                    source = (entries[i], cached) if cached else None
                     tokens = tuple(requests[i].prompt_ids) + tuple(results[i][:-1])
-                    self._snapshot(cache, i, [(0, len(tokens))], tokens, source)
+                    self._snapshot(cache, i, [(0, len(tokens))], tokens, plan[i])
         return [
             Generation(
                 token_ids=results[i],

@@ -72,7 +72,7 @@ def test_cached_prefix_gives_the_refed_next_token_distribution(model):
     entry, common = engine.kv_store.lookup(seq)
     assert entry is not None and entry.tokens == fed and common == len(fed) == len(seq) - 1
     with torch.inference_mode():
-        cache = engine._prefix_cache([entry], len(fed))
+        cache = engine._padded_prefix_cache([(entry, len(fed))], len(fed))
         cached = model[0](
             input_ids=torch.tensor([seq[-1:]]),
             position_ids=torch.tensor([[len(fed)]]),

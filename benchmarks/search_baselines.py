@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
+from srd_worker.testbed import ARTIFACTS_DIR as TESTBED  # noqa: E402
 
-TESTBED = ROOT / "srd_worker" / "testbed" / "artifacts"
 REWARDS = {"arithmetic": "arithmetic", "learned RM": f"hf-orm:{TESTBED / 'rm'}"}
 
 

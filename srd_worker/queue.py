@@ -113,12 +113,9 @@ def queue_depth(queue: str) -> int | None:
     try:
         with app.connection_for_write() as conn:
             return int(conn.default_channel.queue_declare(queue=queue, passive=True).message_count)
-    except ChannelError as exc:
-        if "NOT_FOUND" in str(exc):  # no queue declared yet (no worker has consumed, nothing sent): empty
-            return 0
-        log.warning("queue depth of %s unknown: %s", queue, exc)
-        return None
     except Exception as exc:  # noqa: BLE001 - unknown depth: the reaper falls back to re-enqueueing
+        if isinstance(exc, ChannelError) and "NOT_FOUND" in str(exc):
+            return 0  # no queue declared yet (no worker has consumed, nothing sent): empty
         log.warning("queue depth of %s unknown: %s", queue, exc)
         return None
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import DatasetError
+from srd_worker.testbed import ARTIFACTS_DIR
 
 DATA_DIR: Path = Path(__file__).resolve().with_name("data")
 
@@ -130,7 +131,7 @@ DATASETS: dict[str, BuiltinDataset] = {
 #: any file; an existing file of the same name wins, as for the packaged ones.
 GENERATED: dict[str, tuple[Path, str]] = {
     "testbed": (
-        Path(__file__).resolve().parents[1] / "testbed" / "artifacts" / "data" / "test.jsonl",
+        ARTIFACTS_DIR / "data" / "test.jsonl",
         "the CPU testbed's test split: generated multi-step arithmetic word problems (GSM8K layout)",
     ),
 }

@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import ModelLoadError
+from srd_worker.testbed import ARTIFACTS_DIR
 
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny-random-llama"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The testbed's committed models (``srdq testbed build``), by name.
-TESTBED_DIR = Path(__file__).resolve().parents[1] / "testbed" / "artifacts"
+TESTBED_DIR = ARTIFACTS_DIR
 TESTBED_MODELS = {"testbed": "policy", "testbed-draft": "draft"}
 
 # A ChatML template (the format SmolLM2 uses), used for the tiny model's byte tokenizer.

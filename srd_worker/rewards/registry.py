@@ -23,7 +23,6 @@ from the run spec (batch budget, step separator, system prompt): every reward is
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from srd_worker.engines.base import Engine
@@ -31,6 +30,7 @@ from srd_worker.errors import ConfigError
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.rewards.base import RewardModel
 from srd_worker.rewards.lm_judge import LMJudgeReward
+from srd_worker.testbed import ARTIFACTS_DIR
 
 RewardFactory = Callable[[Engine | None], RewardModel | None]
 
@@ -58,7 +58,7 @@ PRM_STYLES = ("qwen", "skywork")
 #: Reward-model names srdq resolves to a committed folder: ``hf-orm:testbed-rm`` is the CPU testbed's
 #: outcome RM (``srd_worker/testbed``, ``srdq testbed build``).
 MODEL_ALIASES: dict[str, str] = {
-    "testbed-rm": str(Path(__file__).resolve().parents[1] / "testbed" / "artifacts" / "rm"),
+    "testbed-rm": str(ARTIFACTS_DIR / "rm"),
 }
 
 _BUILT: dict[tuple[Any, ...], RewardModel] = {}

@@ -4,3 +4,8 @@ a small Llama policy, a smaller draft and an outcome reward model on them (``tra
 The committed build lives in ``artifacts/`` with a ``manifest.json`` (sha256 of every file, configuration,
 measured accuracies and reward-model AUROC).
 """
+
+from pathlib import Path
+
+#: The committed build (data splits, policy, draft, rm, manifest.json): one name for every reader of it.
+ARTIFACTS_DIR: Path = Path(__file__).resolve().with_name("artifacts")

@@ -45,10 +45,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from srd_worker.testbed import ARTIFACTS_DIR
 from srd_worker.testbed.generator import Difficulty, split_rows
 
 #: Where the committed artifacts live (``srdq testbed build`` writes here by default).
-ARTIFACTS_DIR: Path = Path(__file__).resolve().with_name("artifacts")
 SAMPLING = {"temperature": 0.8, "top_p": 0.9, "top_k": 50}
 
 

@@ -91,19 +91,12 @@ def prompt_lengths(task_name: str = "auto") -> dict[str, int]:
 
     from srd_worker.datasets import resolve_dataset
     from srd_worker.engines.loading import TESTBED_DIR, TESTBED_MODELS
+    from srd_worker.engines.transformers_engine import HFTokenizer
     from srd_worker.tasks.registry import load_items
 
-    tok = AutoTokenizer.from_pretrained(TESTBED_DIR / TESTBED_MODELS["testbed"])
+    tok = HFTokenizer(AutoTokenizer.from_pretrained(TESTBED_DIR / TESTBED_MODELS["testbed"]))
     task, items = load_items(resolve_dataset("testbed"), task_name)
-    return {
-        str(item.id): len(
-            tok.encode(
-                tok.apply_chat_template(task.messages(item), add_generation_prompt=True, tokenize=False),
-                add_special_tokens=False,
-            )
-        )
-        for item in items
-    }
+    return {str(item.id): len(tok.chat_prompt_ids(task.messages(item))) for item in items}
 
 
 def editor_stats(runs: list, prompt_len: dict[str, int] | None) -> tuple[float | None, float | None]:
@@ -140,7 +133,7 @@ def _tokens_diff(a: list, b: list) -> str:
 
 def analyse(runs: list, prompt_len: dict[str, int] | None) -> str:
     from srd_worker.reports import paired_seed_groups, routing_row
-    from srd_worker.testbed.experiment import run_rows
+    from srd_worker.testbed.experiment import interval_cells, run_rows
 
     groups: dict[str, list] = {}
     for r in runs:
@@ -157,9 +150,7 @@ def analyse(runs: list, prompt_len: dict[str, int] | None) -> str:
     ]
     for name, group in groups.items():
         row = rows[tuple(r.run_id for r in group)]
-        a, t = row.accuracy, row.tokens
-        acc = f"{100 * (a.mean or 0):.1f} [{100 * (a.low or 0):.1f}, {100 * (a.high or 0):.1f}]"
-        tok = f"{t.mean or 0:.1f} [{t.low or 0:.1f}, {t.high or 0:.1f}]"
+        acc, tok = interval_cells(row)
         if group is rs:
             lines.append(f"| {name} | {acc} | {tok} | – | – | – | – | – | – | – | – | – |")
             continue

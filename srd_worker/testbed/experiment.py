@@ -174,15 +174,23 @@ def markdown(rows: Sequence[Row]) -> str:
         "|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        a, t = r.accuracy, r.tokens
-        acc = (
-            "n/a"
-            if a.mean is None
-            else f"{100 * a.mean:.1f} [{100 * (a.low or 0):.1f}, {100 * (a.high or 0):.1f}]"
+        acc, tok = interval_cells(r)
+        lines.append(
+            f"| {r.method} | {r.n} | {acc} | {tok} | {r.accuracy.problems} × {r.accuracy.seeds} | {r.source} |"
         )
-        tok = "n/a" if t.mean is None else f"{t.mean:.1f} [{t.low or 0:.1f}, {t.high or 0:.1f}]"
-        lines.append(f"| {r.method} | {r.n} | {acc} | {tok} | {a.problems} × {a.seeds} | {r.source} |")
     return "\n".join(lines)
+
+
+def interval_cells(row: Row) -> tuple[str, str]:
+    """Table cells of a row: accuracy in % and mean generated tokens, each with its 95% interval."""
+    a, t = row.accuracy, row.tokens
+    acc = (
+        "n/a"
+        if a.mean is None
+        else f"{100 * a.mean:.1f} [{100 * (a.low or 0):.1f}, {100 * (a.high or 0):.1f}]"
+    )
+    tok = "n/a" if t.mean is None else f"{t.mean:.1f} [{t.low or 0:.1f}, {t.high or 0:.1f}]"
+    return acc, tok
 
 
 def dump(rows: Sequence[Row], path: str | Path) -> None:

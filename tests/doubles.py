@@ -70,3 +70,13 @@ class CrashingEngine:
 
     def close(self) -> None:
         pass
+
+
+def run_to_done(method, states, ctx, max_steps: int = 100) -> None:
+    """Step ``method`` over the states not yet done until every one is done; fails after ``max_steps``."""
+    for _ in range(max_steps):
+        active = [s for s in states if not method.done(s)]
+        if not active:
+            return
+        method.step(active, ctx)
+    assert all(method.done(s) for s in states), f"not done after {max_steps} steps"

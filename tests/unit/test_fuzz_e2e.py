@@ -11,6 +11,7 @@ from srd_worker.engines.base import Generation
 from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
 from srd_worker.rewards.arithmetic import ArithmeticReward
+from tests.doubles import run_to_done
 
 HOSTILE = ["9" * 320 + " + 1 = 2. ", "1/" + "7" * 5000 + " = 0 ", "(" * 300 + "10^{10^{10}} = 1000! "]
 
@@ -46,12 +47,7 @@ def test_best_of_n_finishes_with_hostile_responses(tiny_engine):
         method.init_state(f"q{i}", q, engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]))
         for i, q in enumerate(["What is 3 + 4?", "Compute 6 * 7."])
     ]
-    for _ in range(20):
-        active = [s for s in states if not method.done(s)]
-        if not active:
-            break
-        method.step(active, ctx)
-    assert all(method.done(s) for s in states)
+    run_to_done(method, states, ctx, 20)
     for s in states:
         res = method.result(s)
         assert len(res["rewards"]) == 3

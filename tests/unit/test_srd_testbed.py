@@ -16,6 +16,7 @@ from srd_worker.methods.registry import build_method
 from srd_worker.rewards.registry import build_reward
 from srd_worker.settings import Settings
 from srd_worker.tasks.gsm8k import GSM8KTask
+from tests.doubles import run_to_done
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +36,7 @@ def test_srd_keeps_some_refinements_on_the_testbed(testbed):
         method.init_state(it.id, it.question, engine.tokenizer.chat_prompt_ids(task.messages(it)))
         for it in items
     ]
-    for _ in range(100):
-        active = [s for s in states if not method.done(s)]
-        if not active:
-            break
-        method.step(active, ctx)
-    assert all(method.done(s) for s in states)
+    run_to_done(method, states, ctx, 100)
     stats = [s["stats"] for s in states]
     refinements = sum(st["refinements"] for st in stats)
     kept = sum(st["refine_kept"] for st in stats)

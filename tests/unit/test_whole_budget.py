@@ -15,7 +15,7 @@ from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
-from tests.doubles import Crash, CrashingEngine, MemoryStore
+from tests.doubles import Crash, CrashingEngine, MemoryStore, run_to_done
 
 FIXED_POOLS = ("sampling", "best_of_n", "self_consistency")
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
@@ -31,12 +31,7 @@ def _states(method, engine, seed=0, max_rounds=50):
         method.init_state(f"q{i}", q, engine.tokenizer.chat_prompt_ids([{"role": "user", "content": q}]))
         for i, q in enumerate(QUESTIONS)
     ]
-    for _ in range(max_rounds):
-        active = [s for s in states if not method.done(s)]
-        if not active:
-            break
-        method.step(active, ctx)
-    assert all(method.done(s) for s in states)
+    run_to_done(method, states, ctx, max_rounds)
     return states
 
 

@@ -122,6 +122,20 @@ def start_worker(ctx: dict[str, Any], name: str, **env: str) -> subprocess.Popen
     return proc
 
 
+def srdq(ctx: dict[str, Any], *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+    """``srdq ARGS`` in a subprocess against the fleet's services (its environment plus ``env``)."""
+    return subprocess.run(
+        [*CLI, *args], env={**ctx["env"], **env}, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def submit(ctx: dict[str, Any], *args: str, timeout: float = 300) -> str:
+    """``srdq submit dataset ARGS``; fails the test on a non-zero exit; returns the run id it prints."""
+    proc = srdq(ctx, "submit", "dataset", *args, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
 def worker_log(ctx: dict[str, Any], name: str) -> str:
     return (ctx["tmp"] / f"{name}.log").read_text()
 

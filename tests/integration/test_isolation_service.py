@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fleet import BASE_ENV, CLI, fleet, unreachable
+from tests.integration.fleet import BASE_ENV, CLI, fleet, submit, unreachable
 from tests.integration.test_service import db_rows, results, strip_timing, wait_for
 
 pytestmark = pytest.mark.integration
@@ -87,15 +87,7 @@ def test_poisoned_item_is_an_error_row_and_the_shard_completes_across_a_crash(tm
     # leases long enough for a loaded two-core machine to build the engine and run a round within one
     # (the worker heartbeats only once the engine is built); attempts for the crash and a lost lease or two
     with fleet(tmp_path, "srdq_iso", SRDQ_LEASE_TTL_S="15", SRDQ_MAX_ATTEMPTS="6") as env:
-        sub = subprocess.run(
-            [*CLI, "submit", "dataset", str(dataset), *ARGS],
-            env=env["env"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert sub.returncode == 0, sub.stderr
-        run_id = sub.stdout.strip()
+        run_id = submit(env, str(dataset), *ARGS, timeout=120)
         # the first slice dies right after committing round 2 (the poisoned item's error state was
         # committed in round 1); the reaper re-enqueues and a new pool child resumes
         log = open(tmp_path / "w.log", "w")  # noqa: SIM115 - closed below

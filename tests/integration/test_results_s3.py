@@ -16,7 +16,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,14 +30,15 @@ from srd_worker.errors import ObjectStoreError
 from srd_worker.export import csv_cell
 from srd_worker.objects import S3ObjectStore
 from tests.integration.fleet import (
-    CLI,
     fleet,
     free_port,
     kill,
+    srdq,
     start_worker,
     unreachable,
     worker_log,
 )
+from tests.integration.fleet import submit as fleet_submit
 
 pytestmark = pytest.mark.integration
 
@@ -74,12 +74,6 @@ def env(tmp_path: Path, endpoint: str) -> Iterator[dict[str, Any]]:
             yield ctx
         finally:
             db.dispose()
-
-
-def srdq(ctx: dict, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, *args], env={**ctx["env"], **env}, capture_output=True, text=True, timeout=300
-    )
 
 
 def rows(ctx: dict, sql: str, **params) -> list:
@@ -337,9 +331,7 @@ RUN_ARGS = [
 
 
 def submit(ctx: dict, dataset: Path) -> str:
-    proc = srdq(ctx, "submit", "dataset", str(dataset), *RUN_ARGS)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
+    return fleet_submit(ctx, str(dataset), *RUN_ARGS)
 
 
 def run_done(ctx: dict, run_id: str) -> bool:

@@ -26,6 +26,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.integration.fleet import BASE_ENV, CLI, PG_URL, fleet, start_worker, unreachable, worker_log
+from tests.integration.fleet import submit as fleet_submit
 
 pytestmark = pytest.mark.integration
 
@@ -97,15 +98,7 @@ def reference(dataset: Path, tmp: Path, max_new_tokens: int) -> list[dict]:
 
 
 def submit(ctx: dict, dataset: Path, max_new_tokens: int) -> str:
-    proc = subprocess.run(
-        [*CLI, "submit", "dataset", str(dataset), *run_args(max_new_tokens)],
-        env=ctx["env"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.strip()
+    return fleet_submit(ctx, str(dataset), *run_args(max_new_tokens), timeout=120)
 
 
 def db_rows(ctx: dict, sql: str, **params) -> list:

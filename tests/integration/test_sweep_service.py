@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fleet import CLI, fleet, start_worker, unreachable
+from tests.integration.fleet import fleet, start_worker, unreachable
+from tests.integration.fleet import srdq as fleet_srdq
 from tests.integration.test_service import db_rows, wait_for
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,7 @@ def sweep_file(tmp_path: Path, datasets_dir: Path, *, extra: str = "") -> Path:
 
 
 def srdq(ctx: dict, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], env=ctx["env"], capture_output=True, text=True, timeout=180)
+    return fleet_srdq(ctx, *args, timeout=180)
 
 
 def test_bad_sweep_stores_and_enqueues_nothing(env, tmp_path, datasets_dir):

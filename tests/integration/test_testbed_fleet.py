@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from srd_worker.testbed.train import ARTIFACTS_DIR
-from tests.integration.fleet import BASE_ENV, CLI, fleet, start_worker, unreachable, worker_log
+from tests.integration.fleet import BASE_ENV, CLI, fleet, start_worker, submit, unreachable, worker_log
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +59,7 @@ def test_testbed_policy_and_rm_on_the_fleet_match_the_embedded_run(tmp_path) -> 
     ]
     assert len(embedded) == 3 and all(isinstance(r["reward"], float) for r in embedded)
     with fleet(tmp_path, "srdq_testbed") as ctx:
-        sub = subprocess.run(
-            [*CLI, "submit", "dataset", "testbed", *ARGS],
-            env=ctx["env"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert sub.returncode == 0, sub.stderr
-        run_id = sub.stdout.strip()
+        run_id = submit(ctx, "testbed", *ARGS)
         assert run_id == path.parent.name  # same spec, same run id
         start_worker(ctx, "w")
         deadline = time.monotonic() + 600

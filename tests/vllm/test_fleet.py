@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 
 import pytest
 from click.testing import CliRunner
 
-from tests.integration.fleet import CLI, fleet, start_worker, unreachable, worker_log
+from tests.integration.fleet import fleet, start_worker, submit, unreachable, worker_log
 from tests.vllm.conftest import Borrowed
 from tests.vllm.helpers import assert_no_survivors, finish
 
@@ -58,15 +57,7 @@ def test_one_vllm_worker_finishes_a_run_and_stops_cleanly(tmp_path, monkeypatch,
     ]
 
     with fleet(tmp_path, "srdq_vllm", SRDQ_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="2") as ctx:
-        sub = subprocess.run(
-            [*CLI, "submit", "dataset", "gsm8k", *ARGS],
-            env=ctx["env"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert sub.returncode == 0, sub.stderr
-        run_id = sub.stdout.strip()
+        run_id = submit(ctx, "gsm8k", *ARGS, timeout=120)
         worker = start_worker(ctx, "w")
         from tests.integration.test_service import db_rows, results, run_done, wait_for
 

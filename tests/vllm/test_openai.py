@@ -17,7 +17,7 @@ import subprocess
 import pytest
 from click.testing import CliRunner
 
-from tests.integration.fleet import CLI, fleet, start_worker, unreachable, worker_log
+from tests.integration.fleet import CLI, fleet, start_worker, submit, unreachable, worker_log
 from tests.unit import test_engine_contract as contract
 from tests.vllm.openai_server import SERVED, VLLMServer
 
@@ -110,15 +110,7 @@ def test_fleet_without_models_matches_embedded_and_survives_a_server_crash(
     from tests.integration.test_service import db_rows, results, run_done, wait_for
 
     with fleet(tmp_path, "srdq_openai", **env) as ctx:
-        sub = subprocess.run(
-            [*CLI, "submit", "dataset", "gsm8k", *ARGS],
-            env=ctx["env"],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert sub.returncode == 0, sub.stderr
-        run_id = sub.stdout.strip()
+        run_id = submit(ctx, "gsm8k", *ARGS, timeout=180)
         workers = ["a", "b"]
         for name in workers:
             start_worker(ctx, name)

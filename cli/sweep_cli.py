@@ -13,6 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from srdq_cli.common import DEFAULT_SHARD_SIZE
 
 sweep_option = click.option(
     "--sweep",
@@ -66,7 +67,7 @@ def run_sweep(sweep_file: str, out_dir: str) -> None:
     from srd_worker.settings import get_settings
     from srd_worker.sweep import PointResult, SweepRun, plan_sweep
 
-    plan = plan_sweep(sweep_file)
+    plan = plan_sweep(sweep_file, default_shard_size=DEFAULT_SHARD_SIZE)
     total = len(plan.prepared)
     click.echo(f"sweep {plan.sweep_id} ({plan.name}): {total} runs -> {out_dir}", err=True)
 
@@ -115,7 +116,7 @@ def submit_sweep(sweep_file: str, *, name: str | None, dry_run: bool) -> None:
     from srd_worker.sweep import close_prepared, plan_sweep
 
     # the dataset is validated once into a spool on disk, shared by every point
-    plan = plan_sweep(sweep_file, name=name, default_shard_size=16, stream=True)
+    plan = plan_sweep(sweep_file, name=name, default_shard_size=DEFAULT_SHARD_SIZE, stream=True)
     try:
         _submit_plan(plan, dry_run=dry_run)
     finally:

@@ -176,7 +176,7 @@ def prepare_sweep(
     """(sweep id, one ``spec.PreparedRun`` per point), every point validated before anything is written.
     A relative dataset path is taken from ``base_dir`` when it exists there. An invalid point raises one
     ``ConfigError`` naming its index, method and parameters. ``default_shard_size`` applies when the file
-    gives no ``shard_size`` (``srdq submit``: 16; ``srdq run``: one shard). With ``stream`` (``srdq submit``)
+    gives no ``shard_size`` (both ``srdq submit`` and ``srdq run``: 16; none: one shard). With ``stream`` (``srdq submit``)
     the dataset is spooled to disk once and every point shares that spool (``spec.prepare_run``);
     close the points with ``close_prepared``."""
     from srd_worker.spec import prepare_run

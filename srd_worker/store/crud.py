@@ -397,11 +397,12 @@ def record_gen_tokens(record: dict[str, Any] | None) -> int:
     return int(((record or {}).get("ledger") or {}).get("gen_tokens", 0) or 0)
 
 
-def load_results(*, session: Session, run_id: str) -> list[dict[str, Any]]:
-    """The run's result records, in dataset order."""
-    return list(
-        session.exec(select(Result.record).where(Result.run_id == run_id).order_by(col(Result.position)))
-    )
+def load_results(*, session: Session, run_id: str, shard_index: int | None = None) -> list[dict[str, Any]]:
+    """The run's result records (or one shard's), in dataset order."""
+    query = select(Result.record).where(Result.run_id == run_id)
+    if shard_index is not None:
+        query = query.where(Result.shard_index == shard_index)
+    return list(session.exec(query.order_by(col(Result.position))))
 
 
 def update_result_records(*, session: Session, records: dict[int, dict[str, Any]]) -> None:

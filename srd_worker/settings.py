@@ -86,6 +86,13 @@ class Settings(BaseSettings):
         description="vLLM engine on vLLM's CPU build (no GPU): GiB of RAM for the KV cache, passed as "
         "vLLM's kv_cache_memory_bytes instead of a share of the machine's memory.",
     )
+    vllm_cpu_threads: str = Field(
+        "auto",
+        description="vLLM's CPU build: the cores its model worker computes on. auto: every usable core on a "
+        "machine of at most 4 (vLLM itself keeps one core for its scheduler, half of a 2-core machine; "
+        "measured 1.29x faster there), vLLM's own binding on larger ones; vllm: always vLLM's own; or a "
+        "core list such as 0-3 (VLLM_CPU_OMP_THREADS_BIND, which wins when set).",
+    )
     vllm_enforce_eager: bool = Field(
         False,
         description="vLLM engine: run the model eagerly (no torch.compile / CUDA graphs): much faster "
@@ -114,6 +121,14 @@ class Settings(BaseSettings):
     )
     openai_max_context: int | None = Field(
         None, ge=2, description="openai engine: the model's context, when the server does not report it."
+    )
+    judge_engine: str = Field(
+        "transformers",
+        description="judge:MODEL / judge-step:MODEL rewards: the judge model's engine (transformers, vllm, or "
+        "openai: an OpenAI-compatible server at SRDQ_JUDGE_BASE_URL, e.g. the judge on its own machine).",
+    )
+    judge_base_url: str | None = Field(
+        None, description="judge rewards with SRDQ_JUDGE_ENGINE=openai: the judge server's API root."
     )
     queue: str = Field("srdq", description="Celery queue shards are sent to and workers listen on.")
     lease_ttl_s: float = Field(

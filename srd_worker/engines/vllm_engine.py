@@ -69,7 +69,7 @@ from srd_worker.engines.base import (
     token_budget,
 )
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
-from srd_worker.errors import EngineError, ModelLoadError
+from srd_worker.errors import ConfigError, EngineError, ModelLoadError
 
 INSTALL_HINT = (
     "the 'vllm' engine needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
@@ -126,6 +126,27 @@ def memory_hint(settings: Any, on_cpu: bool) -> str:
         f"lower SRDQ_GPU_MEMORY_UTILIZATION (now {settings.gpu_memory_utilization:g}) or free GPU memory; "
         "a reward model on the same GPU needs its own share"
     )
+
+
+#: Machines with at most this many usable cores get every core for vLLM's CPU worker (``cpu_threads``).
+SMALL_MACHINE_CORES = 4
+
+
+def cpu_threads(setting: str, cores: list[int] | None = None) -> str | None:
+    """The ``VLLM_CPU_OMP_THREADS_BIND`` value for ``Settings.vllm_cpu_threads`` (None: leave vLLM's
+    automatic binding). vLLM's auto binding keeps one core for its scheduler process; on a 2-core
+    machine that halves the cores that compute, so ``auto`` binds every usable core on small machines."""
+    if cores is None:
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if setting == "vllm" or not cores:
+        return None
+    if setting == "auto":
+        if len(cores) > SMALL_MACHINE_CORES:
+            return None
+        return ",".join(str(c) for c in cores)
+    if not all(part.strip() for part in setting.replace("|", ",").split(",")):
+        raise ConfigError(f"SRDQ_VLLM_CPU_THREADS={setting!r}: give auto, vllm or a core list such as 0-3")
+    return setting
 
 
 def cpu_prefill_kwargs(path: str, max_model_len: int | None) -> dict[str, Any]:
@@ -375,6 +396,10 @@ class VLLMEngine:
             kwargs["enforce_eager"] = True
         if on_cpu:
             kwargs.update(cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len")))
+            bind = cpu_threads(str(getattr(settings, "vllm_cpu_threads", "auto")))
+            single = int(kwargs["tensor_parallel_size"]) == 1  # a list per rank otherwise: vLLM's own
+            if bind is not None and single and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
         kwargs.update(llm_kwargs)
         prepare_process(int(kwargs["tensor_parallel_size"]))
         before = _child_pids()

@@ -19,7 +19,13 @@ some tokenizers add, a lone space token of a byte-level tokenizer) is skipped ra
 both sides; duplicate ids are counted once. An empty response is allowed: the message then says that
 no steps are written yet, and the judge rates the question alone.
 
-What it leaves out: a trained verifier or PRM head, few-shot judge prompts, per-step scores, scoring
+Modes and models. ``lm_judge`` is the policy judging itself; ``judge:MODEL`` is another model (its own
+engine, ``Settings.judge_engine``: in this process, or an OpenAI-compatible server so a fleet can give
+the judge its own machine) asked the same question; ``judge-step:MODEL`` asks whether the *newest step*
+is correct given the steps before it (steps split at a blank line, ``split_last_step``), a process
+reward for beam search and DVTS, which score every step and aggregate the step scores.
+
+What it leaves out: a trained verifier or PRM head, few-shot judge prompts, scoring
 more than the first answer token (each candidate token is one engine pair sharing the same prefix, so
 the cost is the prefix scored 2 to 4 times; an engine call returning several next-token logprobs per
 prefix would cut that), truncation of over-long inputs (they raise RewardError).
@@ -42,8 +48,35 @@ NO_VARIANTS = ("No", " No")
 _EMPTY_RESPONSE = "(no steps written yet)"
 
 
-def judge_messages(question: str, response: str) -> list[dict[str, str]]:
-    """The chat messages that ask whether ``response`` answers ``question`` correctly so far."""
+#: What the judge is asked: ``prefix`` whether the partial solution is correct so far (an outcome-style
+#: score of any prefix); ``step`` whether its last step is correct given the steps before it (a process
+#: reward: beam search and DVTS score each step with it and aggregate the step scores).
+JUDGE_MODES = ("prefix", "step")
+
+
+def split_last_step(response: str, delimiter: str = "\n\n") -> tuple[str, str]:
+    """(the steps before the last one, the last step) of ``response``, steps separated by ``delimiter``
+    (a trailing delimiter ends the last step; it does not start an empty one)."""
+    body = response.rstrip()
+    head, sep, last = body.rpartition(delimiter)
+    return (head if sep else ""), last
+
+
+def judge_messages(
+    question: str, response: str, *, mode: str = "prefix", delimiter: str = "\n\n"
+) -> list[dict[str, str]]:
+    """The chat messages that ask whether ``response`` answers ``question`` correctly so far (``prefix``)
+    or whether its last step is correct (``step``)."""
+    if mode == "step":
+        before, last = split_last_step(response, delimiter)
+        content = (
+            "Below is a question, the steps of a solution so far, and its newest step.\n\n"
+            f"Question:\n{question.strip()}\n\n"
+            f"Steps so far:\n{before.strip() or _EMPTY_RESPONSE}\n\n"
+            f"Newest step:\n{last.strip() or _EMPTY_RESPONSE}\n\n"
+            "Is the newest step correct? Answer with one word: Yes or No."
+        )
+        return [{"role": "user", "content": content}]
     solution = response.strip() or _EMPTY_RESPONSE
     content = (
         "Below is a question and a partial solution, which may stop in the middle of a step.\n\n"
@@ -108,9 +141,25 @@ class LMJudgeReward:
 
     name = "lm_judge"
 
-    def __init__(self, engine: Engine, *, batch_size: int = 16) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        batch_size: int = 16,
+        mode: str = "prefix",
+        name: str | None = None,
+        separate: bool = False,
+    ) -> None:
         if batch_size < 1:
             raise RewardError(f"batch_size must be >= 1, got {batch_size}")
+        if mode not in JUDGE_MODES:
+            raise RewardError(f"judge mode must be one of {', '.join(JUDGE_MODES)}, got {mode!r}")
+        self.mode = mode
+        #: A judge with a model of its own (``judge:MODEL``): no soft score (its vocabulary is not checked
+        #: against the policy's), its engine closed with the reward.
+        self.separate = separate
+        if name is not None:
+            self.name = name
         if CAP_LOGPROBS not in engine.capabilities:
             raise CapabilityError(
                 f"the lm_judge reward needs an engine with '{CAP_LOGPROBS}'; "
@@ -124,15 +173,21 @@ class LMJudgeReward:
     def prompt_ids(self, question: str, response: str) -> list[int]:
         return list(
             self.engine.tokenizer.chat_prompt_ids(
-                judge_messages(question, response), add_generation_prompt=True
+                judge_messages(question, response, mode=self.mode), add_generation_prompt=True
             )
         )
+
+    def close(self) -> None:
+        """Close the judge's own engine (``judge:MODEL``); the run's engine is the run's to close."""
+        close = getattr(self.engine, "close", None)
+        if self.separate and callable(close):
+            close()
 
     # ------------------------------------------------------------------ differentiable score
     @property
     def can_differentiate(self) -> bool:
-        """The soft score needs the engine's gradients (``CAP_GRADIENTS``)."""
-        return CAP_GRADIENTS in self.engine.capabilities
+        """The soft score needs the engine's gradients (``CAP_GRADIENTS``) and the policy as the judge."""
+        return CAP_GRADIENTS in self.engine.capabilities and not self.separate
 
     def vocab_overlap(self, policy_vocab: Sequence[str | None]) -> float:
         """The judge is the policy itself: its vocabulary is the policy's."""

@@ -22,6 +22,7 @@ from the run spec (batch budget, step separator, system prompt): every reward is
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,8 @@ from srd_worker.rewards.base import RewardModel
 from srd_worker.rewards.lm_judge import LMJudgeReward
 from srd_worker.testbed import ARTIFACTS_DIR
 
+log = logging.getLogger("srdq.rewards")
+
 RewardFactory = Callable[[Engine | None], RewardModel | None]
 
 
@@ -41,9 +44,18 @@ def _lm_judge(engine: Engine | None) -> RewardModel:
     return LMJudgeReward(engine)
 
 
+def _logprob(engine: Engine | None) -> RewardModel:
+    if engine is None:
+        raise ConfigError("reward 'logprob' reads the run's model's logprobs and needs an engine")
+    from srd_worker.rewards.logprob import MeanLogprobReward
+
+    return MeanLogprobReward(engine)
+
+
 REWARDS: dict[str, RewardFactory] = {
     "arithmetic": lambda engine: ArithmeticReward(),
     "lm_judge": _lm_judge,
+    "logprob": _logprob,
     "none": lambda engine: None,
 }
 
@@ -53,6 +65,10 @@ MODEL_REWARDS: dict[str, str] = {
     "hf-orm": "Hugging Face sequence-classification outcome RM (scalar logit), e.g. hf-orm:nvidia/AceMath-7B-RM",
     "hf-prm": "Hugging Face process RM, last completed step; hf-prm:MODEL[:qwen|skywork]",
     "vllm-rm": "vLLM pooling/reward model (needs srdq[vllm]), e.g. vllm-rm:nvidia/AceMath-7B-RM",
+    "judge": "another model judging the partial solution (P(Yes) as lm_judge), e.g. judge:qwen2.5-coder-1.5b; "
+    "its engine: SRDQ_JUDGE_ENGINE (transformers, vllm, or openai at SRDQ_JUDGE_BASE_URL)",
+    "judge-step": "as judge:MODEL, asked whether the newest step (after a blank line) is correct: a process "
+    "reward for beam_search / dvts",
 }
 PRM_STYLES = ("qwen", "skywork")
 #: Reward-model names srdq resolves to a committed folder: ``hf-orm:testbed-rm`` is the CPU testbed's
@@ -123,13 +139,17 @@ def _build_model_reward(name: str, settings: Any) -> RewardModel:
         settings.dtype,
         settings.tensor_parallel_size,
         settings.gpu_memory_utilization,
+        settings.judge_engine,
+        settings.judge_base_url,
     )
     if key in _BUILT:
         return _BUILT[key]
-    if kind == "hf-orm":
+    if kind in ("judge", "judge-step"):
+        reward: RewardModel = _build_judge(kind, model, settings)
+    elif kind == "hf-orm":
         from srd_worker.rewards.hf_orm import HFOutcomeReward
 
-        reward: RewardModel = HFOutcomeReward(model, device=settings.device, dtype=settings.dtype)
+        reward = HFOutcomeReward(model, device=settings.device, dtype=settings.dtype)
     elif kind == "hf-prm":
         from srd_worker.rewards.hf_prm import HFProcessReward
 
@@ -151,6 +171,43 @@ def _build_model_reward(name: str, settings: Any) -> RewardModel:
         )
     _BUILT[key] = reward
     return reward
+
+
+def _build_judge(kind: str, model: str, settings: Any) -> RewardModel:
+    """``judge:MODEL`` / ``judge-step:MODEL``: an ``LMJudgeReward`` over an engine of its own for MODEL,
+    of kind ``settings.judge_engine``; the openai kind talks to ``settings.judge_base_url``."""
+    from srd_worker.engines.registry import ENGINES, build_engine
+
+    engine_kind = settings.judge_engine
+    if engine_kind not in ENGINES:
+        raise ConfigError(f"SRDQ_JUDGE_ENGINE={engine_kind!r}: choose one of {', '.join(sorted(ENGINES))}")
+    judge_settings = settings
+    if engine_kind == "openai":
+        if not settings.judge_base_url:
+            raise ConfigError(
+                "SRDQ_JUDGE_ENGINE=openai needs the judge server's URL: set SRDQ_JUDGE_BASE_URL "
+                "(e.g. http://127.0.0.1:8001/v1)"
+            )
+        judge_settings = settings.model_copy(
+            update={"openai_base_url": settings.judge_base_url, "openai_tokenizer": None}
+        )
+    engine = build_engine(engine_kind, model, judge_settings)
+    return LMJudgeReward(
+        engine, mode="step" if kind == "judge-step" else "prefix", name=f"{kind}:{model}", separate=True
+    )
+
+
+def close_rewards() -> None:
+    """Close every checkpoint reward built in this process that holds an engine of its own (a judge's
+    vLLM processes) and forget them all."""
+    for reward in list(_BUILT.values()):
+        close = getattr(reward, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - on the way out: one failure must not keep others open
+                log.warning("closing reward %s: %s", getattr(reward, "name", reward), exc)
+    _BUILT.clear()
 
 
 def build_reward(name: str, engine: Engine | None, *, settings: Any = None) -> RewardModel | None:

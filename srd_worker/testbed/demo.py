@@ -1,7 +1,11 @@
 """``make demo``: sampling, Best-of-N, self-consistency and SRD at the same budget N on the first problems of
-the testbed's test split, with the testbed policy and its learned reward model, on the CPU.
+the testbed's test split, with the testbed policy and its learned reward model, on the CPU. ``make
+demo-real`` runs the same comparison on real text (``--dataset gsm8k --model qwen2.5-coder-0.5b --engine
+vllm --reward logprob``).
 
     python -m srd_worker.testbed.demo [--limit 30] [--n 4] [--seed 0] [--out srdq-out/testbed-demo]
+        [--dataset testbed] [--model testbed] [--engine transformers] [--reward hf-orm:testbed-rm]
+        [--max-new-tokens 96] [--chunk-tokens 16]
 
 Two runs go through the embedded runner (``srdq run --sweep`` underneath): ``best_of_n`` at N (its
 candidates also give sampling = one candidate and self-consistency = majority of N, ``kcurves``) and
@@ -23,21 +27,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--reward", default="hf-orm:testbed-rm")
     ap.add_argument("--out", default="srdq-out/testbed-demo")
+    ap.add_argument("--dataset", default="testbed", help="a built-in dataset name or a file")
+    ap.add_argument("--model", default="testbed")
+    ap.add_argument("--engine", default="transformers", help="transformers or vllm")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--chunk-tokens", type=int, default=16, help="SRD's scoring interval Δ")
     args = ap.parse_args(argv)
 
     from srd_worker.reports import paired_seed_groups
     from srd_worker.settings import Settings
     from srd_worker.testbed.experiment import kcurve_rows, markdown, run_grid, run_rows
 
-    params = {"max_new_tokens": 96, "chunk_tokens": 16}
+    params = {"max_new_tokens": args.max_new_tokens, "chunk_tokens": args.chunk_tokens}
     sweep = {
-        "dataset": "testbed",
-        "model": "testbed",
+        "dataset": args.dataset,
+        "model": args.model,
+        "engine": args.engine,
         "reward": args.reward,
         "limit": args.limit,
         "seeds": [args.seed],
         "methods": [
-            {"method": "best_of_n", "n": args.n, "params": {"max_new_tokens": 96}},
+            {"method": "best_of_n", "n": args.n, "params": {"max_new_tokens": args.max_new_tokens}},
             {"method": "srd", "n": args.n, "params": params},
         ],
     }
@@ -47,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = kcurve_rows(bon, [1, args.n]) + run_rows(srd)
     print()
     print(
-        f"testbed: first {args.limit} test problems, seed {args.seed}, policy `testbed`, reward {args.reward}, "
-        f"N = {args.n}, T 0.8 / top-p 0.9 / top-k 50"
+        f"{args.dataset}: first {args.limit} problems, seed {args.seed}, policy `{args.model}` on {args.engine}, "
+        f"reward {args.reward}, N = {args.n}, T 0.8 / top-p 0.9 / top-k 50, at most {args.max_new_tokens} tokens"
     )
     print(markdown(rows))
     _, p, _ = paired_seed_groups(srd, bon, metric="accuracy")

@@ -504,3 +504,28 @@ def test_vllm_in_a_daemonic_worker_runs_in_process(monkeypatch):
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     with pytest.raises(EngineError, match="srdq run"):
         prepare_process(2)
+
+
+@pytest.mark.parametrize(
+    "setting, cores, expected",
+    [
+        ("auto", [0, 1], "0,1"),  # a 2-core machine: both cores compute (vLLM's auto keeps one idle)
+        ("auto", [0, 1, 2, 3], "0,1,2,3"),
+        ("auto", list(range(8)), None),  # larger machines: vLLM's own binding
+        ("vllm", [0, 1], None),
+        ("0-3", [0, 1], "0-3"),
+        ("auto", [], None),
+    ],
+)
+def test_vllm_cpu_thread_binding(setting, cores, expected):
+    """Importing the module needs no vLLM; the binding is a pure function of the setting and the cores."""
+    from srd_worker.engines.vllm_engine import cpu_threads
+
+    assert cpu_threads(setting, cores) == expected
+
+
+def test_vllm_cpu_thread_binding_refuses_an_empty_list():
+    from srd_worker.engines.vllm_engine import cpu_threads
+
+    with pytest.raises(ConfigError, match="SRDQ_VLLM_CPU_THREADS"):
+        cpu_threads("0,,1", [0, 1])

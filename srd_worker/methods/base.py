@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import re
 import time
 import types
 import typing
@@ -52,18 +54,33 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
         raise ConfigError(f"parameter '{name}' expects true/false, got {value!r}")
-    if typ in (int, float, str):
-        if typ is int and isinstance(value, float) and not value.is_integer():
+    if typ is int:
+        # strict: 3, "3" and 3.0 are 3; "3.7", 3.7, "3.0", true and "1e3" are refused, not truncated
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}")
+        if isinstance(value, str) and not _INT_TEXT.fullmatch(value.strip()):
             raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}")
         try:
-            return (
-                typ(value)
-                if not (typ is int and isinstance(value, str) and "." in value)
-                else int(float(value))
-            )
+            return int(value)
+        except (TypeError, ValueError, OverflowError):
+            raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}") from None
+    if typ is float:
+        try:
+            number = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"parameter '{name}' expects {typ.__name__}, got {value!r}") from None
+            raise ConfigError(f"parameter '{name}' expects a number, got {value!r}") from None
+        if isinstance(value, bool) or not math.isfinite(number):
+            raise ConfigError(f"parameter '{name}' expects a finite number, got {value!r}")
+        return number
+    if typ is str:
+        return str(value)
     return value
+
+
+_INT_TEXT = re.compile(r"[+-]?\d+")
+#: The largest pool a method accepts (``n``): a state holds every candidate, so a pool far beyond what any
+#: paper uses (256 in search-and-learn's Best-of-N curves) is a typo, refused before anything is written.
+MAX_CANDIDATES = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +100,9 @@ class MethodParams:
             )
         coerced = {k: _coerce(k, hints[k], v) for k, v in values.items()}
         obj = cls(**coerced)
+        n = getattr(obj, "n", None)
+        if isinstance(n, int) and n > MAX_CANDIDATES:
+            raise ConfigError(f"n = {n} candidates per problem is more than srdq accepts ({MAX_CANDIDATES})")
         obj.validate()
         return obj
 

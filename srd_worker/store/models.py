@@ -185,6 +185,11 @@ class Checkpoint(SQLModel, table=True):
     shard_index: int
     round: int = Field(description="Round the state was taken after.")
     state: dict[str, Any] = Field(default_factory=dict, sa_type=JSON, description="The method's state.")
+    gen_tokens: int = Field(
+        default=0,
+        description="The state's ledger gen_tokens, kept apart from the JSON so status never reads model "
+        "text (which may hold NUL) in SQL.",
+    )
     version: int = Field(description="The shard's fencing token when the state was written.")
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, and_, func, or_, type_coerce
+from sqlalchemy import and_, func, or_
 from sqlmodel import Session, col, select
 
 from srd_worker.errors import StoreError
@@ -113,7 +113,7 @@ def unfinished_tokens(*, session: Session, run_id: str) -> int:
         Shard.run_id == run_id, Shard.status != Status.DONE.value, col(Shard.round) > 0
     )
     has_result = select(Result.id).where(col(Result.item_id) == col(Checkpoint.item_id)).exists()
-    tokens = func.sum(type_coerce(Checkpoint.state, JSON)[("ledger", "gen_tokens")].as_integer())
+    tokens = func.sum(Checkpoint.gen_tokens)  # its own column: the state's JSON may hold any model text
     total = session.exec(
         select(func.coalesce(tokens, 0)).where(
             Checkpoint.run_id == run_id, col(Checkpoint.shard_index).in_(started), ~has_result

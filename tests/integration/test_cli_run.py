@@ -131,6 +131,9 @@ GOOD_ROW = b'{"question": "What is 1+1?", "answer": "1+1=2\\n#### 2"}\n'
         ("unknown_param", r"unknown parameter 'warp' for method 'sampling'; valid: .*temperature"),
         ("unknown_reward", r"unknown reward 'oracle'; choose one of: .*arithmetic"),
         ("bon_without_reward", r"method 'best_of_n' needs a reward model"),
+        ("shard_size_zero", r"--shard-size must be >= 1, got 0"),
+        ("nan_temperature", r"parameter 'temperature' expects a finite number, got 'nan'"),
+        ("fractional_n", r"parameter 'n' expects an integer, got '3\.7'"),
     ],
 )
 def test_bad_input_one_clear_line_nothing_written(tmp_path, case, expected):
@@ -146,6 +149,9 @@ def test_bad_input_one_clear_line_nothing_written(tmp_path, case, expected):
         "unknown_param": ["--method", "sampling", "--set", "warp=9"],
         "unknown_reward": ["--method", "sampling", "--reward", "oracle"],
         "bon_without_reward": ["--method", "best_of_n"],
+        "shard_size_zero": ["--method", "sampling", "--shard-size", "0"],
+        "nan_temperature": ["--method", "sampling", "--set", "temperature=nan"],
+        "fractional_n": ["--method", "best_of_n", "--reward", "arithmetic", "--set", "n=3.7"],
     }.get(case, ["--method", "sampling", "--task", "gsm8k"])
     out = tmp_path / "out"
     proc = srdq("run", str(data), *extra, "--model", "tiny-random-llama", "--out", str(out))
@@ -251,6 +257,8 @@ def test_interrupted_run_keeps_finished_shards_and_resumes_to_the_same_records(
     import re
 
     match = re.search(r"(\d+) to go", resumed.stderr)
-    assert match and int(match.group(1)) <= SHARDED_ITEMS - len(done), resumed.stderr  # finished shards skipped
+    assert match and int(match.group(1)) <= SHARDED_ITEMS - len(done), (
+        resumed.stderr
+    )  # finished shards skipped
     assert partial.read_bytes() == sharded_reference
     assert json.loads((partial.parent / "summary.json").read_text())["items"] == SHARDED_ITEMS

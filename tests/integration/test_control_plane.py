@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from srd_worker.store.db import make_engine
 from srd_worker.tasks.registry import get_task
 from tests.integration.fleet import CLI, PG_URL, fleet, unreachable
-from tests.status_cases import check_backfill, check_status, make_run
+from tests.status_cases import check_backfill, check_hostile_status, check_status, make_run
 
 pytestmark = pytest.mark.integration
 
@@ -215,7 +215,7 @@ def pg_url():
         admin.dispose()
 
 
-@pytest.mark.parametrize("check", [check_status, check_backfill])
+@pytest.mark.parametrize("check", [check_status, check_backfill, check_hostile_status])
 def test_status_on_postgresql(pg_url, check) -> None:
     from srd_worker.store.db import upgrade
 

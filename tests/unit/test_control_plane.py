@@ -15,7 +15,7 @@ from srd_worker.store.db import make_engine, sqlite_url, upgrade
 from srd_worker.tasks.registry import get_task
 from srd_worker.tasks.spool import spool_items
 from tests.cli import run_srdq, srdq_env
-from tests.status_cases import RUN, check_backfill, check_status, make_run, shape_run
+from tests.status_cases import RUN, check_backfill, check_hostile_status, check_status, make_run, shape_run
 
 
 def gsm8k_rows(n: int) -> list[dict]:
@@ -121,6 +121,10 @@ def test_status_sums_shards_and_lists_the_notable_ones(sqlite_engine) -> None:
 
 def test_migration_0004_backfills_the_shard_counters(sqlite_engine) -> None:
     check_backfill(*sqlite_engine)
+
+
+def test_status_counts_tokens_of_checkpoints_holding_hostile_text(sqlite_engine) -> None:
+    check_hostile_status(sqlite_engine[0])
 
 
 def test_status_command_summarises_by_state_and_all_lists_every_shard(sqlite_engine, tmp_path: Path) -> None:

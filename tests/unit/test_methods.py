@@ -122,11 +122,39 @@ def test_unknown_parameter_names_valid_ones():
 def test_bad_parameter_values():
     with pytest.raises(ConfigError, match="n must be >= 1"):
         build_method("best_of_n", {"n": "0"})
-    with pytest.raises(ConfigError, match="expects int"):
+    with pytest.raises(ConfigError, match="expects an integer"):
         build_method("best_of_n", {"n": "many"})
     with pytest.raises(ConfigError, match="unknown method 'nope'; choose one of: .*best_of_n"):
         build_method("nope", {})
     assert build_method("best_of_n", {"n": "8", "temperature": "0.5"}).params.n == 8
+
+
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"n": "3.7"}, "parameter 'n' expects an integer, got '3.7'"),  # was truncated to 3
+        ({"n": 3.7}, "parameter 'n' expects an integer"),
+        ({"n": "3.0"}, "parameter 'n' expects an integer"),
+        ({"n": "1e3"}, "parameter 'n' expects an integer"),
+        ({"n": True}, "parameter 'n' expects an integer"),
+        ({"n": "100000000"}, "more than srdq accepts"),  # was accepted and started running
+        ({"temperature": "nan"}, "parameter 'temperature' expects a finite number"),
+        ({"temperature": "inf"}, "parameter 'temperature' expects a finite number"),
+        ({"top_p": "-inf"}, "parameter 'top_p' expects a finite number"),
+        ({"temperature": "warm"}, "parameter 'temperature' expects a number"),
+        ({"top_k": "-2"}, "top_k must be >= 0"),
+    ],
+)
+def test_parameter_values_are_checked_strictly(params, message):
+    with pytest.raises(ConfigError) as err:
+        build_method("best_of_n", params)
+    assert message in str(err.value)
+
+
+def test_integral_values_are_accepted():
+    assert build_method("best_of_n", {"n": 4.0}).params.n == 4  # YAML may give 4.0 for a sweep's n
+    assert build_method("best_of_n", {"n": " 4 ", "top_k": "0"}).params.top_k == 0
+    assert build_method("best_of_n", {"n": "4096"}).params.n == 4096
 
 
 def test_step_context_passes_finished_only_to_rewards_that_take_it(tiny_engine):

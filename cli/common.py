@@ -65,7 +65,10 @@ def open_db(db: str | None = None):
     was never migrated."""
     from srd_worker.store.db import check_reachable, make_engine
 
-    engine = make_engine(db_url(db))
+    try:
+        engine = make_engine(db_url(db))
+    except SrdqError as exc:
+        raise click.ClickException(str(exc)) from None
     try:
         check_reachable(engine)
     except Exception as exc:  # noqa: BLE001 - any failure here is the user's setup

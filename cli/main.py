@@ -362,6 +362,7 @@ def submit_dataset(
             return
         from srd_worker.queue import enqueue, enqueue_many
         from srd_worker.service import submit as submit_run
+        from srd_worker.settings import get_settings
 
         db = open_db()
         try:
@@ -373,6 +374,7 @@ def submit_dataset(
                 name=name,
                 new=new,
                 versions=versions(),
+                queue=get_settings().queue,  # the reapers of this queue re-enqueue its shards
             )
         finally:
             db.dispose()

@@ -139,7 +139,16 @@ def _submit_plan(plan: Any, *, dry_run: bool) -> None:
 
     db = open_db()
     try:
-        done = service_submit(plan, db=db, enqueue=enqueue, enqueue_many=enqueue_many, versions=versions())
+        from srd_worker.settings import get_settings
+
+        done = service_submit(
+            plan,
+            db=db,
+            enqueue=enqueue,
+            enqueue_many=enqueue_many,
+            versions=versions(),
+            queue=get_settings().queue,
+        )
     finally:
         db.dispose()
     err.print(

@@ -35,7 +35,7 @@ from srd_worker.errors import SrdqError
 from srd_worker.fileutil import write_atomic
 from srd_worker.runner import RoundReport, run_shard
 from srd_worker.spec import PreparedRun
-from srd_worker.wiring import check_spec, wire
+from srd_worker.wiring import check_spec, probe_sources, wire
 
 
 @dataclass
@@ -179,6 +179,7 @@ def run_local(
         from srd_worker.engines.registry import check_engine_settings
 
         check_engine_settings(spec.engine, settings)  # e.g. the openai engine's SRDQ_OPENAI_BASE_URL
+        probe_sources(spec, settings=settings)  # a model that cannot load: one line, nothing written
     run_id = spec.run_id()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

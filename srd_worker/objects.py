@@ -80,6 +80,22 @@ def check_key(key: str) -> str:
     return key
 
 
+def check_store_prefix(prefix: str, *, where: str) -> str:
+    """A store's own prefix (``s3://bucket/PREFIX``): ``/``-separated segments, none empty, ``.`` or ``..``,
+    none holding a control character or a backslash; ``ConfigError`` naming the location otherwise (a
+    ``..`` would otherwise become a literal key segment outside the prefix the user meant)."""
+    body = prefix.strip("/")
+    if not body:
+        return body
+    for part in body.split("/"):
+        if part in ("", ".", "..") or "\\" in part or any(ord(c) < 32 or ord(c) == 127 for c in part):
+            raise ConfigError(
+                f"invalid object-store location {where!r}: prefix segment {part!r} (segments may not be "
+                "empty, '.' or '..', nor hold a backslash or control character)"
+            )
+    return body
+
+
 def _check_prefix(prefix: str) -> str:
     # A listing prefix may end mid-segment ("runs/r1/shards/000") or be empty.
     if prefix.startswith("/") or "\\" in prefix or ".." in prefix.split("/"):
@@ -142,8 +158,9 @@ class S3ObjectStore:
         multipart_threshold: int = 8 * MiB,
         multipart_chunksize: int = 8 * MiB,
     ) -> None:
-        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket or ""):
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket or "") or ".." in bucket:
             raise ConfigError(f"invalid S3 bucket name {bucket!r}")
+        check_store_prefix(prefix, where=f"s3://{bucket}/{prefix}")
         if (access_key is None) != (secret_key is None):
             raise ConfigError("set both the S3 access key and secret key, or neither (standard AWS chain)")
         if max_attempts < 1 or retry_attempts < 1:

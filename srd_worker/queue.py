@@ -181,6 +181,7 @@ class Reaper(threading.Thread):
                     enqueue=enqueue,
                     pending_grace_s=self.settings.pending_grace_s,
                     queued=lambda: queue_depth(self.settings.queue),
+                    queue=self.settings.queue,
                 )
                 if todo:
                     log.warning("reaper re-enqueued %d shard(s): %s", len(todo), todo)

@@ -31,11 +31,11 @@ from srd_worker.status import (  # noqa: F401 - re-exported: the status reads li
     run_status,
     sweep_status,
 )
-from srd_worker.store import crud, leases, queries
+from srd_worker.store import crud, leases
 from srd_worker.store.db import session_scope
 from srd_worker.store.models import utcnow
 from srd_worker.tasks.base import Item
-from srd_worker.wiring import check_spec, wire
+from srd_worker.wiring import check_spec, probe_sources, wire
 
 log = logging.getLogger("srdq.service")
 
@@ -67,6 +67,7 @@ def submit(
     new: bool = False,
     versions: dict[str, Any] | None = None,
     enqueue_many: EnqueueMany | None = None,
+    queue: str | None = None,
 ) -> Submitted:
     """Store the run, its shards and items (one transaction), then enqueue every shard (through
     ``enqueue_many`` when given: one broker connection for all of them).
@@ -83,12 +84,13 @@ def submit(
     """
     spec = prepared.spec
     check_spec(prepared.method, engine=spec.engine, reward=spec.reward)
+    probe_sources(spec, everything=False)  # a model folder here that cannot load
     run_id = spec.run_id()
     if new:
         run_id = f"{run_id}-{utcnow().strftime('%Y%m%d%H%M%S%f')}"
     with session_scope(db) as session:
-        existed = queries.run_exists(session=session, run_id=run_id)
-        run = crud.create_run(
+        # the insert decides: of two identical submits racing, exactly one creates and enqueues
+        run, created = crud.insert_run(
             session=session,
             run_id=run_id,
             name=name or f"{spec.method}-{Path(spec.dataset).stem}",
@@ -97,8 +99,10 @@ def submit(
             versions=versions or {},
             items=prepared.items,
             shard_size=spec.shard_size,
+            queue=queue,
         )
         n_shards = run.n_shards
+    existed = not created
     enqueued = 0
     if not existed:
         if enqueue_many is not None:
@@ -125,6 +129,7 @@ def submit_sweep(
     enqueue: Enqueue,
     versions: dict[str, Any] | None = None,
     enqueue_many: EnqueueMany | None = None,
+    queue: str | None = None,
 ) -> SweepSubmitted:
     """Store a validated sweep (``sweep.plan_sweep``) and all its runs, shards and items in one
     transaction, then enqueue the shards of the runs created now. Submitting the same sweep again gives
@@ -135,7 +140,7 @@ def submit_sweep(
     for prepared in plan.prepared:
         check_spec(prepared.method, engine=prepared.spec.engine, reward=prepared.spec.reward)
     with session_scope(db) as session:
-        created = record_sweep(session, plan, versions=versions or {})
+        created = record_sweep(session, plan, versions=versions or {}, queue=queue)
         shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
     enqueued = 0
     for run_id in created:
@@ -327,13 +332,19 @@ def process_shard(
 
 
 def reap(
-    *, db: Engine, enqueue: Enqueue, pending_grace_s: float, queued: Callable[[], int | None] | None = None
+    *,
+    db: Engine,
+    enqueue: Enqueue,
+    pending_grace_s: float,
+    queued: Callable[[], int | None] | None = None,
+    queue: str | None = None,
 ) -> list[tuple[str, int]]:
     """Re-enqueue what ``leases.reap`` finds; ``queued()`` (the broker's queue depth, None if unknown)
-    keeps a deep queue of legitimately waiting shards from being enqueued twice."""
+    keeps a deep queue of legitimately waiting shards from being enqueued twice; ``queue``: only the runs
+    submitted to it (the reaper's own queue, which ``enqueue`` sends to)."""
     depth = queued() if queued is not None else None
     with session_scope(db) as session:
-        todo = leases.reap(session=session, pending_grace_s=pending_grace_s, queued=depth)
+        todo = leases.reap(session=session, pending_grace_s=pending_grace_s, queued=depth, queue=queue)
     for run_id, index in todo:
         enqueue(run_id, index)
     return todo

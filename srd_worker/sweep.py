@@ -258,10 +258,13 @@ def run_name(prepared: Any) -> str:
     return f"{prepared.spec.method}-{Path(prepared.spec.dataset).stem}"
 
 
-def record_sweep(session: Any, plan: SweepPlan, *, versions: dict[str, Any]) -> list[str]:
+def record_sweep(
+    session: Any, plan: SweepPlan, *, versions: dict[str, Any], queue: str | None = None
+) -> list[str]:
     """Store the sweep and every run (with shards and items) tagged with its id, in the caller's
-    transaction; returns the ids of the runs created now (the others existed)."""
-    from srd_worker.store import crud, queries
+    transaction; returns the ids of the runs created now (decided by each run's insert; the others
+    existed)."""
+    from srd_worker.store import crud
 
     crud.create_sweep(
         session=session,
@@ -273,9 +276,7 @@ def record_sweep(session: Any, plan: SweepPlan, *, versions: dict[str, Any]) -> 
     created = []
     for prepared in plan.prepared:
         spec = prepared.spec
-        if not queries.run_exists(session=session, run_id=spec.run_id()):
-            created.append(spec.run_id())
-        crud.create_run(
+        _run, new = crud.insert_run(
             session=session,
             run_id=spec.run_id(),
             name=run_name(prepared),
@@ -285,7 +286,10 @@ def record_sweep(session: Any, plan: SweepPlan, *, versions: dict[str, Any]) -> 
             items=prepared.items,
             shard_size=spec.shard_size,
             sweep_id=plan.sweep_id,
+            queue=queue,
         )
+        if new:
+            created.append(spec.run_id())
     return created
 
 
@@ -314,10 +318,11 @@ def run_sweep_local(
     from srd_worker.local import close_all, run_local, versions
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
-    from srd_worker.wiring import check_spec
+    from srd_worker.wiring import check_spec, probe_sources
 
     for prepared in plan.prepared:  # every point checked before anything is written
         check_spec(prepared.method, engine=prepared.spec.engine, reward=prepared.spec.reward)
+        probe_sources(prepared.spec, settings=settings)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     url = sqlite_url(out / "srdq.db")

@@ -46,6 +46,35 @@ def check_spec(method: Method, *, engine: str, reward: str | None) -> None:
         check_draft_model(draft)
 
 
+def probe_sources(spec: Any, *, settings: Any = None, everything: bool = True) -> None:
+    """Check that the models a spec names can be loaded (``engines.loading.probe_model``: a folder's
+    config, weights and tokenizer, a built-in model's package, a cached hub id), for the policy and for
+    a reward or judge backed by a model: ``ModelLoadError`` before anything is written. ``everything``
+    (``srdq run``: the models must be on this machine); otherwise (``srdq submit``: the workers load
+    them) only names that are folders here are checked. The openai engine's model is on its server."""
+    from pathlib import Path
+
+    from srd_worker.engines.loading import probe_model
+    from srd_worker.rewards.registry import MODEL_REWARDS, parse_reward_name
+
+    def probe(name: str, what: str, remote: bool) -> None:
+        if everything or Path(name).exists():
+            probe_model(name, what=what, allow_remote=remote)
+
+    if spec.engine != "openai":
+        probe(spec.model, "model", spec.engine == "vllm")
+    reward = spec.reward
+    if reward and ":" in reward and reward.partition(":")[0] in MODEL_REWARDS:
+        kind, model, _style = parse_reward_name(reward)
+        judge_engine = (
+            getattr(settings, "judge_engine", "transformers") if settings is not None else "transformers"
+        )
+        if kind in ("judge", "judge-step") and judge_engine == "openai":
+            return
+        remote = kind == "vllm-rm" or (kind in ("judge", "judge-step") and judge_engine == "vllm")
+        probe(model, f"reward model ({kind})", remote)
+
+
 def wire(spec: Any, *, settings: Any, engine: Any = None) -> Wired:
     """Build what ``spec`` (a ``RunSpec``) runs with: the method from its name and params, the engine
     (``engine`` if given, e.g. a worker's cached one, else built from ``spec.engine`` and ``spec.model``),

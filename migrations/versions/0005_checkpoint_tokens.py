@@ -1,4 +1,4 @@
-"""checkpoint.gen_tokens: the generated-token count of a state, apart from its JSON.
+"""checkpoint.gen_tokens (the generated-token count of a state, apart from its JSON) and run.queue.
 
 Revision ID: 0005
 Revises: 0004
@@ -12,6 +12,10 @@ to count tokens. The upgrade fills the column for the checkpoints status counts 
 result), reading their states in Python, which takes any text (reading them in SQL is what fails);
 finished items' checkpoints keep 0, which nothing reads. Written by hand to match
 ``srd_worker.store.models``.
+
+``run.queue`` records the broker queue a run was submitted to, so a worker's reaper re-enqueues only the
+shards of its own queue's runs (it used to move every run's stale shards onto its own queue). Runs stored
+before the upgrade have none and are reaped by every reaper, as before.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ def upgrade() -> None:
     from srd_worker.store.crud import state_tokens
 
     op.add_column("checkpoint", sa.Column("gen_tokens", sa.Integer(), nullable=False, server_default="0"))
+    op.add_column("run", sa.Column("queue", sa.String(), nullable=True))
     conn = op.get_bind()
     unfinished = conn.execute(
         sa.text(
@@ -50,6 +55,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # batch mode: SQLite rebuilds the table (older SQLite cannot drop a column); PostgreSQL alters it.
-    with op.batch_alter_table("checkpoint") as batch:
-        batch.drop_column("gen_tokens")
+    # A plain DROP COLUMN (SQLite >= 3.35 has it): batch mode would rebuild ``run``, and dropping the old
+    # table cascades to every shard, item and result that references it.
+    op.drop_column("checkpoint", "gen_tokens")
+    op.drop_column("run", "queue")

@@ -162,3 +162,93 @@ def load_model(name: str, *, cache_dir: Path, dtype: str = "bfloat16", device: s
     with torch.no_grad():
         model.to(device)
     return model, tokenizer
+
+
+#: Files a model folder must hold: a config, weights (safetensors or PyTorch bins) and a tokenizer.
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def probe_model(name: str, *, what: str = "model", allow_remote: bool = False) -> None:
+    """Check, cheaply and before anything is written, that ``name`` can be loaded: a built-in name (its
+    package present: ``smollm2``, the packaged Qwen chunks by size), or a folder with ``config.json``,
+    weights whose safetensors headers parse and a tokenizer, or a Hugging Face id whose config is in
+    the local cache (srdq never downloads). With ``allow_remote`` (vLLM, which fetches hub ids itself) a
+    name that is neither a folder nor path-like passes. ``ModelLoadError`` naming ``what`` and the
+    problem."""
+    if name == TINY_MODEL or name in TESTBED_MODELS:
+        return
+    if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        smollm2_dir()
+        return
+    packaged = packaged_model(name)
+    if packaged is not None:
+        from srd_worker.engines.packaged import locate_parts
+
+        locate_parts(packaged)
+        return
+    path = Path(name)
+    if path.exists():
+        _probe_folder(path, what)
+        return
+    if name.startswith(("/", ".", "~")) or os.sep + os.sep in name:
+        raise ModelLoadError(f"{what} folder '{name}' does not exist")
+    if allow_remote or _in_hf_cache(name):
+        return
+    raise ModelLoadError(
+        f"{what} '{name}' is neither a folder nor a model in the local Hugging Face cache (srdq never "
+        f"downloads); give a model folder, a cached Hugging Face id, '{DEFAULT_MODEL}', "
+        "'qwen2.5-coder-0.5b' or 'tiny-random-llama'"
+    )
+
+
+def _probe_folder(path: Path, what: str) -> None:
+    if not path.is_dir():
+        raise ModelLoadError(f"{what} '{path}' is a file, not a model folder")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{what} folder '{path}' holds no config.json: not a Hugging Face model folder")
+    weights = sorted({p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)})
+    if not weights:
+        raise ModelLoadError(
+            f"{what} folder '{path}' holds a config but no weights (*.safetensors or pytorch_model*.bin)"
+        )
+    for file in weights:
+        if file.suffix == ".safetensors":
+            _probe_safetensors(file, what)
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"{what} folder '{path}' holds no tokenizer ({', '.join(TOKENIZER_FILES)}): save the tokenizer "
+            "beside the model (tokenizer.save_pretrained)"
+        )
+
+
+def _probe_safetensors(file: Path, what: str) -> None:
+    """Read a safetensors header (8-byte length, JSON) and check the file holds every tensor it lists."""
+    import json
+    import struct
+
+    size = file.stat().st_size
+    try:
+        with open(file, "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            if length > min(size - 8, 100_000_000):
+                raise ValueError(f"header length {length} exceeds the file")
+            header = json.loads(fh.read(length))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        raise ModelLoadError(f"{what} weights '{file}' are not a readable safetensors file ({exc})") from None
+    if 8 + length + end > size:
+        raise ModelLoadError(
+            f"{what} weights '{file}' are truncated: {size} bytes, the header needs {8 + length + end}"
+        )
+
+
+def _in_hf_cache(model_id: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - not a valid repo id
+        return False

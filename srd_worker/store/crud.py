@@ -59,7 +59,12 @@ def _status(status: str) -> str:
 INSERT_BATCH = 5000
 
 
-def create_run(
+def create_run(**kwargs: Any) -> Run:
+    """``insert_run`` without the flag: the run, new or existing."""
+    return insert_run(**kwargs)[0]
+
+
+def insert_run(
     *,
     session: Session,
     run_id: str,
@@ -70,9 +75,11 @@ def create_run(
     items: Sized | Sequence[ItemLike],
     shard_size: int,
     sweep_id: str | None = None,
-) -> Run:
+    queue: str | None = None,
+) -> tuple[Run, bool]:
     """Create a run with its shards and items; if ``run_id`` exists, return that run and create nothing
-    (except that an existing run outside any sweep is tagged with ``sweep_id``).
+    (except that an existing run outside any sweep is tagged with ``sweep_id``). The flag says whether
+    this call inserted it: decided by the insert itself, so of two racing calls exactly one is told so.
 
     Items keep their order (``position``); shard ``i`` covers positions ``[i*shard_size,
     min((i+1)*shard_size, len(items)))``. ``items`` is a sequence of ``ItemLike`` or an
@@ -99,6 +106,7 @@ def create_run(
         n_items=n_items,
         n_shards=n_shards,
         sweep_id=sweep_id,
+        queue=queue,
     )
     # Insert-or-nothing on the primary key, not read-then-write: two processes creating the same run at
     # once both succeed and exactly one of them writes the shards and items.
@@ -126,7 +134,7 @@ def create_run(
         session.exec(
             update(Run).where(col(Run.id) == run_id, col(Run.sweep_id).is_(None)).values(sweep_id=sweep_id)
         )
-    return get_run(session=session, run_id=run_id)
+    return get_run(session=session, run_id=run_id), bool(inserted)
 
 
 def _item_batches(items: Any) -> Iterator[list[tuple[int, str, str, str, str]]]:

@@ -38,8 +38,46 @@ def _configure_sqlite(dbapi_connection: Any, connection_record: Any) -> None:
         cursor.close()
 
 
+def normalise_url(url: str) -> str:
+    """``url`` with the PostgreSQL driver srdq installs: SQLAlchemy maps a bare ``postgresql://`` (and
+    Heroku-style ``postgres://``) to psycopg 3, which srdq does not depend on, so those become
+    ``postgresql+psycopg2://`` unless psycopg 3 is importable. Any other URL is returned unchanged."""
+    import importlib.util
+
+    for bare in ("postgresql://", "postgres://"):
+        if url.startswith(bare) and importlib.util.find_spec("psycopg") is None:
+            return "postgresql+psycopg2://" + url[len(bare) :]
+    return url
+
+
+def masked(url: str) -> str:
+    """``url`` for messages: the password hidden (or the text itself when it does not parse)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparseable URL is shown as given, minus anything after '@'
+        return url.split("@")[-1] if "@" in url else url
+
+
 def make_engine(url: str) -> Engine:
-    """An engine for ``url``: SQLite gets WAL, a busy timeout and foreign keys; PostgreSQL pre-pings."""
+    """An engine for ``url``: SQLite gets WAL, a busy timeout and foreign keys; PostgreSQL pre-pings.
+    A URL that does not parse or names a driver that is not installed raises ``ConfigError`` (one line,
+    the password masked)."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    from srd_worker.errors import ConfigError
+
+    url = normalise_url(url)
+    try:
+        return _make_engine(url)
+    except (ArgumentError, NoSuchModuleError, ModuleNotFoundError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"database URL {masked(url)!r} cannot be used: {first} (srdq supports sqlite:///PATH and "
+            "postgresql+psycopg2://USER:PASSWORD@HOST:PORT/DB; set SRDQ_DATABASE_URL or --db)"
+        ) from None
+
+
+def _make_engine(url: str) -> Engine:
     if make_url(url).get_backend_name() == "sqlite":
         # Connections are shared across threads (a worker's heartbeat thread); SQLite's own locking
         # serialises writers.
@@ -58,7 +96,7 @@ def upgrade(url: str) -> None:
     with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as script_location:
         config.set_main_option("script_location", str(script_location))
         # ConfigParser interpolates '%': escape it (percent-encoded passwords).
-        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+        config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
         command.upgrade(config, "head")
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from srd_worker.errors import StoreError
@@ -166,7 +166,12 @@ def finish_run_if_complete(*, session: Session, run_id: str) -> str | None:
 
 
 def reap(
-    *, session: Session, pending_grace_s: float, now: datetime | None = None, queued: int | None = None
+    *,
+    session: Session,
+    pending_grace_s: float,
+    now: datetime | None = None,
+    queued: int | None = None,
+    queue: str | None = None,
 ) -> list[tuple[str, int]]:
     """Shards to enqueue again: expired leases (set back to pending, version bumped) and shards
     pending for longer than ``pending_grace_s`` (their message may be lost; touched so the next
@@ -175,10 +180,15 @@ def reap(
     ``queued``, the number of messages waiting in the broker, keeps a deep queue from being doubled: when
     it is at least the number of stale pending shards, their messages are taken to be still waiting and
     none is re-enqueued (a run of 60,000 shards waits far longer than the grace period for its turn). Once
-    workers drain the queue below that number, the stale shards are re-enqueued as before."""
+    workers drain the queue below that number, the stale shards are re-enqueued as before.
+
+    ``queue``: only runs submitted to that queue (and runs that recorded none) are reaped, so a worker
+    never moves another queue's shards onto its own."""
     now = now or utcnow()
     out: list[tuple[str, int]] = []
     active_runs = select(Run.id).where(col(Run.status).in_([Status.PENDING.value, Status.RUNNING.value]))
+    if queue is not None:
+        active_runs = active_runs.where(or_(col(Run.queue) == queue, col(Run.queue).is_(None)))
     expired = session.exec(
         select(Shard).where(
             col(Shard.run_id).in_(active_runs),

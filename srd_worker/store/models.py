@@ -92,6 +92,11 @@ class Run(SQLModel, table=True):
         index=True,
         description="The sweep that first created the run (srdq run/submit --sweep).",
     )
+    queue: str | None = Field(
+        default=None,
+        description="The broker queue the run was submitted to (its shards are re-enqueued there by the "
+        "reapers of that queue only); None: an embedded run, or one stored before migration 0005.",
+    )
 
 
 class SweepRow(SQLModel, table=True):

@@ -215,6 +215,52 @@ def pg_url():
         admin.dispose()
 
 
+def test_racing_identical_submits_create_and_enqueue_once(pg_url, tmp_path) -> None:
+    """Two identical submits at the same moment: the insert decides who created the run; the other is told
+    it already existed and enqueues nothing (both used to print "submitted" and enqueue every shard)."""
+    import threading
+
+    from srd_worker import service
+    from srd_worker.spec import prepare_run
+    from srd_worker.store.db import upgrade
+
+    upgrade(pg_url)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(f'{{"question": "{i}+{i}?", "answer": "#### {2 * i}"}}\n' for i in range(12)))
+    engine = make_engine(pg_url)
+    barrier = threading.Barrier(2)
+    sent: list[tuple[str, int]] = []
+    outcomes: list = []
+    lock = threading.Lock()
+
+    def one() -> None:
+        prepared = prepare_run(
+            dataset=str(data), task="gsm8k", method="sampling", params={}, model="tiny-random-llama",
+            reward=None, seed=0, limit=None, shard_size=3,
+        )  # fmt: skip
+        barrier.wait()
+        done = service.submit(
+            prepared, db=engine, enqueue=lambda r, i: (lock.acquire(), sent.append((r, i)), lock.release())
+        )
+        with lock:
+            outcomes.append(done)
+
+    try:
+        threads = [threading.Thread(target=one) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert len(outcomes) == 2
+        assert sorted(o.created for o in outcomes) == [False, True]
+        assert outcomes[0].run_id == outcomes[1].run_id
+        assert sorted(i for _r, i in sent) == [0, 1, 2, 3]  # every shard enqueued exactly once
+        assert sum(o.enqueued for o in outcomes) == 4
+        assert rows({"db_url": pg_url}, "select count(*) from shard") == [(4,)]
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("check", [check_status, check_backfill, check_hostile_status])
 def test_status_on_postgresql(pg_url, check) -> None:
     from srd_worker.store.db import upgrade

@@ -160,6 +160,34 @@ def test_reaper_leaves_a_deep_queue_alone_and_reenqueues_once_it_drains(sqlite_e
         later += timedelta(hours=1)  # past the grace period again
 
 
+def test_reaper_reenqueues_only_the_runs_of_its_own_queue(sqlite_engine) -> None:
+    """A worker's reaper used to move every run's stale shards onto its own queue; now a run records the
+    queue it was submitted to and only that queue's reapers (and any, for runs that recorded none) take
+    its shards."""
+    from datetime import timedelta
+
+    from srd_worker.store import crud, leases
+    from srd_worker.store.db import session_scope
+    from srd_worker.store.models import utcnow
+    from srd_worker.tasks.base import Item
+
+    engine, _url = sqlite_engine  # holds RUN (no queue recorded: stored as before migration 0005)
+    items = [Item(id=f"x{i}", question="q", gold="1", meta={}) for i in range(4)]
+    with session_scope(engine) as session:
+        for run_id, queue in (("run-gpu-a", "gpu-a"), ("run-gpu-b", "gpu-b")):
+            crud.insert_run(
+                session=session, run_id=run_id, name=run_id, spec={}, config_hash="h", versions={},
+                items=items, shard_size=2, queue=queue,
+            )  # fmt: skip
+    later = utcnow() + timedelta(hours=1)
+    with session_scope(engine) as session:
+        mine = leases.reap(session=session, pending_grace_s=60, now=later, queue="gpu-a")
+    assert {run for run, _ in mine} == {"run-gpu-a", RUN}
+    with session_scope(engine) as session:
+        every = leases.reap(session=session, pending_grace_s=60, now=later + timedelta(hours=1))
+    assert {run for run, _ in every} == {"run-gpu-a", "run-gpu-b", RUN}
+
+
 def test_a_streamed_sweep_spools_the_dataset_once_for_every_point(tmp_path: Path) -> None:
     from srd_worker.sweep import close_prepared, plan_sweep
 

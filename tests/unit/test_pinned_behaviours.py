@@ -1,0 +1,243 @@
+"""Pinned behaviours, each checked against hand-worked expectations so that the named mutation fails.
+
+1. Two-stage bootstrap (``stats.bootstrap_ci``): every resampled problem draws its OWN seed columns.
+2. ∇-Reasoner (``NablaReasoner._decide``, ALGORITHMS.md §9.2): a proposal replaces the current rollout
+   only if its reward is strictly higher; on a tie (or NaN) the current rollout stays.
+3. SRD's initial routing (``SRDLoop._initial_route``, §1.5/§1.7): the refinement queue is in rank order
+   (best reward first), not in candidate-id order; a REFINE candidate with c = n_refine is dropped.
+4. SRD's ``self_compare`` policy (§1.6): τ′ is kept iff R(τ′) ≥ R(τ) + δ (the margin on the refined side;
+   equality kept).
+5. Rejection sampling ``variant=absolute`` (§3.2): a reward equal to the threshold survives (≥); NaN never
+   passes, not even through the min-1 guard when a finite reward is there.
+
+Every test is pure (no model, no engine): the smallest unit that shows the behaviour.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from srd_worker.methods.pool import new_trajectory
+from srd_worker.methods.registry import build_method
+from srd_worker.methods.routing import DISCARD, KEEP
+from srd_worker.stats import bootstrap_ci
+
+pytestmark = pytest.mark.unit
+
+JUST_BELOW_HALF = math.nextafter(0.5, -math.inf)
+
+
+# ------------------------------------------------------------------------------ 1. two-stage bootstrap
+
+
+def test_bootstrap_draws_seed_columns_independently_per_problem():
+    # 50 identical problems, each with seeds [0, 1]: the problem stage changes nothing, so a replicate
+    # mean is the mean of the 50 x 2 drawn cells. Drawn independently per problem those are 100 fair
+    # coin flips: mean ~ Binomial(100, 1/2) / 100, whose 2.5% / 97.5% quantiles are 0.40 / 0.60
+    # (P[X <= 39] = 0.018, P[X <= 40] = 0.028). One set of seed indices shared by every problem would
+    # make the mean one of 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4: the interval [0, 1].
+    values = [[0.0, 1.0]] * 50
+    for seed in (0, 1):
+        ci = bootstrap_ci(values, seed=seed)
+        assert ci.mean == 0.5
+        assert ci.low == pytest.approx(0.40, abs=0.02), ci
+        assert ci.high == pytest.approx(0.60, abs=0.02), ci
+        assert 0.15 < ci.high - ci.low < 0.25
+
+
+def test_bootstrap_seed_stage_sees_each_problems_own_spread():
+    # 25 problems of seeds [0.5, 0.5] (no seed spread) and 25 of seeds [0, 1]. A drawn row of the first
+    # kind adds 1 to the replicate's sum of 100 cells; one of the second kind adds a Binomial(2, 1/2)
+    # count (mean 1, variance 1/2) when its columns are drawn for it alone. With shared columns every
+    # second-kind row of a replicate would add the SAME count (0, 1 or 2 with probability 1/4, 1/2, 1/4),
+    # so the replicate mean would be ~0.25, ~0.5 or ~0.75: an interval about [0.2, 0.8].
+    values = [[0.5, 0.5]] * 25 + [[0.0, 1.0]] * 25
+    ci = bootstrap_ci(values, seed=0)
+    # sd of the replicate mean: problem-1 seeds contribute var 25·2·(1/4)/100² = 1.25e-3 (sd 0.035); the
+    # problem stage contributes nothing (every problem's mean is 0.5): width ≈ 4·0.035 = 0.14
+    assert ci.mean == 0.5
+    assert 0.09 < ci.high - ci.low < 0.19, ci
+    assert ci.low > 0.38 and ci.high < 0.62, ci
+
+
+def test_bootstrap_needs_two_problems_or_two_seeds():
+    assert bootstrap_ci([[1.0]]).low is None
+    two_problems = bootstrap_ci([[0.0], [1.0]])
+    assert (two_problems.low, two_problems.high) == (0.0, 1.0)
+    two_seeds = bootstrap_ci([[0.0, 1.0]])
+    assert (two_seeds.low, two_seeds.high) == (0.0, 1.0)
+
+
+# ------------------------------------------------------------------------------ 2. ∇-Reasoner acceptance
+
+
+class _FixedScoreCtx:
+    """Just what ``NablaReasoner._decide`` uses of a StepContext: every score call answers ``reward``."""
+
+    def __init__(self, reward: float | None) -> None:
+        self.reward = reward
+        self.calls: list[int] = []
+
+    def score(self, calls):
+        self.calls.append(len(calls))
+        return [self.reward for _ in calls]
+
+    def decode(self, tokens):
+        return " ".join(map(str, tokens))
+
+
+EOS = frozenset({99})
+
+
+def _nabla_decide(proposal_reward: float | None, *, current_reward: float = 0.25, **params):
+    method = build_method("nabla_reasoner", params)
+    state = method.init_state("q0", "question", [1, 2, 3])
+    state.update(started=True, past=[5], ahead=[7, 8, 9], ahead_finish="eos", reward=current_reward)
+    plan = {"state": state, "token": 11, "call": None, "budget": 3}
+    method._decide(_FixedScoreCtx(proposal_reward), [(plan, [12, 13], "eos")], EOS)
+    return state
+
+
+def _accepted(state) -> bool:
+    if state["past"] == [5, 11] and state["ahead"] == [12, 13]:
+        return True
+    assert state["past"] == [5, 7] and state["ahead"] == [8, 9], state  # rejected: ahead[0] committed
+    return False
+
+
+def test_nabla_tie_keeps_the_current_rollout():
+    state = _nabla_decide(0.25, current_reward=0.25)
+    assert not _accepted(state)
+    assert state["reward"] == 0.25 and state["ahead_finish"] == "eos"
+    assert state["stats"]["n_rejections"] == 1 and state["stats"]["n_acceptance_checks"] == 1
+    assert not state["done"]
+
+
+def test_nabla_strictly_higher_reward_replaces_the_rollout():
+    up = _nabla_decide(math.nextafter(0.25, math.inf), current_reward=0.25)
+    assert _accepted(up) and up["reward"] == math.nextafter(0.25, math.inf)
+    assert up["stats"]["n_rejections"] == 0 and up["stats"]["n_acceptance_checks"] == 1
+
+
+def test_nabla_lower_or_nan_reward_is_rejected():
+    assert not _accepted(_nabla_decide(math.nextafter(0.25, -math.inf), current_reward=0.25))
+    nan = _nabla_decide(math.nan, current_reward=0.25)
+    assert not _accepted(nan) and nan["reward"] == 0.25
+
+
+def test_nabla_without_rejection_sampling_always_accepts():
+    state = _nabla_decide(0.0, current_reward=0.25, rejection_sampling=False)
+    assert _accepted(state)
+    assert state["stats"]["n_acceptance_checks"] == 0 and state["stats"]["n_rejections"] == 0
+
+
+# ------------------------------------------------------------------------------ 3./4. SRD routing, policy
+
+
+def _traj(cid: int, reward: float, c: int = 0):
+    return {**new_trajectory(cid), "tokens": [1, 2], "text": "t", "finish": "eos", "reward": reward, "c": c}
+
+
+def test_srd_refinement_queue_is_in_rank_order_not_id_order():
+    # n_P = 5 with θ_high 0.9, θ_low 0.1: u = 1, 0.75, 0.5, 0.25, 0 by rank → KEEP, REFINE ×3, DISCARD.
+    # Rewards by id: 0.1, 0.5, 0.3, 0.9, 0.7 → rank order 3, 4, 1, 2, 0.
+    method = build_method("srd", {"n": 5, "theta_high": 0.9, "theta_low": 0.1, "n_refine": 2})
+    state = method.init_state("q0", "question", [1, 2, 3])
+    pool = [_traj(i, r) for i, r in enumerate([0.1, 0.5, 0.3, 0.9, 0.7])]
+    keep, queue = method.loop._initial_route(state, pool)
+    assert [c["id"] for c in keep] == [3]
+    assert [c["id"] for c in queue] == [4, 1, 2]  # id order would be [1, 2, 4]
+    assert state["dropped"] == [0]
+    assert state["stats"]["routing"] == {KEEP: 1, "refine": 3, DISCARD: 1}
+
+
+def test_srd_refine_tier_with_exhausted_refinements_is_dropped():
+    # as above, but id 4 (rank 1) has had c = n_refine = 2 refinements: dropped, counted as exhausted;
+    # id 1 with c = 1 < 2 is still queued
+    method = build_method("srd", {"n": 5, "theta_high": 0.9, "theta_low": 0.1, "n_refine": 2})
+    state = method.init_state("q0", "question", [1, 2, 3])
+    rewards, cs = [0.1, 0.5, 0.3, 0.9, 0.7], [0, 1, 0, 0, 2]
+    pool = [_traj(i, r, c) for i, (r, c) in enumerate(zip(rewards, cs, strict=True))]
+    keep, queue = method.loop._initial_route(state, pool)
+    assert [c["id"] for c in keep] == [3]
+    assert [c["id"] for c in queue] == [1, 2]
+    assert state["dropped"] == [4, 0]
+    assert state["stats"]["exhausted"] == 1
+
+
+def _self_compare(delta: float, pairs, *, fallback: bool = False):
+    """One wave of ``self_compare`` decisions: ``pairs`` = [(R(τ), R(τ′)), ...], τ of id i."""
+    method = build_method(
+        "srd", {"policy": "self_compare", "self_compare_delta": delta, "self_compare_fallback": fallback}
+    )
+    state = method.init_state("q0", "question", [1, 2, 3])
+    entries = [_traj(i, r) for i, (r, _) in enumerate(pairs)]
+    variants = [[_traj(i, r2, c=1)] for i, (_, r2) in enumerate(pairs)]
+    keep: list = []
+    next_gen = method.loop._decide(state, keep, entries, variants)
+    return state, keep, entries, variants, next_gen
+
+
+def test_self_compare_margin_is_on_the_refined_side():
+    # δ = 0.25, R(τ) = 0.5 throughout (all values exact in binary):
+    #   R(τ′) = 0.75  → 0.75 ≥ 0.75: KEPT (boundary; a strict > would drop it)
+    #   R(τ′) = 0.6   → 0.6 < 0.75: dropped (δ on τ's side: 0.85 ≥ 0.5 would keep it)
+    #   R(τ′) = 0.375 → dropped (δ on τ's side: 0.625 ≥ 0.5 would keep it)
+    #   R(τ′) = 1.0   → kept
+    #   R(τ′) = 0.5   → dropped (not improved either: refine_improved counts strict gains only)
+    pairs = [(0.5, 0.75), (0.5, 0.6), (0.5, 0.375), (0.5, 1.0), (0.5, 0.5)]
+    state, keep, _, variants, next_gen = _self_compare(0.25, pairs)
+    assert [c["id"] for c in keep] == [0, 3]
+    assert keep[0] is variants[0][0] and keep[1] is variants[3][0]  # the refined τ′, not τ
+    assert next_gen == []  # self_compare never re-queues
+    assert state["dropped"] == [1, 2, 4]
+    st = state["stats"]
+    assert st["refinements"] == 5 and st["refine_kept"] == 2
+    assert st["refine_outcomes"] == {"keep": 2, "requeue": 0, "discard": 3}
+    assert st["refine_improved"] == 3  # 0.75, 0.6, 1.0 > 0.5; the tie 0.5 is not an improvement
+
+
+def test_self_compare_with_a_negative_reward_scale():
+    # raw rewards may be negative: R(τ) = -1.0, δ = 0.5 → keep iff R(τ′) ≥ -0.5
+    pairs = [(-1.0, -0.5), (-1.0, -0.75), (-1.0, -1.25)]
+    state, keep, _, _, _ = _self_compare(0.5, pairs)
+    assert [c["id"] for c in keep] == [0]  # δ on τ's side would keep -0.75 and -1.25 too
+    assert state["dropped"] == [1, 2]
+
+
+def test_self_compare_fallback_keeps_tau_and_counts_the_failed_edit():
+    pairs = [(0.5, 0.6), (0.5, 0.75)]
+    state, keep, entries, variants, _ = _self_compare(0.25, pairs, fallback=True)
+    assert keep[0] is entries[0] and keep[0]["reward"] == 0.5 and keep[0]["c"] == 1  # τ, not τ′
+    assert keep[1] is variants[1][0]
+    assert state["dropped"] == []
+
+
+# ------------------------------------------------------------------------------ 5. absolute threshold
+
+
+def test_rejection_sampling_absolute_threshold_keeps_equality_and_never_nan():
+    method = build_method("rejection_sampling", {"variant": "absolute", "threshold": 0.5})
+    router = method.loop.router
+    assert router([0.5, JUST_BELOW_HALF, math.nan, 0.75]) == [KEEP, DISCARD, DISCARD, KEEP]
+    # a non-dyadic threshold compared exactly, no tolerance either way
+    assert build_method("rejection_sampling", {"variant": "absolute", "threshold": 0.1}).loop.router(
+        [0.1, math.nextafter(0.1, -math.inf)]
+    ) == [KEEP, DISCARD]
+    # NaN does not pass when another candidate does
+    assert router([math.nan, 0.5]) == [DISCARD, KEEP]
+    # none passes: the min-1 guard keeps the best-ranked one, and NaN ranks last
+    assert router([math.nan, JUST_BELOW_HALF, 0.25]) == [DISCARD, KEEP, DISCARD]
+
+
+def test_rejection_sampling_absolute_threshold_in_the_loops_routing():
+    method = build_method("rejection_sampling", {"variant": "absolute", "threshold": 0.5, "n": 4})
+    state = method.init_state("q0", "question", [1, 2, 3])
+    pool = [_traj(0, JUST_BELOW_HALF), _traj(1, 0.5), _traj(2, math.nan), _traj(3, 0.5)]
+    keep, queue = method.loop._initial_route(state, pool)
+    assert [c["id"] for c in keep] == [1, 3]  # both exactly at the threshold (ties keep id order)
+    assert queue == []  # no editor: n_refine = 0 and no REFINE band
+    assert sorted(state["dropped"]) == [0, 2]
+    assert state["stats"]["routing"] == {KEEP: 2, "refine": 0, DISCARD: 2}

@@ -703,6 +703,7 @@ def methods(as_json: bool) -> None:
 # shared helpers, so they are imported after it is defined).
 from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
+from srdq_cli.models_cli import register as _register_models  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
 from srdq_cli.testbed_cli import register as _register_testbed  # noqa: E402
@@ -710,6 +711,7 @@ from srdq_cli.testbed_cli import register as _register_testbed  # noqa: E402
 _register_results(cli)  # export, report, sync
 _register_tasks(cli)  # regrade
 _register_datasets(cli)  # datasets
+_register_models(cli)  # models
 _register_testbed(cli)  # testbed build
 _register_calibrate(cli)  # calibrate (EASD / CSD)
 

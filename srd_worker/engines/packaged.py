@@ -254,7 +254,7 @@ def export_dir(model: PackagedModel, cache_dir: Path) -> Path:
     return Path(cache_dir) / "models" / model.title
 
 
-def _is_exported(model: PackagedModel, target: Path) -> bool:
+def is_exported(model: PackagedModel, target: Path) -> bool:
     try:
         source = json.loads((target / SOURCE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -285,11 +285,11 @@ def export_packaged(
     progress, task = _progress(f"checking {model.name} ({model.download_mb} MB)", model.size)
     with progress:
         paths = locate_parts(model, find_spec=find_spec)
-        if _is_exported(model, target):
+        if is_exported(model, target):
             _read_parts(model, paths, None, lambda n: progress.advance(task, n))
             return target
     with _locked(target.parent / f".{model.name}.lock"):
-        if _is_exported(model, target):  # another process exported it while this one waited
+        if is_exported(model, target):  # another process exported it while this one waited
             return export_packaged(model, cache_dir, find_spec=find_spec)
         work = Path(tempfile.mkdtemp(prefix=f".export-{model.name}-", dir=target.parent))
         try:

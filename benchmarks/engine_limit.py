@@ -87,7 +87,8 @@ def child_settings(config: str, args: argparse.Namespace) -> Any:
 
 
 def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, Any]:
-    """The three runner workloads as prepared runs (dataset, method, params, reward validated)."""
+    """The three runner workloads as prepared runs (dataset, method, params, reward validated), and a
+    small warm-up run (one item, one candidate, 4 tokens)."""
     from srd_worker.spec import prepare_run
 
     base = {"n": args.n, "max_new_tokens": args.max_new_tokens}
@@ -96,6 +97,7 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
         "best_of_n": ("best_of_n", {**base, "chunk_tokens": 0}),
         "chunked": ("best_of_n", chunked),
         "srd": ("srd", chunked),
+        "warm-up": ("best_of_n", {"n": 1, "max_new_tokens": 4}),
     }
     return {
         workload: prepare_run(
@@ -104,7 +106,7 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
             params=params,
             model=args.model,
             reward="arithmetic",
-            limit=args.items,
+            limit=1 if workload == "warm-up" else args.items,
             engine=engine_name,
         )
         for workload, (method, params) in methods.items()
@@ -161,7 +163,6 @@ def child(config: str, args: argparse.Namespace) -> None:
             n=args.n,
             max_new_tokens=args.max_new_tokens,
         )
-        engine.generate(reqs[:2])  # warm-up (first-call allocations), not timed
 
         def raw() -> int:
             return sum(len(g.token_ids) for g in engine.generate(reqs))
@@ -170,6 +171,10 @@ def child(config: str, args: argparse.Namespace) -> None:
             with tempfile.TemporaryDirectory() as out:
                 summary = run_local(prepared[workload], out_dir=out, settings=settings, engine=engine)
             return round(summary.mean_gen_tokens * summary.items)
+
+        # not timed: the engine's first-call allocations, the runner's imports and first store set-up
+        engine.generate(reqs[:2])
+        runner("warm-up")
 
         k = args.rep % len(WORKLOADS)
         results = {}
@@ -245,8 +250,14 @@ def report(
         f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
         f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "
         "rotating over repetitions, workload order rotating inside each process); transformers: "
-        f"{args.threads} thread(s), invariant_rows {one['invariant_rows']}; vLLM: torch.compile, KV cache "
-        f"{args.kv_cache_gb:g} GiB, prefix caching on. KV stores emptied before every measurement.",
+        f"{args.threads} thread(s), invariant_rows {one['invariant_rows']}"
+        + (
+            f"; vLLM: torch.compile, KV cache {args.kv_cache_gb:g} GiB, prefix caching on"
+            if "vllm" in samples
+            else ""
+        )
+        + ". Not timed, in every process: one warm-up generate call and one small runner run; KV stores "
+        "emptied before every measurement.",
         "",
         "| engine | workload | generated tokens (median) | tokens/s, median [range] | ÷ own raw, median [range] "
         f"| ÷ fastest raw ({fastest}) | generated tokens per forward pass |",
@@ -281,7 +292,7 @@ def report(
         "",
         "Engine start-up (load, median): "
         + ", ".join(f"{c} {statistics.median(s['startup_s'] for s in samples[c]):.0f} s" for c in configs)
-        + ". vLLM counts no forward passes (—).",
+        + (". vLLM counts no forward passes (—)." if "vllm" in samples else "."),
     ]
     if args.model == "tiny-random-llama" and "vllm" in samples:
         lines.append(

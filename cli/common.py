@@ -32,6 +32,44 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_options(default_level: str = "WARNING") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--log-level`` and ``--log-format text|json`` (also SRDQ_LOG_LEVEL / SRDQ_LOG_FORMAT)."""
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn = click.option(
+            "--log-format",
+            "log_format",
+            type=click.Choice(["text", "json"]),
+            default="text",
+            show_default=True,
+            envvar="SRDQ_LOG_FORMAT",
+            help="Log lines as text or as JSON objects (ts, level, logger, msg, run_id, shard, counts, "
+            "durations, error); secrets in them are masked.",
+        )(fn)
+        return click.option(
+            "--log-level",
+            "log_level",
+            type=click.Choice(LOG_LEVELS, case_sensitive=False),
+            default=default_level,
+            show_default=True,
+            envvar="SRDQ_LOG_LEVEL",
+            help="Lowest level of the srdq log lines printed to stderr.",
+        )(fn)
+
+    return decorate
+
+
+def configure_logging(level: str, fmt: str) -> None:
+    """srdq's loggers to stderr at ``level`` in ``fmt``, with the settings' secrets masked."""
+    from srd_worker.logs import settings_secrets, setup_logging
+    from srd_worker.settings import get_settings
+
+    setup_logging(level, fmt, secrets=settings_secrets(get_settings()))
+
+
 db_option = click.option(
     "--db",
     default=None,

@@ -17,7 +17,14 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-from srdq_cli.common import DEFAULT_SHARD_SIZE, db_option, friendly_errors, open_db
+from srdq_cli.common import (
+    DEFAULT_SHARD_SIZE,
+    configure_logging,
+    db_option,
+    friendly_errors,
+    log_options,
+    open_db,
+)
 from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
 
 DEFAULT_MODEL = "smollm2"
@@ -155,6 +162,7 @@ def _max_row_bytes() -> int:
     "(the same default as `srdq submit dataset`).",
 )
 @sweep_option
+@log_options()
 @click.pass_context
 @friendly_errors
 def run(
@@ -174,6 +182,8 @@ def run(
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
     sweep_file: str | None = None,
+    log_level: str = "WARNING",
+    log_format: str = "text",
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
@@ -184,10 +194,11 @@ def run(
 
     Example: srdq run --sweep sweep.yaml --out sweep-out/
     """
+    configure_logging(log_level, log_format)
     if sweep_file is not None:
         from srdq_cli.sweep_cli import run_sweep
 
-        check_mix(ctx, allowed={"out_dir"})
+        check_mix(ctx, allowed={"out_dir", "log_level", "log_format"})
         run_sweep(sweep_file, out_dir)
         return
     check_single(dataset, method)
@@ -296,6 +307,7 @@ def submit() -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and print the plan; store and enqueue nothing.")
 @click.option("--new", is_flag=True, help="Start a new run even if the same dataset and spec were submitted.")
 @sweep_option
+@log_options()
 @click.pass_context
 @friendly_errors
 def submit_dataset(
@@ -317,6 +329,8 @@ def submit_dataset(
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
     sweep_file: str | None = None,
+    log_level: str = "WARNING",
+    log_format: str = "text",
 ) -> None:
     """Validate a dataset (a built-in NAME, see `srdq datasets`, or a file PATH), store the run, its shards
     and items in PostgreSQL, enqueue the shards. With --sweep FILE: every point is validated first, then
@@ -327,10 +341,11 @@ def submit_dataset(
 
     Example: srdq submit dataset --sweep sweep.yaml --name grid-1
     """
+    configure_logging(log_level, log_format)
     if sweep_file is not None:
         from srdq_cli.sweep_cli import submit_sweep
 
-        check_mix(ctx, allowed={"name", "dry_run"})
+        check_mix(ctx, allowed={"name", "dry_run", "log_level", "log_format"})
         submit_sweep(sweep_file, name=name, dry_run=dry_run)
         return
     check_single(dataset, method)
@@ -392,16 +407,35 @@ def submit_dataset(
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
 @click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
 @click.option(
+    "--log-level",
     "--loglevel",
+    "loglevel",
     default="INFO",
     show_default=True,
+    envvar="SRDQ_LOG_LEVEL",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
-    help="Celery worker log level.",
+    help="Worker log level (Celery's and srdq's lines).",
+)
+@click.option(
+    "--log-format",
+    "log_format",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    envvar="SRDQ_LOG_FORMAT",
+    help="Worker log lines as text or JSON objects (run_id, shard, worker, counts, durations, error); "
+    "secrets masked.",
 )
 @friendly_errors
-def worker(queue: str | None, concurrency: int, gpus: str | None, loglevel: str) -> None:
+def worker(
+    queue: str | None, concurrency: int, gpus: str | None, loglevel: str, log_format: str = "text"
+) -> None:
     """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""
+    import os
+
     from srd_worker.settings import get_settings
+
+    os.environ["SRDQ_LOG_FORMAT"] = log_format  # the Celery processes (and --gpus children) read it
 
     queue = queue or get_settings().queue
     if gpus:

@@ -21,6 +21,7 @@ lines, since the shards are contiguous ranges of the dataset run in order.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import time
@@ -36,6 +37,8 @@ from srd_worker.fileutil import write_atomic
 from srd_worker.runner import RoundReport, run_shard
 from srd_worker.spec import PreparedRun
 from srd_worker.wiring import check_spec, probe_sources, wire
+
+log = logging.getLogger("srdq.local")
 
 
 @dataclass
@@ -251,7 +254,22 @@ def run_local(
                     on_round=report,
                 )
                 finished += len(rows)
-                tokens += sum((r.get("ledger") or {}).get("gen_tokens", 0) for r in outcome.records)
+                shard_tokens = sum((r.get("ledger") or {}).get("gen_tokens", 0) for r in outcome.records)
+                tokens += shard_tokens
+                log.info(
+                    "shard finished",
+                    extra={
+                        "event": "shard_finished",
+                        "run_id": run_id,
+                        "shard": shard.index,
+                        "items": len(rows),
+                        "done": sum(r.get("error") is None for r in outcome.records),
+                        "failed": sum(r.get("error") is not None for r in outcome.records),
+                        "tokens": shard_tokens,
+                        "rounds": outcome.rounds,
+                        "seconds": round(outcome.round_seconds, 3),
+                    },
+                )
                 with session_scope(db) as session:  # the stored records, as the final write has them
                     append_results(
                         out / run_id,
@@ -269,4 +287,15 @@ def run_local(
     path = write_results(out / run_id, records)
     summary = Summary.of(run_id, spec.method, records, time.perf_counter() - t0, path)
     write_summary(out / run_id / "summary.json", summary)
+    log.info(
+        "run finished",
+        extra={
+            "event": "run_finished",
+            "run_id": run_id,
+            "items": summary.items,
+            "done": summary.done,
+            "failed": summary.failed,
+            "seconds": round(summary.wall_seconds, 3),
+        },
+    )
     return summary

@@ -84,6 +84,22 @@ def _after_fork(**_: Any) -> None:
     _runtime.clear()
 
 
+@signals.after_setup_logger.connect
+@signals.after_setup_task_logger.connect
+def _log_format(logger: Any = None, **_: Any) -> None:
+    """Celery's handlers get srdq's format (``SRDQ_LOG_FORMAT``: text or json lines) and secret masking,
+    so a worker's lines, Celery's and srdq's alike, never show a password or key (``srd_worker.logs``)."""
+    import os
+
+    from srd_worker.logs import apply_to_handlers, settings_secrets
+
+    if logger is not None:
+        fmt = os.environ.get("SRDQ_LOG_FORMAT", "text")
+        apply_to_handlers(
+            logger, fmt if fmt in ("text", "json") else "text", settings_secrets(get_settings())
+        )
+
+
 @signals.worker_process_shutdown.connect
 def _before_exit(**_: Any) -> None:
     """A pool child exits (SIGTERM/SIGINT of the worker, or recycling): close its engines, so vLLM's

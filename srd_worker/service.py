@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -268,6 +269,9 @@ def process_shard(
             return "skipped"
         spec = RunSpec(**crud.get_run(session=session, run_id=run_id).spec)
         rows = crud.list_items(session=session, run_id=run_id, shard_index=shard_index)
+    started = time.perf_counter()
+    event = {"run_id": run_id, "shard": shard_index, "worker": owner, "items": len(rows)}
+    log.info("shard leased", extra={**event, "event": "shard_leased"})
     try:
         # the heartbeat starts before the engine is built: a first build (loading weights, starting a
         # vLLM engine) can take longer than the lease's TTL, and the reaper must not take the shard meanwhile
@@ -292,12 +296,18 @@ def process_shard(
                 max_seconds=cfg.slice_seconds,
             )
     except leases.LeaseLost as exc:
-        log.warning("%s", exc)
+        log.warning("%s", exc, extra={**event, "event": "lease_lost", "error": str(exc)})
         return "lost"
     except EngineUnavailable as exc:
         # the model server is down: not the shard's fault, so no attempt is counted; the slice ends, the
         # shard goes back to pending and is re-enqueued (each try waits SRDQ_OPENAI_RETRY_S for the server)
-        log.warning("shard %s/%s: %s; released, will resume", run_id, shard_index, exc)
+        log.warning(
+            "shard %s/%s: %s; released, will resume",
+            run_id,
+            shard_index,
+            exc,
+            extra={**event, "event": "engine_unavailable", "error": str(exc)},
+        )
         try:
             with session_scope(db) as session:
                 leases.release(
@@ -308,7 +318,13 @@ def process_shard(
         enqueue(run_id, shard_index)
         return "unavailable"
     except Exception as exc:
-        log.error("shard %s/%s failed: %s", run_id, shard_index, exc)
+        log.error(
+            "shard %s/%s failed: %s",
+            run_id,
+            shard_index,
+            exc,
+            extra={**event, "event": "shard_error", "error": f"{type(exc).__name__}: {exc}"},
+        )
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
         try:
             with session_scope(db) as session:
@@ -319,6 +335,26 @@ def process_shard(
             return "lost"
         enqueue(run_id, shard_index)
         return "error"
+    seconds = time.perf_counter() - started
+    tokens = sum(int((r.get("ledger") or {}).get("gen_tokens", 0)) for r in outcome.records)
+    log.info(
+        "shard finished" if outcome.finished else "slice ended",
+        extra={
+            **event,
+            "event": "shard_finished" if outcome.finished else "slice_ended",
+            "rounds": outcome.rounds,
+            "seconds": round(seconds, 3),
+            **(
+                {
+                    "done": sum(r.get("error") is None for r in outcome.records),
+                    "failed": sum(r.get("error") is not None for r in outcome.records),
+                    "tokens": tokens,
+                }
+                if outcome.finished
+                else {}
+            ),
+        },
+    )
     if outcome.finished:
         if objects is not None:  # upload parts + manifests (srd_worker.sync); never fails the shard
             from srd_worker.sync import upload_finished_shard

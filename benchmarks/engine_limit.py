@@ -239,14 +239,18 @@ def report(
     raw_tps = {c: [s["results"]["raw"]["tokens_per_s"] for s in samples[c]] for c in configs}
     fastest = max(configs, key=lambda c: statistics.median(raw_tps[c]))
     one = samples[configs[0]][0]
-    versions = {k: v for s in (x[0] for x in samples.values()) for k, v in s["versions"].items()}
+    by_versions: dict[str, list[str]] = {}  # library versions -> the configurations that ran on them
+    for c in configs:
+        libs = ", ".join(f"{k} {v}" for k, v in sorted(samples[c][0]["versions"].items()))
+        by_versions.setdefault(libs, []).append(c)
+    versions = "; ".join(
+        libs if len(by_versions) == 1 else f"{', '.join(cs)}: {libs}" for libs, cs in by_versions.items()
+    )
     lines = [
         "### The engine limit on this machine",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({os.cpu_count()} cores, "
-        f"{platform.platform()}; "
-        + ", ".join(f"{k} {v}" for k, v in sorted(versions.items()))
-        + f"), model {args.model} ({args.dtype}), {args.items} GSM8K problems × n={args.n} = batch "
+        f"{platform.platform()}; {versions}), model {args.model} ({args.dtype}), {args.items} GSM8K problems × n={args.n} = batch "
         f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
         f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "
         "rotating over repetitions, workload order rotating inside each process); transformers: "

@@ -32,11 +32,14 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def log_options(default_level: str = "WARNING") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--log-level`` and ``--log-format text|json`` (also SRDQ_LOG_LEVEL / SRDQ_LOG_FORMAT)."""
+def log_options(
+    default_level: str = "WARNING", *, level_aliases: tuple[str, ...] = (), who: str = "srdq's"
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--log-level`` (and ``level_aliases``) and ``--log-format text|json`` (also SRDQ_LOG_LEVEL /
+    SRDQ_LOG_FORMAT), as the keyword arguments ``log_level`` and ``log_format``."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         fn = click.option(
@@ -46,17 +49,18 @@ def log_options(default_level: str = "WARNING") -> Callable[[Callable[..., Any]]
             default="text",
             show_default=True,
             envvar="SRDQ_LOG_FORMAT",
-            help="Log lines as text or as JSON objects (ts, level, logger, msg, run_id, shard, counts, "
-            "durations, error); secrets in them are masked.",
+            help=f"{who} log lines as text or as JSON objects (ts, level, logger, msg, run_id, shard, "
+            "worker, counts, durations, error); secrets in them are masked.",
         )(fn)
         return click.option(
             "--log-level",
+            *level_aliases,
             "log_level",
             type=click.Choice(LOG_LEVELS, case_sensitive=False),
             default=default_level,
             show_default=True,
             envvar="SRDQ_LOG_LEVEL",
-            help="Lowest level of the srdq log lines printed to stderr.",
+            help=f"Lowest level of {who} log lines printed to stderr.",
         )(fn)
 
     return decorate

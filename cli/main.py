@@ -406,29 +406,10 @@ def submit_dataset(
 @click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
 @click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
-@click.option(
-    "--log-level",
-    "--loglevel",
-    "loglevel",
-    default="INFO",
-    show_default=True,
-    envvar="SRDQ_LOG_LEVEL",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False),
-    help="Worker log level (Celery's and srdq's lines).",
-)
-@click.option(
-    "--log-format",
-    "log_format",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    envvar="SRDQ_LOG_FORMAT",
-    help="Worker log lines as text or JSON objects (run_id, shard, worker, counts, durations, error); "
-    "secrets masked.",
-)
+@log_options("INFO", level_aliases=("--loglevel",), who="the worker's (Celery's and srdq's)")
 @friendly_errors
 def worker(
-    queue: str | None, concurrency: int, gpus: str | None, loglevel: str, log_format: str = "text"
+    queue: str | None, concurrency: int, gpus: str | None, log_level: str = "INFO", log_format: str = "text"
 ) -> None:
     """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""
     import os
@@ -439,11 +420,11 @@ def worker(
 
     queue = queue or get_settings().queue
     if gpus:
-        _gpu_workers(gpus, queue, loglevel)
+        _gpu_workers(gpus, queue, log_level)
         return
     from srd_worker.queue import run_worker
 
-    run_worker(queue=queue, concurrency=concurrency, loglevel=loglevel)
+    run_worker(queue=queue, concurrency=concurrency, loglevel=log_level)
 
 
 def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:

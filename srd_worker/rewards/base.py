@@ -62,3 +62,19 @@ def differentiable(reward: object) -> bool:
     """True if ``reward`` offers a differentiable score (``DifferentiableReward``) and says it can use it
     (``lm_judge`` cannot over an engine without gradients)."""
     return isinstance(reward, DifferentiableReward) and bool(getattr(reward, "can_differentiate", True))
+
+
+def scoring_engine(engine: Any, reward: str, batch_size: int) -> Any:
+    """``engine`` if a reward named ``reward`` can score with it (teacher-forced ``logprobs``) in batches
+    of ``batch_size``; ``RewardError`` / ``CapabilityError`` naming the reward otherwise."""
+    from srd_worker.engines.base import CAP_LOGPROBS
+    from srd_worker.errors import CapabilityError, RewardError
+
+    if batch_size < 1:
+        raise RewardError(f"batch_size must be >= 1, got {batch_size}")
+    if CAP_LOGPROBS not in engine.capabilities:
+        raise CapabilityError(
+            f"the {reward} reward needs an engine with '{CAP_LOGPROBS}'; "
+            f"engine '{engine.name}' has {sorted(engine.capabilities)}"
+        )
+    return engine

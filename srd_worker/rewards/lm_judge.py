@@ -37,8 +37,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from srd_worker.engines.base import CAP_GRADIENTS, CAP_LOGPROBS, Engine, policy_gradients
-from srd_worker.errors import CapabilityError, RewardError
+from srd_worker.engines.base import CAP_GRADIENTS, Engine, policy_gradients
+from srd_worker.errors import RewardError
+from srd_worker.rewards.base import scoring_engine
 from srd_worker.rewards.hf_common import SOFT_MARK
 
 #: The two answers and the spellings counted for each (see the module docstring).
@@ -150,8 +151,6 @@ class LMJudgeReward:
         name: str | None = None,
         separate: bool = False,
     ) -> None:
-        if batch_size < 1:
-            raise RewardError(f"batch_size must be >= 1, got {batch_size}")
         if mode not in JUDGE_MODES:
             raise RewardError(f"judge mode must be one of {', '.join(JUDGE_MODES)}, got {mode!r}")
         self.mode = mode
@@ -160,12 +159,7 @@ class LMJudgeReward:
         self.separate = separate
         if name is not None:
             self.name = name
-        if CAP_LOGPROBS not in engine.capabilities:
-            raise CapabilityError(
-                f"the lm_judge reward needs an engine with '{CAP_LOGPROBS}'; "
-                f"engine '{engine.name}' has {sorted(engine.capabilities)}"
-            )
-        self.engine = engine
+        self.engine = scoring_engine(engine, "lm_judge", batch_size)
         self.batch_size = batch_size
         self.yes_ids, self.no_ids = answer_token_ids(engine.tokenizer)
         self.soft_forward_passes = 0

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from srd_worker.engines.base import CAP_LOGPROBS, Engine
-from srd_worker.errors import CapabilityError, RewardError
+from srd_worker.engines.base import Engine
+from srd_worker.errors import RewardError
+from srd_worker.rewards.base import scoring_engine
 
 
 class MeanLogprobReward:
@@ -35,14 +36,7 @@ class MeanLogprobReward:
     name = "logprob"
 
     def __init__(self, engine: Engine, *, batch_size: int = 16) -> None:
-        if batch_size < 1:
-            raise RewardError(f"batch_size must be >= 1, got {batch_size}")
-        if CAP_LOGPROBS not in engine.capabilities:
-            raise CapabilityError(
-                f"the logprob reward needs an engine with '{CAP_LOGPROBS}'; "
-                f"engine '{engine.name}' has {sorted(engine.capabilities)}"
-            )
-        self.engine = engine
+        self.engine = scoring_engine(engine, self.name, batch_size)
         self.batch_size = batch_size
 
     def score(self, prompts: Sequence[str], responses: Sequence[str]) -> list[float]:

@@ -135,6 +135,12 @@ def main() -> None:
     ap.add_argument("--work", default="/tmp/srdq-real-text")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--methods", default=None, help="run only these methods of the grid; analyse nothing")
+    ap.add_argument(
+        "--without",
+        default="",
+        help="leave these methods out of the grid (run and analysis), e.g. speculative_rejection; "
+        "best_of_n, srd and rejection_sampling are needed for the tables",
+    )
     ap.add_argument("--analyse-only", nargs="*", default=None, metavar="FOLDER")
     args = ap.parse_args()
 
@@ -159,6 +165,8 @@ def main() -> None:
             chunk=args.chunk_tokens,
         )
         work = Path(args.work) / reward.replace(":", "_")
+        without = {m for m in args.without.split(",") if m}
+        sweep["methods"] = [m for m in sweep["methods"] if m["method"] not in without]
         if args.methods:
             keep = args.methods.split(",")
             sweep["methods"] = [m for m in sweep["methods"] if m["method"] in keep]
@@ -225,7 +233,9 @@ def main() -> None:
             "",
             f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --rewards {reward} --items {args.items} "
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
-            f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine}`",
+            f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine}"
+            + (f" --without {args.without}" if args.without else "")
+            + "`",
         ]
         text = "\n".join(body)
         print(text, flush=True)

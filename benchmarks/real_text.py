@@ -139,7 +139,7 @@ def main() -> None:
         "--without",
         default="",
         help="leave these methods out of the grid (run and analysis), e.g. speculative_rejection; "
-        "best_of_n, srd and rejection_sampling are needed for the tables",
+        "best_of_n and srd are needed; without rejection_sampling there is no coupled table",
     )
     ap.add_argument("--analyse-only", nargs="*", default=None, metavar="FOLDER")
     args = ap.parse_args()
@@ -222,9 +222,15 @@ def main() -> None:
             "",
             out["routing"],
             "",
-            "Coupled SRD vs rejection sampling from identical seeded drafts (paper Table 7 layout):",
-            "",
-            out["coupled"],
+            *(
+                [
+                    "Coupled SRD vs rejection sampling from identical seeded drafts (paper Table 7 layout):",
+                    "",
+                    out["coupled"],
+                ]
+                if "rejection_sampling" not in without
+                else ["Rejection sampling was left out of this grid (`--without`): no coupled comparison."]
+            ),
             "",
             "SRD against Best-of-N at the same N, paired by problem and seed, and self-consistency against "
             "Best-of-N (the same candidates, voted or ranked by the reward):",

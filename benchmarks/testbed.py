@@ -186,21 +186,28 @@ def analyse(
               "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] |",
               "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in budgets:
-        srd, rs = by[("srd", n)], by[("rejection_sampling", n)]
+        srd, rs = by[("srd", n)], by.get(("rejection_sampling", n))  # a grid may leave RS out
         row = routing_row(_pooled(srd))
-        t_rs, t_srd = tok[("rejection_sampling", n)].tokens.mean, tok[("srd", n)].tokens.mean
-        _, p_rs, _ = paired_seed_groups(srd, rs, metric="accuracy")
+        t_srd = tok[("srd", n)].tokens.mean
+        t_rs = tok[("rejection_sampling", n)].tokens.mean if rs else None
+        vs_rs = "n/a (not run)"
+        if rs:
+            _, p_rs, _ = paired_seed_groups(srd, rs, metric="accuracy")
+            vs_rs = (
+                f"{100 * (p_rs.diff.mean or 0):+.1f} pts [{100 * (p_rs.diff.low or 0):+.1f}, "
+                f"{100 * (p_rs.diff.high or 0):+.1f}]"
+            )
         if row is not None:
             routing.append(
                 f"| {n} | {row.events} | {_f(row.p_h)} | {_f(row.p_m)} | {_f(row.p_l)} | {row.refinements} "
-                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(t_rs / t_srd if t_rs and t_srd else None)} "
-                f"| {100 * (p_rs.diff.mean or 0):+.1f} pts [{100 * (p_rs.diff.low or 0):+.1f}, "
-                f"{100 * (p_rs.diff.high or 0):+.1f}] |"
+                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(t_rs / t_srd if t_rs and t_srd else None)} | {vs_rs} |"
             )
-        c = coupled_cells(srd, rs)
-        coupled.append(
-            f"| {n} | {c['items']} | {c['rmax_srd']} | {c['rmax_rs']} | {c['delta']} | {c['wtl']} | {c['improved']} |"
-        )
+        if rs:
+            c = coupled_cells(srd, rs)
+            coupled.append(
+                f"| {n} | {c['items']} | {c['rmax_srd']} | {c['rmax_rs']} | {c['delta']} | {c['wtl']} "
+                f"| {c['improved']} |"
+            )
         bo = tok[("best_of_n", n)]
         ratio = t_srd / bo.tokens.mean if t_srd and bo.tokens.mean else None
         p_bon = paired_values(correctness(srd), bo.values or {})

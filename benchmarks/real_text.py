@@ -49,6 +49,7 @@ def real_sweep(
     budgets: list[int],
     max_new: int,
     chunk: int,
+    shard_size: int = 16,
 ) -> dict:
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
     return {
@@ -57,6 +58,7 @@ def real_sweep(
         "engine": engine,
         "reward": reward,
         "limit": items,
+        "shard_size": shard_size,  # a crash loses at most the shard in progress
         "seeds": seeds,
         "methods": [
             {"method": "best_of_n", "n": max(budgets), "params": {"max_new_tokens": max_new}},
@@ -133,6 +135,12 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=512)
     ap.add_argument("--chunk-tokens", type=int, default=128, help="Δ, the adaptive methods' scoring interval")
     ap.add_argument("--work", default="/tmp/srdq-real-text")
+    ap.add_argument(
+        "--shard-size",
+        type=int,
+        default=16,
+        help="problems per shard (each run resumes shard by shard; --items gives one shard per run)",
+    )
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--methods", default=None, help="run only these methods of the grid; analyse nothing")
     ap.add_argument(
@@ -163,6 +171,7 @@ def main() -> None:
             budgets=budgets,
             max_new=args.max_new_tokens,
             chunk=args.chunk_tokens,
+            shard_size=args.shard_size,
         )
         work = Path(args.work) / reward.replace(":", "_")
         without = {m for m in args.without.split(",") if m}
@@ -239,9 +248,8 @@ def main() -> None:
             "",
             f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --rewards {reward} --items {args.items} "
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
-            f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine}"
-            + (f" --without {args.without}" if args.without else "")
-            + "`",
+            f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
+            f"--shard-size {args.shard_size}" + (f" --without {args.without}" if args.without else "") + "`",
         ]
         text = "\n".join(body)
         print(text, flush=True)

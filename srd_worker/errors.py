@@ -69,3 +69,7 @@ class ObjectStoreError(SrdqError):
     """The object store (S3 or a local folder) failed or holds something unexpected: an unreachable
     endpoint, a missing object, a refused key, or a result part whose size or sha256 does not match its
     manifest. The message names the bucket/key or path."""
+
+
+class BrokerUnavailable(SrdqError):
+    """The broker could not take a submit's messages; the run is stored and resumable."""

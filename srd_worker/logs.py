@@ -37,7 +37,7 @@ EVENT_FIELDS = (
     "error",
 )
 LOG_FORMATS = ("text", "json")
-_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]+:)([^@/\s]+)(@)")
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@\s]*:)([^@/\s]+)(@)")
 
 
 def mask(text: str, secrets: Iterable[str] = ()) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from srd_worker.errors import EngineUnavailable, StoreError
+from srd_worker.errors import BrokerUnavailable, EngineUnavailable, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
 from srd_worker.status import (  # noqa: F401 - re-exported: the status reads live in the light status module
     STATUS_SHARD_LIMIT,
@@ -106,13 +106,30 @@ def submit(
     existed = not created
     enqueued = 0
     if not existed:
-        if enqueue_many is not None:
-            enqueued = enqueue_many(run_id, range(n_shards))
-        else:
-            for index in range(n_shards):
-                enqueue(run_id, index)
-                enqueued += 1
+        try:
+            if enqueue_many is not None:
+                enqueued = enqueue_many(run_id, range(n_shards))
+            else:
+                for index in range(n_shards):
+                    enqueue(run_id, index)
+                    enqueued += 1
+        except Exception as exc:  # noqa: BLE001 - kombu/redis raise many types; all mean "not sent"
+            raise broker_unavailable(run_id, n_shards, exc) from exc
     return Submitted(run_id, not existed, len(prepared.items), n_shards, enqueued)
+
+
+def broker_unavailable(run_id: str, n_shards: int, exc: BaseException) -> BrokerUnavailable:
+    """The one line a submit prints when the broker refused its messages: the run is stored, its shards
+    stay pending, and a worker's reaper (or ``srdq resume``) enqueues them once the broker is back."""
+    from srd_worker.logs import mask
+    from srd_worker.settings import get_settings
+
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return BrokerUnavailable(
+        f"run {run_id} is stored ({n_shards} shards) but the broker {mask(get_settings().broker_url)} did not "
+        f"take its messages ({first}); its shards stay pending: a worker's reaper enqueues them once the "
+        f"broker is back, or run `srdq resume {run_id}`"
+    )
 
 
 @dataclass
@@ -145,12 +162,15 @@ def submit_sweep(
         shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
     enqueued = 0
     for run_id in created:
-        if enqueue_many is not None:
-            enqueued += enqueue_many(run_id, range(shards[run_id]))
-            continue
-        for index in range(shards[run_id]):
-            enqueue(run_id, index)
-            enqueued += 1
+        try:
+            if enqueue_many is not None:
+                enqueued += enqueue_many(run_id, range(shards[run_id]))
+                continue
+            for index in range(shards[run_id]):
+                enqueue(run_id, index)
+                enqueued += 1
+        except Exception as exc:  # noqa: BLE001 - see submit
+            raise broker_unavailable(run_id, shards[run_id], exc) from exc
     return SweepSubmitted(plan.sweep_id, plan.run_ids, created, enqueued)
 
 

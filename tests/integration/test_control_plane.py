@@ -215,6 +215,30 @@ def pg_url():
         admin.dispose()
 
 
+def test_submit_with_the_broker_down_says_so_in_one_line_and_the_run_resumes(env) -> None:
+    """The run is stored and its shards stay pending; one line (password masked) says how it goes on;
+    `srdq resume` enqueues it once the broker is back (it used to exit with a kombu traceback)."""
+    dataset, _task, _extra = datasets(env["tmp"])[0]
+    down = {**env, "env": {**env["env"], "SRDQ_BROKER_URL": "redis://:brokerpw@127.0.0.1:1/0"}}
+    proc = submit(down, dataset, "--shard-size", "5")
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert (
+        "is stored (5 shards) but the broker redis://:***@127.0.0.1:1/0 did not take its messages" in lines[0]
+    )
+    assert "brokerpw" not in proc.stderr
+    (run_id,) = [r for (r,) in rows(env, "select id from run")]
+    assert f"srdq resume {run_id}" in lines[0]
+    assert rows(env, "select count(*) from shard where status = 'pending'") == [(5,)]
+    assert queued(env) == []
+    again = subprocess.run(
+        [*CLI, "resume", run_id], env=env["env"], capture_output=True, text=True, timeout=120
+    )
+    assert again.returncode == 0, again.stderr
+    assert sorted(args[1] for _name, args in queued(env)) == list(range(5))
+
+
 def test_racing_identical_submits_create_and_enqueue_once(pg_url, tmp_path) -> None:
     """Two identical submits at the same moment: the insert decides who created the run; the other is told
     it already existed and enqueues nothing (both used to print "submitted" and enqueue every shard)."""

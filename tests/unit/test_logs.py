@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 def test_mask_hides_url_passwords_and_secret_values():
     line = "db postgresql+psycopg2://srdq:hunter2@db:5432/srdq, broker redis://:pw99@r:6379/0, key AKIAsecretvalue"
     out = mask(line, ["AKIAsecretvalue"])
-    assert "hunter2" not in out and "AKIAsecretvalue" not in out
+    assert "hunter2" not in out and "AKIAsecretvalue" not in out and "pw99" not in out
     assert "postgresql+psycopg2://srdq:***@db:5432/srdq" in out
     assert mask("no secrets here, s3://bucket/x") == "no secrets here, s3://bucket/x"
 

@@ -285,6 +285,28 @@ def test_racing_identical_submits_create_and_enqueue_once(pg_url, tmp_path) -> N
         engine.dispose()
 
 
+def test_hostile_text_through_every_reader_on_postgresql(pg_url, tmp_path) -> None:
+    """NUL and other hostile text in checkpoints and results: status, export and report on PostgreSQL."""
+    from hypothesis import HealthCheck, given, settings
+
+    from srd_worker.store.db import upgrade
+    from tests.hostile_cases import check_hostile_text
+    from tests.unit.test_fuzz_strategies import hostile_text
+
+    upgrade(pg_url)
+    engine = make_engine(pg_url)
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(text=hostile_text())
+    def check(text: str) -> None:
+        check_hostile_text(engine, text, tmp_path)
+
+    try:
+        check()
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("check", [check_status, check_backfill, check_hostile_status])
 def test_status_on_postgresql(pg_url, check) -> None:
     from srd_worker.store.db import upgrade

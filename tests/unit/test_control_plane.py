@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from srd_worker.errors import DatasetError
 from srd_worker.spec import prepare_run
@@ -15,7 +16,9 @@ from srd_worker.store.db import make_engine, sqlite_url, upgrade
 from srd_worker.tasks.registry import get_task
 from srd_worker.tasks.spool import spool_items
 from tests.cli import run_srdq, srdq_env
+from tests.hostile_cases import check_hostile_text
 from tests.status_cases import RUN, check_backfill, check_hostile_status, check_status, make_run, shape_run
+from tests.unit.test_fuzz_strategies import hostile_text
 
 
 def gsm8k_rows(n: int) -> list[dict]:
@@ -207,3 +210,12 @@ def test_a_streamed_sweep_spools_the_dataset_once_for_every_point(tmp_path: Path
     finally:
         close_prepared(streamed.prepared)
     assert not streamed.prepared[0].items.path.exists()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=hostile_text())
+def test_hostile_text_through_checkpoint_status_export_and_report(
+    sqlite_engine, tmp_path_factory, text
+) -> None:
+    """Any text a model emits survives every reader of checkpoints and results (SQLite)."""
+    check_hostile_text(sqlite_engine[0], text, tmp_path_factory.mktemp("hostile"))

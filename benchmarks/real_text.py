@@ -124,6 +124,60 @@ def reward_auroc(bon_runs: list, *, resamples: int = 1000, seed: int = 0) -> dic
     }
 
 
+def analyse_pool(bon_runs: list, budgets: list[int]) -> dict:
+    """The tables a Best-of-N run gives alone (no adaptive method in the grid): sampling, Best-of-k,
+    self-consistency = majority@k and pass@k for every k, with self-consistency − Best-of-N and
+    Best-of-N − sampling paired."""
+    from srd_worker.testbed.experiment import kcurve_rows, markdown, paired_values
+
+    ks = sorted({1, *budgets})
+    rows = kcurve_rows(bon_runs, ks, oracle=True)
+    by = {(r.method, r.n): r for r in rows}
+    paired = [
+        "| N | self-consistency − Best-of-N [95% CI] | wins / ties / losses | Best-of-N − sampling [95% CI] |",
+        "|---:|---:|---:|---:|",
+    ]
+    for n in ks[1:]:
+        sc = paired_values(by[("self_consistency", n)].values or {}, by[("best_of_n", n)].values or {})
+        bo = paired_values(by[("best_of_n", n)].values or {}, by[("sampling", 1)].values or {})
+        paired.append(f"| {n} | {_pts(sc.diff)} | {sc.wins} / {sc.ties} / {sc.losses} | {_pts(bo.diff)} |")
+    return {"rows": [r.to_dict() for r in rows], "table": markdown(rows), "paired": "\n".join(paired)}
+
+
+def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
+    """The method table, routing, coupled and paired sections of a grid with SRD (``analyse``)."""
+    coupled = (
+        [
+            "Coupled SRD vs rejection sampling from identical seeded drafts (paper Table 7 layout):",
+            "",
+            out["coupled"],
+        ]
+        if rs_run
+        else ["Rejection sampling was left out of this grid (`--without`): no coupled comparison."]
+    )
+    return [
+        out["table"],
+        "",
+        "SRD's routing statistics (pooled over routing events and seeds; paper Table 6 layout) and the "
+        "paper's gain formula beside what was measured against rejection sampling at the same N:",
+        "",
+        out["routing"],
+        "",
+        *coupled,
+        "",
+        "SRD against Best-of-N at the same N, paired by problem and seed, and self-consistency against "
+        "Best-of-N (the same candidates, voted or ranked by the reward):",
+        "",
+        out["paired"],
+        "",
+    ]
+
+
+def _pts(d: object) -> str:
+    mean, low, high = (100 * (getattr(d, k) or 0) for k in ("mean", "low", "high"))
+    return f"{mean:+.1f} pts [{low:+.1f}, {high:+.1f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=200)
@@ -189,13 +243,12 @@ def main() -> None:
         wall = time.perf_counter() - t0
         slug = reward.split(":")[0].replace("-", "_")
         png = None if args.no_write else ROOT / "docs" / f"real_text_{slug}.png"
-        out = analyse(
-            reward,
-            runs,
-            budgets,
-            png,
-            title=f"GSM8K, {args.model}: accuracy vs generated tokens, reward {reward}",
-        )
+        pool_only = "srd" in without  # a grid of Best-of-N alone: its k-curves
+        if pool_only:
+            out = analyse_pool([r for r in runs if r.method == "best_of_n"], budgets)
+        else:
+            title = f"GSM8K, {args.model}: accuracy vs generated tokens, reward {reward}"
+            out = analyse(reward, runs, budgets, png, title=title)
         roc = reward_auroc([r for r in runs if r.method == "best_of_n"])
         setting = (
             f"**Reward `{reward}`**: the first {args.items} GSM8K test problems × seeds "
@@ -221,36 +274,25 @@ def main() -> None:
             )
         )
         body = [setting, "", roc_line, ""]
-        if png is not None:
-            body += [f"![real text, {reward}]({png.name})", ""]
-        body += [
-            out["table"],
-            "",
-            "SRD's routing statistics (pooled over routing events and seeds; paper Table 6 layout) and the "
-            "paper's gain formula beside what was measured against rejection sampling at the same N:",
-            "",
-            out["routing"],
-            "",
-            *(
-                [
-                    "Coupled SRD vs rejection sampling from identical seeded drafts (paper Table 7 layout):",
-                    "",
-                    out["coupled"],
-                ]
-                if "rejection_sampling" not in without
-                else ["Rejection sampling was left out of this grid (`--without`): no coupled comparison."]
-            ),
-            "",
-            "SRD against Best-of-N at the same N, paired by problem and seed, and self-consistency against "
-            "Best-of-N (the same candidates, voted or ranked by the reward):",
-            "",
-            out["paired"],
-            "",
+        if pool_only:
+            body += [
+                out["table"],
+                "",
+                "Paired by problem (the same candidates: voted, ranked by the reward, or the first one):",
+                "",
+                out["paired"],
+                "",
+            ]
+        else:
+            body += ([f"![real text, {reward}]({png.name})", ""] if png is not None else []) + adaptive_text(
+                out, rs_run="rejection_sampling" not in without
+            )
+        body.append(
             f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --rewards {reward} --items {args.items} "
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
             f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
-            f"--shard-size {args.shard_size}" + (f" --without {args.without}" if args.without else "") + "`",
-        ]
+            f"--shard-size {args.shard_size}" + (f" --without {args.without}" if args.without else "") + "`"
+        )
         text = "\n".join(body)
         print(text, flush=True)
         Path(args.work).mkdir(parents=True, exist_ok=True)

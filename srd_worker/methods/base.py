@@ -81,6 +81,8 @@ _INT_TEXT = re.compile(r"[+-]?\d+")
 #: The largest pool a method accepts (``n``): a state holds every candidate, so a pool far beyond what any
 #: paper uses (256 in search-and-learn's Best-of-N curves) is a typo, refused before anything is written.
 MAX_CANDIDATES = 4096
+#: The largest generation budget a method accepts (2^20 tokens, beyond every model's context here).
+MAX_NEW_TOKENS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +105,11 @@ class MethodParams:
         n = getattr(obj, "n", None)
         if isinstance(n, int) and n > MAX_CANDIDATES:
             raise ConfigError(f"n = {n} candidates per problem is more than srdq accepts ({MAX_CANDIDATES})")
+        budget = getattr(obj, "max_new_tokens", None)
+        if isinstance(budget, int) and budget > MAX_NEW_TOKENS:
+            raise ConfigError(
+                f"max_new_tokens = {budget} is more than any model's context; srdq accepts up to {MAX_NEW_TOKENS}"
+            )
         obj.validate()
         return obj
 

@@ -126,8 +126,11 @@ def test_migration_0004_backfills_the_shard_counters(sqlite_engine) -> None:
     check_backfill(*sqlite_engine)
 
 
-def test_status_counts_tokens_of_checkpoints_holding_hostile_text(sqlite_engine) -> None:
+def test_status_counts_tokens_of_checkpoints_holding_hostile_text(sqlite_engine, tmp_path: Path) -> None:
     check_hostile_status(sqlite_engine[0])
+    proc = run_srdq("status", RUN, "--db", str(tmp_path / "srdq.db"), env=srdq_env(COLUMNS="200"))
+    assert proc.returncode == 0, proc.stderr  # the command's table too, not only the query
+    assert "303 tokens" in proc.stdout and "running" in proc.stdout
 
 
 def test_status_command_summarises_by_state_and_all_lists_every_shard(sqlite_engine, tmp_path: Path) -> None:

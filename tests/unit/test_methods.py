@@ -143,6 +143,7 @@ def test_bad_parameter_values():
         ({"top_p": "-inf"}, "parameter 'top_p' expects a finite number"),
         ({"temperature": "warm"}, "parameter 'temperature' expects a number"),
         ({"top_k": "-2"}, "top_k must be >= 0"),
+        ({"max_new_tokens": "100000000"}, "max_new_tokens = 100000000 is more than any model's context"),
     ],
 )
 def test_parameter_values_are_checked_strictly(params, message):

@@ -161,6 +161,30 @@ def close_all(objs: list[Any]) -> None:
             close()
 
 
+def refuse_other_config(
+    run_id: str, out: Path, engine_name: str, versions: dict[str, Any], settings: Any
+) -> None:
+    """``SrdqError`` when ``run_id`` in ``out`` was made with engine settings that change results (dtype,
+    device, batching mode, KV reuse: ``provenance.engine_config``) other than these: resuming would mix
+    two configurations in one run, re-reporting would pass the old run off as this one."""
+    from srd_worker.provenance import config_conflict, engine_config
+
+    now = engine_config(engine_name, settings)
+    then = config_conflict(versions, engine_name, now)
+    if then is None:
+        return
+    diff = ", ".join(
+        f"{k} {then.get(k)!r} then, {now.get(k)!r} now"
+        for k in sorted({*then, *now})
+        if then.get(k) != now.get(k)
+    )
+    raise SrdqError(
+        f"run {run_id} in {out} was made with other {engine_name} engine settings ({diff}); the run id does "
+        "not name them, so resuming would mix two configurations: use another --out, or the settings it was "
+        "made with (SRDQ_DTYPE, SRDQ_DEVICE, SRDQ_BATCH_INVARIANT, SRDQ_INVARIANT_ROWS, SRDQ_KV_REUSE)"
+    )
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -204,6 +228,9 @@ def run_local(
             )
             shards = crud.list_shards(session=session, run_id=run_id)
             items = crud.list_items(session=session, run_id=run_id)
+            recorded = crud.get_run(session=session, run_id=run_id).versions or {}
+        if engine is None:  # settings that change results must match the ones the run was made with
+            refuse_other_config(run_id, out, spec.engine, recorded, settings)
         pending = [s for s in shards if s.status != "done"]
         if pending:
             if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)

@@ -192,6 +192,44 @@ def reward_revision(reward: str | None, *, cache_dir: Path | None = None) -> dic
 _RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
 
 
+def engine_config(engine_name: str, settings: Any) -> dict[str, Any]:
+    """The settings of engine ``engine_name`` that change a run's results (recorded with every runtime
+    record; ``srdq run`` refuses to resume or re-report a run made with other ones): the transformers
+    engine's dtype, device (``auto`` resolved), batching mode and prefix KV reuse; vLLM's dtype and tensor
+    parallelism. The openai engine's server decides its own."""
+    if engine_name == "transformers":
+        device = str(settings.device)
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        config: dict[str, Any] = {
+            "dtype": str(settings.dtype),
+            "device": device,
+            "batch_invariant": bool(settings.batch_invariant),
+            "kv_reuse": bool(settings.kv_reuse),
+        }
+        if settings.batch_invariant:
+            config["invariant_rows"] = int(settings.invariant_rows)
+        return config
+    if engine_name == "vllm":
+        return {"dtype": str(settings.dtype), "tensor_parallel_size": int(settings.tensor_parallel_size)}
+    return {}
+
+
+def config_conflict(
+    versions: dict[str, Any], engine_name: str, config: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The recorded engine config of ``versions["runtime"]`` that differs from ``config`` (same engine),
+    or None (nothing recorded, or the same)."""
+    for rec in versions.get("runtime") or []:
+        eng = rec.get("engine") or {}
+        recorded = eng.get("config")
+        if eng.get("name") == engine_name and isinstance(recorded, dict) and recorded != config:
+            return recorded
+    return None
+
+
 def runtime_record(spec: Any, engine: Any, *, settings: Any = None) -> dict[str, Any]:
     """The record of what ``spec`` runs with on ``engine`` here (computed once per engine and reward)."""
     cache_dir = getattr(settings, "cache_dir", None)
@@ -203,6 +241,11 @@ def runtime_record(spec: Any, engine: Any, *, settings: Any = None) -> dict[str,
     mode = getattr(engine, "mode", None)
     if isinstance(mode, str):  # the transformers engine: kv-reuse or deterministic (changes results)
         record["engine"]["mode"] = mode
+    if settings is not None and name == spec.engine:
+        try:
+            record["engine"]["config"] = engine_config(name, settings)
+        except Exception as exc:  # noqa: BLE001 - provenance never stops a run
+            log.warning("engine config not recorded: %s", exc)
     describe = getattr(engine, "describe", None)
     if name == "openai" and callable(describe):
         served = describe()

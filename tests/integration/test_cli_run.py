@@ -102,6 +102,23 @@ def test_killed_after_round_k_then_resumed_is_byte_identical(
     assert results.read_bytes() == uninterrupted.read_bytes()
 
 
+def test_rerun_with_settings_that_change_results_is_refused(tmp_path, gsm8k_small):
+    """The run id does not name dtype, device or the engine's batching mode: a rerun with other ones into
+    the same folder is refused (it used to re-report the old run as if it were this one)."""
+    out = tmp_path / "out"
+    assert srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out)).returncode == 0
+    (results,) = out.glob("run-*/results.jsonl")
+    first = results.read_bytes()
+    for env in ({"SRDQ_DTYPE": "bfloat16"}, {"SRDQ_BATCH_INVARIANT": "false"}, {"SRDQ_KV_REUSE": "true"}):
+        again = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out), env=env)
+        assert again.returncode == 1
+        lines = [line for line in again.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and "was made with other transformers engine settings" in lines[0], (
+            again.stderr
+        )
+        assert results.read_bytes() == first
+
+
 def test_rerun_of_finished_run_reports_without_regenerating(tmp_path, gsm8k_small):
     out = tmp_path / "out"
     assert srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out)).returncode == 0

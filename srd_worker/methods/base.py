@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
-import re
 import time
 import types
 import typing
@@ -46,38 +44,35 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
         typ = args[0]
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"parameter '{name}' expects true/false, got {value!r}")
-    if typ is int:
-        # strict: 3, "3" and 3.0 are 3; "3.7", 3.7, "3.0", true and "1e3" are refused, not truncated
-        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-            raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}")
-        if isinstance(value, str) and not _INT_TEXT.fullmatch(value.strip()):
-            raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}")
+    if typ in (bool, int, float):
+        # pydantic's lax mode: "3", 3.0 and "3.0" are 3; "3.7", 3.7 and "1e3" are refused, not truncated;
+        # floats must be finite; "yes"/"off"/"1" are booleans. A bool is never taken as a number.
+        from pydantic import ValidationError
+
+        if typ is not bool and isinstance(value, bool):
+            raise ConfigError(f"parameter '{name}' expects {_EXPECTS[typ]}, got {value!r}")
         try:
-            return int(value)
-        except (TypeError, ValueError, OverflowError):
-            raise ConfigError(f"parameter '{name}' expects an integer, got {value!r}") from None
-    if typ is float:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"parameter '{name}' expects a number, got {value!r}") from None
-        if isinstance(value, bool) or not math.isfinite(number):
-            raise ConfigError(f"parameter '{name}' expects a finite number, got {value!r}")
-        return number
+            return _ADAPTERS[typ].validate_python(value.strip() if isinstance(value, str) else value)
+        except ValidationError as exc:
+            what = "a finite number" if "finite" in str(exc) else _EXPECTS[typ]
+            raise ConfigError(f"parameter '{name}' expects {what}, got {value!r}") from None
     if typ is str:
         return str(value)
     return value
 
 
-_INT_TEXT = re.compile(r"[+-]?\d+")
+def _adapters() -> dict[type, Any]:
+    from pydantic import Field, TypeAdapter
+
+    return {
+        bool: TypeAdapter(bool),
+        int: TypeAdapter(int),
+        float: TypeAdapter(typing.Annotated[float, Field(allow_inf_nan=False)]),
+    }
+
+
+_ADAPTERS = _adapters()
+_EXPECTS = {bool: "true/false", int: "an integer", float: "a number"}
 #: The largest pool a method accepts (``n``): a state holds every candidate, so a pool far beyond what any
 #: paper uses (256 in search-and-learn's Best-of-N curves) is a typo, refused before anything is written.
 MAX_CANDIDATES = 4096

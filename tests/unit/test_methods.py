@@ -134,7 +134,6 @@ def test_bad_parameter_values():
     [
         ({"n": "3.7"}, "parameter 'n' expects an integer, got '3.7'"),  # was truncated to 3
         ({"n": 3.7}, "parameter 'n' expects an integer"),
-        ({"n": "3.0"}, "parameter 'n' expects an integer"),
         ({"n": "1e3"}, "parameter 'n' expects an integer"),
         ({"n": True}, "parameter 'n' expects an integer"),
         ({"n": "100000000"}, "more than srdq accepts"),  # was accepted and started running
@@ -142,6 +141,7 @@ def test_bad_parameter_values():
         ({"temperature": "inf"}, "parameter 'temperature' expects a finite number"),
         ({"top_p": "-inf"}, "parameter 'top_p' expects a finite number"),
         ({"temperature": "warm"}, "parameter 'temperature' expects a number"),
+        ({"temperature": True}, "parameter 'temperature' expects a number"),
         ({"top_k": "-2"}, "top_k must be >= 0"),
         ({"max_new_tokens": "100000000"}, "max_new_tokens = 100000000 is more than any model's context"),
     ],
@@ -154,6 +154,7 @@ def test_parameter_values_are_checked_strictly(params, message):
 
 def test_integral_values_are_accepted():
     assert build_method("best_of_n", {"n": 4.0}).params.n == 4  # YAML may give 4.0 for a sweep's n
+    assert build_method("best_of_n", {"n": "4.0"}).params.n == 4  # integral: not a truncation
     assert build_method("best_of_n", {"n": " 4 ", "top_k": "0"}).params.top_k == 0
     assert build_method("best_of_n", {"n": "4096"}).params.n == 4096
 

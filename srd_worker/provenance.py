@@ -129,8 +129,8 @@ def model_revision(name: str, *, cache_dir: Path | None = None) -> str:
     """The revision of model ``name`` as srdq's model names resolve it (``engines.loading``)."""
     from srd_worker import __version__
     from srd_worker.engines.loading import (
-        DEFAULT_MODEL,
         SMOLLM2_GGUF,
+        SMOLLM2_NAMES,
         TESTBED_DIR,
         TESTBED_MODELS,
         TINY_MODEL,
@@ -138,7 +138,7 @@ def model_revision(name: str, *, cache_dir: Path | None = None) -> str:
 
     if name == TINY_MODEL:
         return f"built-in (random weights, seed 0, srdq {__version__})"
-    if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+    if name in SMOLLM2_NAMES:
         from srd_worker.engines.loading import smollm2_dir
 
         try:

@@ -65,6 +65,11 @@ class ShardOutcome:
     checkpoint_seconds: float = 0.0
     isolation: IsolationLog = field(default_factory=IsolationLog)  # item faults, splits, OOM limit
 
+    def counts(self) -> dict[str, int]:
+        """done / failed items and generated tokens of the finished shard's records (for log events)."""
+        failed = sum(r.get("error") is not None for r in self.records)
+        return {"done": len(self.records) - failed, "failed": failed, "tokens": _gen_tokens(self.records)}
+
 
 def _prompt_state(method: Method, task: Task, engine: Engine, item: Item) -> dict[str, Any]:
     """A fresh state, or an error state when the prompt cannot fit the model's context."""

@@ -103,19 +103,22 @@ def submit(
             queue=queue,
         )
         n_shards = run.n_shards
-    existed = not created
-    enqueued = 0
-    if not existed:
-        try:
-            if enqueue_many is not None:
-                enqueued = enqueue_many(run_id, range(n_shards))
-            else:
-                for index in range(n_shards):
-                    enqueue(run_id, index)
-                    enqueued += 1
-        except Exception as exc:  # noqa: BLE001 - kombu/redis raise many types; all mean "not sent"
-            raise broker_unavailable(run_id, n_shards, exc) from exc
-    return Submitted(run_id, not existed, len(prepared.items), n_shards, enqueued)
+    enqueued = _enqueue_run(run_id, n_shards, enqueue, enqueue_many) if created else 0
+    return Submitted(run_id, created, len(prepared.items), n_shards, enqueued)
+
+
+def _enqueue_run(run_id: str, n_shards: int, enqueue: Enqueue, enqueue_many: EnqueueMany | None) -> int:
+    """Send one message per shard of a run just stored (through ``enqueue_many`` when given); returns how
+    many were sent. A broker that refuses them raises ``BrokerUnavailable``: the run stays stored with
+    its shards pending (a worker's reaper, or ``srdq resume``, enqueues them once the broker is back)."""
+    try:
+        if enqueue_many is not None:
+            return enqueue_many(run_id, range(n_shards))
+        for index in range(n_shards):
+            enqueue(run_id, index)
+        return n_shards
+    except Exception as exc:  # noqa: BLE001 - kombu/redis raise many types; all mean "not sent"
+        raise broker_unavailable(run_id, n_shards, exc) from exc
 
 
 def broker_unavailable(run_id: str, n_shards: int, exc: BaseException) -> BrokerUnavailable:
@@ -160,17 +163,7 @@ def submit_sweep(
     with session_scope(db) as session:
         created = record_sweep(session, plan, versions=versions or {}, queue=queue)
         shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
-    enqueued = 0
-    for run_id in created:
-        try:
-            if enqueue_many is not None:
-                enqueued += enqueue_many(run_id, range(shards[run_id]))
-                continue
-            for index in range(shards[run_id]):
-                enqueue(run_id, index)
-                enqueued += 1
-        except Exception as exc:  # noqa: BLE001 - see submit
-            raise broker_unavailable(run_id, shards[run_id], exc) from exc
+    enqueued = sum(_enqueue_run(run_id, shards[run_id], enqueue, enqueue_many) for run_id in created)
     return SweepSubmitted(plan.sweep_id, plan.run_ids, created, enqueued)
 
 
@@ -355,24 +348,14 @@ def process_shard(
             return "lost"
         enqueue(run_id, shard_index)
         return "error"
-    seconds = time.perf_counter() - started
-    tokens = sum(int((r.get("ledger") or {}).get("gen_tokens", 0)) for r in outcome.records)
     log.info(
         "shard finished" if outcome.finished else "slice ended",
         extra={
             **event,
             "event": "shard_finished" if outcome.finished else "slice_ended",
             "rounds": outcome.rounds,
-            "seconds": round(seconds, 3),
-            **(
-                {
-                    "done": sum(r.get("error") is None for r in outcome.records),
-                    "failed": sum(r.get("error") is not None for r in outcome.records),
-                    "tokens": tokens,
-                }
-                if outcome.finished
-                else {}
-            ),
+            "seconds": round(time.perf_counter() - started, 3),
+            **(outcome.counts() if outcome.finished else {}),
         },
     )
     if outcome.finished:

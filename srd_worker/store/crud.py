@@ -334,21 +334,13 @@ def save_checkpoints(
                 "shard_index": shard_index,
                 "round": round,
                 "state": state,
-                "gen_tokens": state_tokens(state),
+                "gen_tokens": record_gen_tokens(state),  # its own column: SQL never reads the text
                 "version": version,
                 "updated_at": now,
             }
             for key, state in states.items()
         ],
     )
-
-
-def state_tokens(state: dict[str, Any]) -> int:
-    """The generated tokens a method state's ledger counts (0 when it has none), kept in its own column
-    so SQL never reads model text to count them (``queries.unfinished_tokens``)."""
-    ledger = state.get("ledger") if isinstance(state, dict) else None
-    value = ledger.get("gen_tokens", 0) if isinstance(ledger, dict) else 0
-    return int(value) if isinstance(value, int | float) and value == value else 0
 
 
 def save_results(*, session: Session, run_id: str, shard_index: int, records: list[dict[str, Any]]) -> int:

@@ -51,11 +51,11 @@ def normalise_url(url: str) -> str:
 
 
 def masked(url: str) -> str:
-    """``url`` for messages: the password hidden (or the text itself when it does not parse)."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - an unparseable URL is shown as given, minus anything after '@'
-        return url.split("@")[-1] if "@" in url else url
+    """``url`` for messages: the password hidden (``logs.mask``); text that is not a URL is shown minus
+    anything up to its last '@'."""
+    from srd_worker.logs import mask
+
+    return mask(url) if "://" in url else url.split("@")[-1]
 
 
 def make_engine(url: str) -> Engine:

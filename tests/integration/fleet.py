@@ -1,7 +1,9 @@
 """Shared pieces of the integration tests: the real servers they talk to and the fleet they start.
 
-PostgreSQL and Redis come from SRDQ_TEST_PG_URL / SRDQ_TEST_REDIS_URL (scripts/with-services sets them);
-each test gets its own migrated database and Redis database number, and its worker processes are
+PostgreSQL and Redis come from SRDQ_TEST_PG_URL / SRDQ_TEST_REDIS_URL, which scripts/with-services sets to
+servers it starts for the run (``make test``); without them these tests skip, and they never fall back to
+a server on the standard ports, which may hold a user's data (the tests drop databases and flush Redis
+databases). Each test gets its own migrated database and Redis database number, and its worker processes are
 killed (whole process group) when it ends. The S3 side is a real ``moto_server`` process.
 """
 
@@ -25,8 +27,12 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-PG_URL = os.environ.get("SRDQ_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+PG_URL = os.environ.get("SRDQ_TEST_PG_URL", "")
+REDIS_URL = os.environ.get("SRDQ_TEST_REDIS_URL", "")
+NO_SERVICES = (
+    "SRDQ_TEST_PG_URL / SRDQ_TEST_REDIS_URL not set: run the suite through scripts/with-services (make test), "
+    "which starts a PostgreSQL and a Redis of its own on free ports"
+)
 CLI = [sys.executable, "-m", "srdq_cli.main"]
 # the deterministic mode (SRDQ_KV_REUSE=false): fleet results are compared byte for byte with embedded runs,
 # and which prefixes a worker has cached depends on how slices fell on workers
@@ -48,6 +54,8 @@ FAST_SERVICE_ENV = {
 
 def unreachable() -> str | None:
     """Why PostgreSQL or Redis cannot be used, or None."""
+    if not PG_URL or not REDIS_URL:
+        return NO_SERVICES
     try:
         eng = create_engine(PG_URL)
         with eng.connect():

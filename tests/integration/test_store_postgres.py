@@ -1,7 +1,7 @@
 """The store (migrations and CRUD) on a real PostgreSQL server, each test in a fresh database.
 
-The server comes from ``SRDQ_TEST_PG_URL`` (default: user postgres on 127.0.0.1:5432, trust auth); the
-tests skip only when it cannot be reached. The checks are those of tests/unit/test_store.py (SQLite).
+The server comes from ``SRDQ_TEST_PG_URL``, which scripts/with-services sets to a server it starts for the
+run; the tests skip when it is not set or cannot be reached. The checks are those of tests/unit/test_store.py (SQLite).
 """
 
 from __future__ import annotations
@@ -19,12 +19,17 @@ from tests.store_cases import StoreCases
 
 pytestmark = pytest.mark.integration
 
-SERVER_URL = os.environ.get("SRDQ_TEST_PG_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+SERVER_URL = os.environ.get("SRDQ_TEST_PG_URL", "")
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Engine]:
     """An autocommit engine on the server's maintenance database (CREATE/DROP DATABASE)."""
+    if not SERVER_URL:
+        pytest.skip(
+            "SRDQ_TEST_PG_URL not set: run the suite through scripts/with-services (make test), which starts "
+            "a PostgreSQL of its own (these tests create and drop databases, so never a user's server)"
+        )
     engine = create_engine(SERVER_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
     try:
         with engine.connect():

@@ -70,8 +70,7 @@ test: install
 		|| (echo "make test: installing Debian's docker-compose package (system-wide) for tests/unit/test_compose.py; SRDQ_NO_APT=1 skips it" \
 			&& apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
 		|| echo "docker-compose could not be installed: tests/unit/test_compose.py will skip its compose check"
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(MAKE) lint
 	@# the full run fuzzes with the longer hypothesis profile (500 examples; make test-fast keeps 50)
 	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) \
 		scripts/with-services $(BIN)/python -m pytest $(PYTEST_OPTS) $(PYTEST_ARGS)
@@ -105,6 +104,7 @@ test-vllm: $(VLLM_VENV)/.installed
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 fmt:
 	$(BIN)/ruff format .

@@ -48,9 +48,9 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from srd_worker.coupled import compare
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.local import run_local
+    from srd_worker.reports.coupled import compare
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
 

@@ -88,9 +88,9 @@ def main() -> None:
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.local import run_local
     from srd_worker.methods.self_consistency import majority
+    from srd_worker.reports.stats import bootstrap_ci, paired
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
-    from srd_worker.stats import bootstrap_ci, paired
 
     torch.set_num_threads(args.threads)
     settings = Settings(device="cpu", dtype="float32")

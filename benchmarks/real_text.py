@@ -177,8 +177,8 @@ def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
 def component_text(runs: list) -> list[str]:
     """Per-problem component costs of each run (paper Table 2 layout: time / calls per component, input and
     output tokens), from the compute ledger every record carries."""
-    from srd_worker.report_tables import component_table, component_tokens_table
-    from srd_worker.reports import component_row
+    from srd_worker.reports.rows import component_row
+    from srd_worker.reports.tables import component_table, component_tokens_table
 
     rows = [row for row in (component_row(r) for r in runs) if row is not None]
     if not rows:

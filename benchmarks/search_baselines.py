@@ -1,6 +1,6 @@
 """Beam search and DVTS against Best-of-N on the CPU testbed: the same test problems, the same budgets N,
 with the rule-based arithmetic reward and with the testbed's learned reward model; accuracy with 95%
-bootstrap intervals over problems (``srd_worker.stats``), the paired accuracy difference to Best-of-N at
+bootstrap intervals over problems (``srd_worker.reports.stats``), the paired accuracy difference to Best-of-N at
 the same N and reward (exact McNemar p), mean generated tokens and mean reward calls per problem.
 
     nice -n 5 .venv/bin/python benchmarks/search_baselines.py [--items 300] [--budgets 4,8] [--seed 0]
@@ -57,9 +57,9 @@ def main() -> None:
 
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.local import run_local
+    from srd_worker.reports.stats import bootstrap_ci, paired
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
-    from srd_worker.stats import bootstrap_ci, paired
 
     # one padded batch per engine call: with batch invariance every prompt length (prompt + a beam's
     # prefix: nearly one per request in a search step) would be its own sequence of 4-row passes

@@ -59,7 +59,7 @@ def summarise(
 ) -> dict:
     import numpy as np
 
-    from srd_worker.stats import bootstrap_ci
+    from srd_worker.reports.stats import bootstrap_ci
 
     correct, gen, target_passes, extra_counts = [], 0, [], {}
     for state, item in zip(states, items, strict=True):
@@ -191,7 +191,7 @@ def main() -> None:
     from srd_worker.engines.loading import TESTBED_DIR, load_model
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.methods.registry import build_method
-    from srd_worker.speculative_calibration import calibrate
+    from srd_worker.methods.speculative_calibration import calibrate
     from srd_worker.tasks.registry import load_items
 
     torch.set_num_threads(args.threads)

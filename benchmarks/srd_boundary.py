@@ -117,8 +117,8 @@ def editor_stats(runs: list, prompt_len: dict[str, int] | None) -> tuple[float |
 
 def _tokens_diff(a: list, b: list) -> str:
     """Mean generated tokens of A − B, paired by problem and seed (``stats.paired``), as table text."""
-    from srd_worker.reports import tokens_value
-    from srd_worker.stats import paired
+    from srd_worker.reports.rows import tokens_value
+    from srd_worker.reports.stats import paired
     from srd_worker.testbed.experiment import _by_seed
 
     sa, sb = _by_seed(a), _by_seed(b)
@@ -132,7 +132,7 @@ def _tokens_diff(a: list, b: list) -> str:
 
 
 def analyse(runs: list, prompt_len: dict[str, int] | None) -> str:
-    from srd_worker.reports import paired_seed_groups, routing_row
+    from srd_worker.reports.rows import paired_seed_groups, routing_row
     from srd_worker.testbed.experiment import interval_cells, run_rows
 
     groups: dict[str, list] = {}

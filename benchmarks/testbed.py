@@ -69,7 +69,7 @@ def testbed_sweep(reward: str, items: int, seeds: list[int], methods: list[dict]
 def collect(sweep: dict, folders: list[Path]) -> list:
     """The grid's finished runs, found by run id in any srdq.db under ``folders`` (runs made by several
     processes); a grid point without a finished run is an error naming it."""
-    from srd_worker.export import load_report_runs
+    from srd_worker.reports.loading import load_report_runs
     from srd_worker.store.db import make_engine, sqlite_url
     from srd_worker.sweep import parse_sweep, prepare_sweep
 
@@ -114,8 +114,8 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     """Coupled SRD vs rejection sampling (runs of one configuration over seeds), as table cells: ``compare()``
     per seed (the coupling needs the same seed), pooled; Δ_n's interval over problems and seeds from the
     per-(problem, seed) differences of R_max (two-stage bootstrap)."""
-    from srd_worker.coupled import compare
-    from srd_worker.stats import bootstrap_ci
+    from srd_worker.reports.coupled import compare
+    from srd_worker.reports.stats import bootstrap_ci
 
     cs = []
     diff: dict[str, list[float | None]] = {}
@@ -149,7 +149,7 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
 def analyse(
     reward: str, runs: list, budgets: list[int], png: Path | None, *, title: str | None = None
 ) -> dict:
-    from srd_worker.reports import Point, paired_seed_groups, routing_row
+    from srd_worker.reports.rows import Point, paired_seed_groups, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
     by = {}
@@ -162,7 +162,7 @@ def analyse(
     rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",
                               "speculative_rejection", "srd", "pass@k"].index(r.method), r.n))  # fmt: skip
     if png is not None:
-        from srd_worker.report_plots import plot_frontier
+        from srd_worker.reports.plots import plot_frontier
 
         points = [
             Point("gsm8k", "accuracy", r.method, r.n, r.source, r.tokens.mean, r.accuracy.mean,

@@ -1,4 +1,4 @@
-"""``srdq calibrate``: the offline calibration pass of EASD and CSD (``srd_worker.speculative_calibration``).
+"""``srdq calibrate``: the offline calibration pass of EASD and CSD (``srd_worker.methods.speculative_calibration``).
 
 A thin shell; registered on the ``srdq`` group by ``cli/main.py``.
 """
@@ -76,8 +76,8 @@ def calibrate_command(
     from srd_worker.engines.registry import build_engine
     from srd_worker.engines.speculative import check_draft_model
     from srd_worker.errors import ConfigError
+    from srd_worker.methods.speculative_calibration import calibrate
     from srd_worker.settings import get_settings
-    from srd_worker.speculative_calibration import calibrate
     from srd_worker.tasks.registry import load_items
 
     try:

@@ -1,5 +1,5 @@
 """``srdq export``, ``srdq report``, ``srdq sync`` and ``srdq compare``: thin shells over
-``srd_worker.export``, ``srd_worker.reports``, ``srd_worker.sync`` and ``srd_worker.coupled`` (parse, wire,
+``srd_worker.results.export``, ``srd_worker.reports``, ``srd_worker.results.sync`` and ``srd_worker.reports.coupled`` (parse, wire,
 call, print). Registered on the main group by ``register(cli)``.
 
 Every command reads the database named by ``--db`` (a SQLAlchemy URL, or the path of an embedded run's
@@ -13,7 +13,7 @@ from srdq_cli.common import db_option, friendly_errors, open_db
 
 
 def _store(url: str | None):
-    from srd_worker.objects import open_store
+    from srd_worker.results.objects import open_store
     from srd_worker.settings import get_settings
 
     settings = get_settings()
@@ -50,7 +50,7 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     """
     from pathlib import Path
 
-    from srd_worker.export import export_run
+    from srd_worker.results.export import export_run
     from srd_worker.settings import get_settings
     from srd_worker.sweep import expand_ids, is_sweep_id
 
@@ -95,8 +95,8 @@ def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
 
     Example: srdq report sweep-0123456789ab --out report/ --db srdq-out
     """
-    from srd_worker.export import load_report_runs
-    from srd_worker.reports import build_report
+    from srd_worker.reports.builder import build_report
+    from srd_worker.reports.loading import load_report_runs
     from srd_worker.sweep import expand_ids
 
     engine = open_db(db)
@@ -133,7 +133,7 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
 
     Example: srdq sync run-1a2b3c4d5e6f --verify
     """
-    from srd_worker.sync import sync_run
+    from srd_worker.results.sync import sync_run
 
     store = _store(store_url)
     engine = open_db(db)
@@ -197,8 +197,8 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool, paired: bo
     """
     import json
 
-    from srd_worker.coupled import compare as coupled_compare
-    from srd_worker.coupled import coupling_mismatches, paired_records
+    from srd_worker.reports.coupled import compare as coupled_compare
+    from srd_worker.reports.coupled import coupling_mismatches, paired_records
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
     from srd_worker.sweep import is_sweep_id, select_runs
@@ -286,8 +286,8 @@ def _paired_sweep(
     """``compare --paired`` between two configurations pooled over their seeds."""
     import json
 
-    from srd_worker.export import load_report_runs
-    from srd_worker.reports import paired_seed_groups
+    from srd_worker.reports.loading import load_report_runs
+    from srd_worker.reports.rows import paired_seed_groups
 
     runs_a, runs_b = load_report_runs(engine, ids_a), load_report_runs(engine, ids_b)
     try:

@@ -61,7 +61,7 @@ class Summary:
     @classmethod
     def of(cls, run_id: str, method: str, records: list[dict[str, Any]], wall: float, path: Path) -> Summary:
         """The summary of a run's records (figures from ``reports.score_records``, as ``srdq report``)."""
-        from srd_worker.reports import score_records
+        from srd_worker.reports.rows import score_records
 
         scores = score_records(records)
         return cls(

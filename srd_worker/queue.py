@@ -63,9 +63,9 @@ def runtime() -> dict[str, Any]:
     """Per-process settings, database engine and model cache, built on first use (after fork)."""
     with _runtime_lock:
         if not _runtime:
+            from srd_worker.results.sync import store_from_settings
             from srd_worker.service import EngineCache, SliceConfig
             from srd_worker.store.db import make_engine
-            from srd_worker.sync import store_from_settings
 
             settings = get_settings()
             _runtime.update(
@@ -183,9 +183,9 @@ class Reaper(threading.Thread):
         self.stop_event = threading.Event()
 
     def run(self) -> None:
+        from srd_worker.results.sync import PendingUploads, store_from_settings
         from srd_worker.service import reap
         from srd_worker.store.db import make_engine
-        from srd_worker.sync import PendingUploads, store_from_settings
 
         db = make_engine(self.settings.database_url)
         uploads = PendingUploads(store_from_settings(self.settings), interval_s=self.settings.reap_interval_s)

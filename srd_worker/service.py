@@ -359,8 +359,8 @@ def process_shard(
         },
     )
     if outcome.finished:
-        if objects is not None:  # upload parts + manifests (srd_worker.sync); never fails the shard
-            from srd_worker.sync import upload_finished_shard
+        if objects is not None:  # upload parts + manifests (srd_worker.results.sync); never fails the shard
+            from srd_worker.results.sync import upload_finished_shard
 
             upload_finished_shard(db=db, store=objects, run_id=run_id, shard_index=shard_index)
         return "done"  # results and the done status were written, fenced, by SqlShardStore

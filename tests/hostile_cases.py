@@ -10,8 +10,9 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from srd_worker.export import encode_export, export_rows, load_report_runs
-from srd_worker.reports import build_report
+from srd_worker.reports.builder import build_report
+from srd_worker.reports.loading import load_report_runs
+from srd_worker.results.export import encode_export, export_rows
 from srd_worker.status import run_status
 from srd_worker.store import crud, leases
 from srd_worker.store.db import session_scope

@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from srd_worker.artifacts import (
+from srd_worker.errors import ObjectStoreError
+from srd_worker.results.artifacts import (
     read_run,
     read_shard,
     records_from_table,
@@ -26,8 +27,7 @@ from srd_worker.artifacts import (
     write_run_manifest,
     write_shard,
 )
-from srd_worker.errors import ObjectStoreError
-from srd_worker.objects import ObjectStore
+from srd_worker.results.objects import ObjectStore
 
 RUN = "run-abc"
 SPEC = {"method": "srd", "params": {"k": 4}, "seed": 0}

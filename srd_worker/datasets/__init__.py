@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import DatasetError
-from srd_worker.testbed import ARTIFACTS_DIR
+from srd_worker.paths import DATASETS_DIR, TESTBED_ARTIFACTS_DIR
 
-DATA_DIR: Path = Path(__file__).resolve().with_name("data")
+DATA_DIR: Path = DATASETS_DIR
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ DATASETS: dict[str, BuiltinDataset] = {
 #: any file; an existing file of the same name wins, as for the packaged ones.
 GENERATED: dict[str, tuple[Path, str]] = {
     "testbed": (
-        ARTIFACTS_DIR / "data" / "test.jsonl",
+        TESTBED_ARTIFACTS_DIR / "data" / "test.jsonl",
         "the CPU testbed's test split: generated multi-step arithmetic word problems (GSM8K layout)",
     ),
 }

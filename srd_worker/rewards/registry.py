@@ -28,10 +28,10 @@ from typing import Any
 
 from srd_worker.engines.base import Engine
 from srd_worker.errors import ConfigError
+from srd_worker.paths import TESTBED_ARTIFACTS_DIR
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.rewards.base import RewardModel
 from srd_worker.rewards.lm_judge import LMJudgeReward
-from srd_worker.testbed import ARTIFACTS_DIR
 
 log = logging.getLogger("srdq.rewards")
 
@@ -74,7 +74,7 @@ PRM_STYLES = ("qwen", "skywork")
 #: Reward-model names srdq resolves to a committed folder: ``hf-orm:testbed-rm`` is the CPU testbed's
 #: outcome RM (``srd_worker/testbed``, ``srdq testbed build``).
 MODEL_ALIASES: dict[str, str] = {
-    "testbed-rm": str(ARTIFACTS_DIR / "rm"),
+    "testbed-rm": str(TESTBED_ARTIFACTS_DIR / "rm"),
 }
 
 _BUILT: dict[tuple[Any, ...], RewardModel] = {}

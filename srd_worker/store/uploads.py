@@ -1,4 +1,4 @@
-"""Store operations behind result uploads (``srd_worker.sync``): the upload marks ``shard.uploaded_at``
+"""Store operations behind result uploads (``srd_worker.results.sync``): the upload marks ``shard.uploaded_at``
 and ``run.manifest_at``, the rows an upload holds while it writes, and the runs with uploads pending.
 
 Like ``crud``, every function takes the session as a keyword argument and works inside the caller's

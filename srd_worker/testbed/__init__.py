@@ -7,5 +7,7 @@ measured accuracies and reward-model AUROC).
 
 from pathlib import Path
 
-#: The committed build (data splits, policy, draft, rm, manifest.json): one name for every reader of it.
-ARTIFACTS_DIR: Path = Path(__file__).resolve().with_name("artifacts")
+from srd_worker.paths import TESTBED_ARTIFACTS_DIR
+
+#: The committed build (data splits, policy, draft, rm, manifest.json; ``srd_worker.paths``).
+ARTIFACTS_DIR: Path = TESTBED_ARTIFACTS_DIR

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--chunk-tokens", type=int, default=16, help="SRD's scoring interval Δ")
     args = ap.parse_args(argv)
 
-    from srd_worker.reports import paired_seed_groups
+    from srd_worker.reports.rows import paired_seed_groups
     from srd_worker.settings import Settings
     from srd_worker.testbed.experiment import kcurve_rows, markdown, run_grid, run_rows
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from srd_worker.stats import Interval, bootstrap_ci
+from srd_worker.reports.stats import Interval, bootstrap_ci
 
 
 @dataclass
@@ -50,7 +50,7 @@ def run_grid(
     sweep: dict[str, Any], out_dir: str | Path, *, settings: Any = None, log: Any = print
 ) -> list[Any]:
     """Run every point of ``sweep`` (embedded, one SQLite store under ``out_dir``); the runs' records."""
-    from srd_worker.export import load_report_runs
+    from srd_worker.reports.loading import load_report_runs
     from srd_worker.settings import Settings
     from srd_worker.store.db import make_engine, sqlite_url
     from srd_worker.sweep import SweepPlan, parse_sweep, prepare_sweep, run_sweep_local
@@ -79,7 +79,7 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = Fa
     """Sampling (k=1), Best-of-k and majority@k rows from ``best_of_n`` runs of one configuration over
     seeds (their kept candidates, each with ``correct``, ``reward``, ``answer`` and ``n_tokens``);
     ``oracle`` adds pass@k (some candidate of k right: the ceiling of any selector) for every k > 1."""
-    from srd_worker.kcurves import best_of_k, pass_at_k, usable, vote_at_k
+    from srd_worker.reports.kcurves import best_of_k, pass_at_k, usable, vote_at_k
 
     seeds = _by_seed(bon_runs)
     order = sorted(seeds)
@@ -140,7 +140,7 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = Fa
 def run_rows(runs: Sequence[Any]) -> list[Row]:
     """One row per configuration (runs that differ only in their seed pooled), intervals over problems and
     seeds (``reports.pool_seeds``)."""
-    from srd_worker.reports import pool_seeds
+    from srd_worker.reports.rows import pool_seeds
 
     return [
         Row(g.method, int(g.budget or 1), g.accuracy, g.tokens, "run", list(g.run_ids))
@@ -151,7 +151,7 @@ def run_rows(runs: Sequence[Any]) -> list[Row]:
 def correctness(runs: Sequence[Any]) -> dict[str, list[float | None]]:
     """Per problem id, each seed's correctness (1/0, None when ungraded or failed), seeds in increasing
     order: the layout of ``Row.values``."""
-    from srd_worker.reports import correct_value
+    from srd_worker.reports.rows import correct_value
 
     seeds = _by_seed(runs)
     order = sorted(seeds)
@@ -161,7 +161,7 @@ def correctness(runs: Sequence[Any]) -> dict[str, list[float | None]]:
 
 def paired_values(a: dict[str, list[float | None]], b: dict[str, list[float | None]]) -> Any:
     """``stats.paired`` of two ``Row.values`` layouts over the problems both have."""
-    from srd_worker.stats import paired
+    from srd_worker.reports.stats import paired
 
     common = [i for i in a if i in b]
     return paired([a[i] for i in common], [b[i] for i in common])

@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from srd_worker.artifacts import read_shard, write_shard
 from srd_worker.errors import ObjectStoreError
-from srd_worker.objects import S3ObjectStore, open_store
+from srd_worker.results.artifacts import read_shard, write_shard
+from srd_worker.results.objects import S3ObjectStore, open_store
 from srd_worker.settings import Settings
 from tests.integration.fleet import free_port
 from tests.object_store_cases import SPEC, VERSIONS, ObjectStoreCases, make_records

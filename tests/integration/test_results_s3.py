@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from srd_worker.artifacts import read_run, run_manifest_key, shard_key, verify_shard
 from srd_worker.errors import ObjectStoreError
-from srd_worker.export import csv_cell
-from srd_worker.objects import S3ObjectStore
+from srd_worker.results.artifacts import read_run, run_manifest_key, shard_key, verify_shard
+from srd_worker.results.export import csv_cell
+from srd_worker.results.objects import S3ObjectStore
 from tests.integration.fleet import (
     fleet,
     free_port,
@@ -190,7 +190,7 @@ def finish_shard(db, run_id: str, index: int) -> None:
 
 
 def test_parts_then_shard_manifest_then_run_manifest_last(env) -> None:
-    from srd_worker.sync import sync_run
+    from srd_worker.results.sync import sync_run
 
     db, run_id = env["db"], make_run(env["db"])
     store = RecordingStore(env["store"])
@@ -218,7 +218,7 @@ def test_parts_then_shard_manifest_then_run_manifest_last(env) -> None:
 
 
 def test_reupload_is_idempotent(env) -> None:
-    from srd_worker.sync import sync_run
+    from srd_worker.results.sync import sync_run
 
     db, store, run_id = env["db"], env["store"], make_run(env["db"])
     for i in range(3):
@@ -241,7 +241,7 @@ def test_reupload_is_idempotent(env) -> None:
 
 
 def test_a_corrupted_part_is_detected_and_sync_verify_repairs_it(env) -> None:
-    from srd_worker.sync import sync_run
+    from srd_worker.results.sync import sync_run
 
     db, store, run_id = env["db"], env["store"], make_run(env["db"])
     for i in range(3):
@@ -268,7 +268,7 @@ def test_a_corrupted_part_is_detected_and_sync_verify_repairs_it(env) -> None:
 
 
 def test_sync_with_the_store_down_marks_nothing_uploaded(env) -> None:
-    from srd_worker.sync import sync_run
+    from srd_worker.results.sync import sync_run
 
     db, run_id = env["db"], make_run(env["db"])
     for i in range(3):

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import StepContext
-from srd_worker.methods.beam_search import unescape, weighted_majority
 from srd_worker.methods.registry import build_method
+from srd_worker.methods.step_search import unescape, weighted_majority
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from srd_worker.coupled import compare
+from srd_worker.reports.coupled import compare
 
 
 def rec(item, rmax, refinements=0, improved=0, before=None, after=None):
@@ -54,8 +54,8 @@ def test_delta_n_has_a_paired_bootstrap_interval():
 
 
 def test_paired_records_of_any_two_runs():
-    from srd_worker.coupled import paired_records
-    from srd_worker.stats import mcnemar_exact
+    from srd_worker.reports.coupled import paired_records
+    from srd_worker.reports.stats import mcnemar_exact
 
     def graded(item, ok, reward=None):
         return {"item_id": item, "correct": ok, "reward": reward, "error": None}
@@ -145,7 +145,7 @@ def _specs():
 
 
 def test_a_coupled_pair_has_no_mismatch():
-    from srd_worker.coupled import coupling_mismatches
+    from srd_worker.reports.coupled import coupling_mismatches
 
     assert coupling_mismatches(*_specs()) == []
 
@@ -168,7 +168,7 @@ def test_a_coupled_pair_has_no_mismatch():
     ],
 )
 def test_each_broken_coupling_is_named(side, path, value, message):
-    from srd_worker.coupled import coupling_mismatches
+    from srd_worker.reports.coupled import coupling_mismatches
 
     srd, rs = _specs()
     target = srd if side == "srd" else rs

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from srd_worker.engines.base import GenerationRequest, SamplingParams, token_budget
 from srd_worker.errors import EngineError
-from srd_worker.export import encode_csv, encode_flat_parquet
+from srd_worker.results.export import encode_csv, encode_flat_parquet
 from srd_worker.rewards.hf_prm import split_steps
 from tests.unit.test_fuzz_strategies import hostile_text
 

@@ -10,8 +10,9 @@ import pytest
 from srd_worker.errors import ConfigError, EngineError, RewardError
 from srd_worker.isolation import INFRA, ITEM, OOM, SystemicFault, classify
 from srd_worker.methods.registry import build_method
-from srd_worker.report_tables import failed_items_table
-from srd_worker.reports import RunRecords, build_report
+from srd_worker.reports.builder import build_report
+from srd_worker.reports.rows import RunRecords
+from srd_worker.reports.tables import failed_items_table
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import run_shard
 from srd_worker.store import crud

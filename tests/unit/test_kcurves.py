@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from srd_worker import kcurves
-from srd_worker.kcurves import best_index, best_of_k, k_curve, pass_at_k, vote_at_k, vote_index
+from srd_worker.reports import kcurves
+from srd_worker.reports.kcurves import best_index, best_of_k, k_curve, pass_at_k, vote_at_k, vote_index
 
 
 def cand(answer, correct, reward=None):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from srd_worker.errors import ConfigError, ObjectStoreError
-from srd_worker.objects import LocalObjectStore, S3ObjectStore, open_store
+from srd_worker.results.objects import LocalObjectStore, S3ObjectStore, open_store
 from srd_worker.settings import Settings
 from tests.object_store_cases import ObjectStoreCases
 

@@ -22,7 +22,7 @@ import pytest
 from srd_worker.methods.pool import new_trajectory
 from srd_worker.methods.registry import build_method
 from srd_worker.methods.routing import DISCARD, KEEP
-from srd_worker.stats import bootstrap_ci
+from srd_worker.reports.stats import bootstrap_ci
 
 pytestmark = pytest.mark.unit
 

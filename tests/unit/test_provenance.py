@@ -91,12 +91,12 @@ def test_runs_record_engine_and_revisions_in_manifest_and_report(tmp_path, tiny_
     from srdq_cli.main import cli
 
     from srd_worker.local import run_local
-    from srd_worker.objects import LocalObjectStore
+    from srd_worker.results.objects import LocalObjectStore
+    from srd_worker.results.sync import sync_run
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url
-    from srd_worker.sync import sync_run
 
     prepared = prepare_run(
         dataset=datasets_dir / "gsm8k_test.jsonl",
@@ -139,8 +139,8 @@ def test_runs_record_engine_and_revisions_in_manifest_and_report(tmp_path, tiny_
 
 
 def test_a_run_without_records_says_so(tmp_path):
-    from srd_worker.report_tables import provenance_table
-    from srd_worker.reports import RunRecords
+    from srd_worker.reports.rows import RunRecords
+    from srd_worker.reports.tables import provenance_table
 
     old = RunRecords("run-old", "old", {}, "done", 0, None, [], versions={"srdq": "0.0"})
     assert "| run-old | not recorded |" in provenance_table([old])

@@ -11,14 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from srd_worker.reports import (
-    RunRecords,
-    build_report,
-    component_row,
-    frontier_points,
-    routing_row,
-    summarise,
-)
+from srd_worker.reports.builder import build_report
+from srd_worker.reports.rows import RunRecords, component_row, frontier_points, routing_row, summarise
 
 SRDQ = [sys.executable, "-m", "srdq_cli.main"]
 
@@ -251,8 +245,8 @@ def seeded_run(seed: int, correct: list[bool], n_cands: int = 0) -> RunRecords:
 
 
 def test_runs_differing_only_in_seed_are_pooled_with_intervals(tmp_path: Path) -> None:
-    from srd_worker.reports import pool_seeds
-    from srd_worker.stats import bootstrap_ci
+    from srd_worker.reports.rows import pool_seeds
+    from srd_worker.reports.stats import bootstrap_ci
 
     a = seeded_run(0, [True, False, True, True, False, True])
     b = seeded_run(1, [True, True, False, True, False, False])
@@ -271,7 +265,7 @@ def test_runs_differing_only_in_seed_are_pooled_with_intervals(tmp_path: Path) -
 
 
 def test_report_has_a_k_curve_for_runs_with_candidates(tmp_path: Path) -> None:
-    from srd_worker.kcurves import k_curve
+    from srd_worker.reports.kcurves import k_curve
 
     run = seeded_run(0, [True, False, True], n_cands=4)
     report = build_report([run, srd_run()], tmp_path)

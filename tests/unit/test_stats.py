@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from srd_worker.stats import as_matrix, bootstrap_ci, mcnemar_exact, paired
+from srd_worker.reports.stats import as_matrix, bootstrap_ci, mcnemar_exact, paired
 
 
 def test_mcnemar_textbook_value():

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from srdq_cli.main import cli
 
-from srd_worker.reports import RunRecords, paired_seed_groups
+from srd_worker.reports.rows import RunRecords, paired_seed_groups
 from srd_worker.service import submit_sweep, sweep_status
 from srd_worker.store import crud
 from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade

@@ -17,7 +17,7 @@ from typing import Any
 
 from srd_worker.encoding import arrow_column, json_columns_of, parquet_bytes, sorted_json
 from srd_worker.errors import ObjectStoreError
-from srd_worker.objects import ObjectStore
+from srd_worker.results.objects import ObjectStore
 
 MANIFEST_VERSION = 1
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from srd_worker.methods.base import COMPONENTS
 
 if TYPE_CHECKING:
-    from srd_worker.reports import ComponentRow, RoutingRow, RunSummary
+    from srd_worker.reports.rows import ComponentRow, RoutingRow, RunSummary
 
 
 def _num(x: float | None, digits: int = 3) -> str:

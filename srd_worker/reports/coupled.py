@@ -108,7 +108,7 @@ def compare(
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
-    from srd_worker.stats import bootstrap_ci
+    from srd_worker.reports.stats import bootstrap_ci
 
     ci = bootstrap_ci([x - y for x, y in both])
     return CoupledComparison(
@@ -135,8 +135,8 @@ def paired_records(
     (``metric=accuracy``; 1/0, failed or ungraded items left out) or reward (``metric=reward``); ``auto``
     picks accuracy when both runs have graded items. Returns (metric, ``stats.Paired``): wins / ties /
     losses of A against B, the exact McNemar p (accuracy) and the paired bootstrap CI of mean(A - B)."""
-    from srd_worker.reports import correct_value, reward_value
-    from srd_worker.stats import paired
+    from srd_worker.reports.rows import correct_value, reward_value
+    from srd_worker.reports.stats import paired
 
     by_id = {r["item_id"]: r for r in b}
     common = [r for r in a if r["item_id"] in by_id]

@@ -17,15 +17,13 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from srd_worker.artifacts import encode_jsonl
 from srd_worker.encoding import arrow_column, parquet_bytes, sorted_json
 from srd_worker.errors import ConfigError
 from srd_worker.fileutil import write_atomic
-from srd_worker.objects import open_store
-from srd_worker.reports import RunRecords
-from srd_worker.store import crud, queries
+from srd_worker.results.artifacts import encode_jsonl
+from srd_worker.results.objects import open_store
+from srd_worker.store import queries
 from srd_worker.store.db import session_scope
-from srd_worker.store.models import Status
 
 EXPORT_FORMATS = ("parquet", "jsonl", "csv")
 CONTENT_TYPES = {
@@ -237,28 +235,3 @@ def export_run(
         settings=settings,
     )
     return where, rows
-
-
-def load_report_runs(db: Engine, run_ids: list[str]) -> list[RunRecords]:
-    """``reports.RunRecords`` for each run id, records in dataset order."""
-    out = []
-    with session_scope(db) as session:
-        for run_id in run_ids:
-            _, name, spec, status, n_items, created_at, updated_at = queries.run_header(
-                session=session, run_id=run_id
-            )
-            records = crud.load_results(session=session, run_id=run_id)
-            finished = status in (Status.DONE.value, Status.FAILED.value, Status.CANCELLED.value)
-            out.append(
-                RunRecords(
-                    run_id=run_id,
-                    name=name,
-                    spec=dict(spec or {}),
-                    status=status,
-                    n_items=n_items,
-                    wall_s=(updated_at - created_at).total_seconds() if finished else None,
-                    records=records,
-                    versions=dict(crud.get_run(session=session, run_id=run_id).versions or {}),
-                )
-            )
-    return out

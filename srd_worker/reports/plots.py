@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from srd_worker.kcurves import KPoint
-    from srd_worker.reports import Point
+    from srd_worker.reports.kcurves import KPoint
+    from srd_worker.reports.rows import Point
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 KCURVE_METRICS = (

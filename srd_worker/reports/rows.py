@@ -1,4 +1,7 @@
-"""``srdq report``: tables and plots over runs' result records (pure functions + matplotlib).
+"""The report's numbers over runs' result records: a run's records (``RunRecords``), per-run summaries
+(``summarise``, ``score_records``), seed pooling with bootstrap intervals, paired seed groups, the Table 2
+component rows, the Table 6 routing rows and the frontier points. Pure functions; the Markdown tables are
+``tables.py``, the figures ``plots.py`` and ``build_report`` is ``builder.py``.
 
 What a report holds, per ALGORITHMS.md §0.3 and §1.10 and the SRD paper's layouts:
 
@@ -27,27 +30,12 @@ assembles them; the Markdown tables live in ``report_tables.py`` and the figures
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from srd_worker.kcurves import NON_ADAPTIVE, k_curve
 from srd_worker.methods.base import COMPONENTS
-from srd_worker.report_plots import KCURVE_METRICS, plot_frontier, plot_kcurve
-from srd_worker.report_tables import (
-    budget_text,
-    component_table,
-    component_tokens_table,
-    failed_items_table,
-    markdown_table,
-    provenance_table,
-    routing_table,
-    summary_table,
-)
-from srd_worker.stats import Interval, bootstrap_ci
+from srd_worker.reports.stats import Interval, bootstrap_ci
 
 TASK_LABELS = {
     "gsm8k": "GSM8K",
@@ -288,7 +276,7 @@ def paired_seed_groups(
     each side is one configuration (``config_key``) run with several seeds; seeds are paired by value
     and problems by item id, giving ``problems × seeds`` matrices for ``stats.paired``. Returns (metric,
     ``stats.Paired``, the paired seeds). ``ValueError`` names what does not pair."""
-    from srd_worker.stats import paired
+    from srd_worker.reports.stats import paired
 
     for side, group in (("A", a), ("B", b)):
         if not group:
@@ -433,7 +421,7 @@ class RoutingRow:
 
 def routing_row(run: RunRecords) -> RoutingRow | None:
     """Pooled routing statistics (ALGORITHMS.md §1.10); None when no record carries any."""
-    from srd_worker.methods.srd import efficiency_gain
+    from srd_worker.methods.routing import efficiency_gain
 
     routed = [
         r["extra"]
@@ -512,203 +500,3 @@ def kcurve_ks(n: int) -> list[int]:
     """The k of a k-curve table: powers of two up to n, and n."""
     ks = [1 << i for i in range(n.bit_length()) if 1 << i <= n]
     return ks + ([n] if ks[-1] != n else [])
-
-
-# -------------------------------------------------------------------------------------------- report
-@dataclass
-class Report:
-    markdown: Path
-    plots: list[Path]
-    summaries: list[RunSummary]
-
-
-def _k(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def ci_text(value: float, ci: tuple[float | None, float | None], digits: int) -> str:
-    lo, hi = ci
-    if lo is None or hi is None:
-        return f"{value:.{digits}f}"
-    return f"{value:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "task"
-
-
-def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: datetime | None = None) -> Report:
-    """Write ``report.md`` and one PNG per (task, metric) into ``out_dir``; return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    summaries = [summarise(r) for r in runs]
-    comp_rows = [
-        row for r, s in zip(runs, summaries, strict=True) if (row := component_row(r, s)) is not None
-    ]
-    route_rows = [row for r in runs if (row := routing_row(r)) is not None]
-    pooled = pool_seeds(runs)
-    points = pooled_points(pooled)
-    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")
-
-    md = [
-        "# srdq report",
-        "",
-        f"{len(runs)} run(s): "
-        + ", ".join(f"`{r.run_id}` ({r.method})" for r in runs)
-        + f". Generated {stamp}.",
-        "",
-        "## Runs",
-        "",
-        summary_table(summaries),
-        "",
-        "Accuracy = correct / graded over items that did not fail; failed items (with their error) are "
-        "counted in *failed*. *pending* = items without a result yet. Params lists what differs from the "
-        "method's defaults (N is the budget `n`).",
-        "",
-    ]
-    if (failed_table := failed_items_table(runs)) is not None:
-        md += [
-            "## Failed items",
-            "",
-            failed_table,
-            "",
-            "*fault* is `item` for an item whose engine or reward call failed on its own (found by "
-            "splitting its batch; the rest of its shard went on) and `oom` for one out of memory even "
-            "alone; empty for a prompt longer than the context or a grading failure. README: Failing items.",
-            "",
-        ]
-
-    plots = []
-    groups = sorted({(p.task, p.metric) for p in points})
-    for task, metric in groups:
-        group = [p for p in points if (p.task, p.metric) == (task, metric)]
-        group_runs = {rid for g in pooled if g.label in {p.run_id for p in group} for rid in g.run_ids}
-        names = [s for s in summaries if s.run_id in group_runs]
-        label = TASK_LABELS.get(task, task)
-        what = "Accuracy" if metric == "accuracy" else "Mean reward"
-        models = ", ".join(sorted({s.model for s in names}))
-        rewards = ", ".join(sorted({s.reward or "no reward" for s in names}))
-        items = ", ".join(str(i) for i in sorted({s.items for s in names}))
-        subtitle = f"model {models} · reward {rewards} · {items} problems"
-        path = plot_frontier(
-            group,
-            out / f"{metric}_vs_tokens_{_slug(task)}.png",
-            title=f"{label}: {what.lower()} vs generated tokens",
-            subtitle=subtitle,
-        )
-        plots.append(path)
-        md += [
-            f"## {label}: {what.lower()} vs generated tokens",
-            "",
-            f"![{label} {what.lower()} vs mean generated tokens]({path.name})",
-            "",
-            f"One series per method, one point per configuration (budget N; runs that differ only in "
-            f"their seed are pooled); error bars are 95% bootstrap intervals over problems and seeds; "
-            f"{subtitle}.",
-            "",
-            markdown_table(
-                ["method", "N", "run", "seeds", "problems", "mean gen tokens", what.lower()],
-                [
-                    [
-                        p.method,
-                        budget_text(p.budget),
-                        p.run_id,
-                        p.seeds,
-                        p.problems,
-                        ci_text(p.x, p.x_ci, 1),
-                        ci_text(p.y, p.y_ci, 3),
-                    ]
-                    for p in sorted(group, key=lambda p: (p.method, p.x))
-                ],
-                align="lrlrrrr",
-            ),
-            "",
-        ]
-    if not groups:
-        md += ["No run has graded items or rewards yet: nothing to plot.", ""]
-
-    md += ["## k-curves (non-adaptive runs, from each run's candidates)", ""]
-    curves = 0
-    for run in runs:
-        if run.method not in NON_ADAPTIVE:
-            continue
-        has = [len(r["candidates"]) for r in run.records if r.get("candidates") and not r.get("error")]
-        if not has or min(has) < 2:
-            continue
-        rows = k_curve(run.records, kcurve_ks(min(has)))
-        if not rows:
-            continue
-        curves += 1
-        path = plot_kcurve(
-            rows, out / f"kcurve_{_slug(run.run_id)}.png", title=f"{run.run_id} ({run.method})"
-        )
-        plots.append(path)
-        md += [
-            f"### `{run.run_id}` ({run.method}, n={min(has)}, {rows[0].problems} problems)",
-            "",
-            f"![k-curve of {run.run_id}]({path.name})",
-            "",
-            markdown_table(
-                ["k", *(name for name, _ in KCURVE_METRICS), "votes"],
-                [
-                    [
-                        r.k,
-                        *(_k(getattr(r, attr)) for _, attr in KCURVE_METRICS),
-                        "exact" if r.exact else "sampled",
-                    ]
-                    for r in rows
-                ],
-                align="rrrrrl",
-            ),
-            "",
-        ]
-    if curves:
-        md += [
-            "Each k is the expectation over k-subsets of the run's n seeded candidates (the first k are a "
-            "run at n=k): pass@k by the unbiased estimator of Chen et al. (2021), Best-of-k exactly, the "
-            "votes over every subset (*exact*) or 1000 seeded random subsets (*sampled*); "
-            "`srd_worker/kcurves.py`.",
-            "",
-        ]
-    else:
-        md += [
-            "No non-adaptive run (sampling, best_of_n, self_consistency) here keeps graded candidates "
-            "(n >= 2).",
-            "",
-        ]
-
-    md += ["## Compute per component (Table 2 layout)", ""]
-    if comp_rows:
-        md += [
-            component_table(comp_rows),
-            "",
-            "Mean per problem. Time in seconds (*Time* = all components); In tok = prompt/prefix tokens fed "
-            "to the policy model, Out tok = generated tokens; component cells are *time / invocations*.",
-            "",
-            "Tokens per component (mean input / output tokens per problem; the scorer's input is the "
-            "response tokens it scored):",
-            "",
-            component_tokens_table(comp_rows),
-            "",
-        ]
-    else:
-        md += ["No compute ledger in these runs.", ""]
-
-    md += ["## Provenance (engine version, model and reward revisions)", "", provenance_table(runs), ""]
-
-    md += ["## Routing statistics (Table 6 layout)", ""]
-    if route_rows:
-        md += [
-            routing_table(route_rows),
-            "",
-            "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "
-            "events; ρ̂ = refinements whose result went to KEEP / refinements; gain = 1 + ρ̂·p̂_M/p̂_H "
-            "(1.00 when p̂_M = 0; n/a when p̂_H = 0 or nothing was refined while p̂_M > 0).",
-            "",
-        ]
-    else:
-        md += ["No run here records routing statistics (only SRD-family methods do).", ""]
-
-    path = out / "report.md"
-    path.write_text("\n".join(md), encoding="utf-8")
-    return Report(markdown=path, plots=plots, summaries=summaries)

@@ -31,9 +31,9 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session
 
-from srd_worker.artifacts import run_manifest_key, verify_shard, write_run_manifest, write_shard
 from srd_worker.errors import ObjectStoreError, SrdqError, StoreError
-from srd_worker.objects import ObjectStore, open_store
+from srd_worker.results.artifacts import run_manifest_key, verify_shard, write_run_manifest, write_shard
+from srd_worker.results.objects import ObjectStore, open_store
 from srd_worker.store import crud, uploads
 from srd_worker.store.db import session_scope
 from srd_worker.store.models import Shard, Status

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -26,6 +26,9 @@ from srdq_cli.common import (
     open_db,
 )
 from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
+
+if TYPE_CHECKING:
+    from srd_worker.spec import PreparedRun
 
 DEFAULT_MODEL = "smollm2"
 
@@ -143,6 +146,30 @@ def _max_row_bytes() -> int:
     return get_settings().max_row_bytes
 
 
+def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
+    """The one body behind `srdq run` and `srdq submit dataset`: the shared run options (``run_options``,
+    ``--shard-size``; click's ``ctx.params``) validated into a prepared run, or a clear error before
+    anything is written."""
+    from srd_worker.spec import prepare_run
+
+    dataset, method = check_single(options["dataset"], options["method"])
+    return prepare_run(
+        dataset=dataset,
+        task=options["task"],
+        method=method,
+        params=_method_params(options["n"], options["max_new_tokens"], options["overrides"]),
+        model=options["model"],
+        reward=options["reward"],
+        seed=options["seed"],
+        limit=options["limit"],
+        shard_size=options["shard_size"],
+        fields=_fields(options.get("field_pairs", ())),
+        max_row_bytes=_max_row_bytes(),
+        engine=options.get("engine", "transformers"),
+        stream=stream,
+    )
+
+
 @cli.command()
 @run_options
 @click.option(
@@ -201,28 +228,13 @@ def run(
         check_mix(ctx, allowed={"out_dir", "log_level", "log_format"})
         run_sweep(sweep_file, out_dir)
         return
-    check_single(dataset, method)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from srd_worker.local import run_local
     from srd_worker.settings import get_settings
-    from srd_worker.spec import prepare_run
     from srd_worker.status import RunMeter, format_duration
 
-    prepared = prepare_run(
-        dataset=dataset,
-        task=task,
-        method=method,
-        params=_method_params(n, max_new_tokens, overrides),
-        model=model,
-        reward=reward,
-        seed=seed,
-        limit=limit,
-        shard_size=shard_size,
-        fields=_fields(field_pairs),
-        max_row_bytes=_max_row_bytes(),
-        engine=engine,
-    )
+    prepared = _prepare(ctx.params)
     err = _console(stderr=True)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -348,25 +360,10 @@ def submit_dataset(
         check_mix(ctx, allowed={"name", "dry_run", "log_level", "log_format"})
         submit_sweep(sweep_file, name=name, dry_run=dry_run)
         return
-    check_single(dataset, method)
     from srd_worker.local import versions
-    from srd_worker.spec import prepare_run
 
-    prepared = prepare_run(
-        dataset=dataset,
-        task=task,
-        method=method,
-        params=_method_params(n, max_new_tokens, overrides),
-        model=model,
-        reward=reward,
-        seed=seed,
-        limit=limit,
-        shard_size=shard_size,
-        fields=_fields(field_pairs),
-        max_row_bytes=_max_row_bytes(),
-        engine=engine,
-        stream=True,  # rows validated into a spool on disk: memory does not grow with the dataset
-    )
+    # rows validated into a spool on disk: memory does not grow with the dataset
+    prepared = _prepare(ctx.params, stream=True)
     try:
         n_shards = -(-len(prepared.items) // prepared.spec.shard_size)
         if dry_run:
@@ -496,7 +493,6 @@ def status(
     Example: srdq status sweep-0123456789ab --db srdq-out
     """
     engine = open_db(db)
-    db = engine  # type: ignore[assignment]
     try:
         if run_id is not None and run_id.startswith("sweep-"):
             _sweep_status(engine, run_id, watch=watch, as_json=as_json, interval=interval)
@@ -504,7 +500,7 @@ def status(
         from srd_worker import status as run_status  # the store only: imports fast
 
         if run_id is None:
-            runs = run_status.recent_runs(db=db)
+            runs = run_status.recent_runs(db=engine)
             if as_json:
                 click.echo(
                     json.dumps(
@@ -531,10 +527,10 @@ def status(
                 )
             _console().print(table)
             return
-        run_status.ensure_run(db=db, run_id=run_id)
+        run_status.ensure_run(db=engine, run_id=run_id)
 
         def read() -> Any:
-            return run_status.run_status(db=db, run_id=run_id, all_shards=all_shards)
+            return run_status.run_status(db=engine, run_id=run_id, all_shards=all_shards)
 
         if as_json and not watch:
             click.echo(json.dumps(read().to_dict(), indent=2))

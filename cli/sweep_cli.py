@@ -42,12 +42,13 @@ def check_mix(ctx: click.Context, *, allowed: set[str]) -> None:
             raise click.UsageError(f"{flag} cannot be combined with --sweep (the sweep file sets it)")
 
 
-def check_single(dataset: str | None, method: str | None) -> None:
-    """Without ``--sweep``: the DATASET argument and ``--method`` are required."""
+def check_single(dataset: str | None, method: str | None) -> tuple[str, str]:
+    """Without ``--sweep``: the DATASET argument and ``--method`` are required; returns them."""
     if dataset is None:
         raise click.UsageError("Missing argument 'NAME|PATH' (or give --sweep FILE).")
     if method is None:
         raise click.UsageError("Missing option '--method' (or give --sweep FILE).")
+    return dataset, method
 
 
 def wide_console() -> Console:

@@ -264,7 +264,7 @@ def main() -> None:
         dataset_name = {"gsm8k": "GSM8K", "math500": "MATH500"}.get(args.dataset, args.dataset)
         t0 = time.perf_counter()
         if args.analyse_only is not None:
-            runs = collect(sweep, [Path(f) for f in (args.analyse_only or [work])])
+            runs = collect(sweep, [Path(f) for f in (args.analyse_only or [work])], settings=settings)
         else:
             runs = run_grid(sweep, work, settings=settings)
         wall = time.perf_counter() - t0

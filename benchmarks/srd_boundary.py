@@ -201,7 +201,11 @@ def main() -> None:
         sweep = sweep_for(reward, args.items, seeds, args.n, configs, args.max_new_tokens, args.chunk_tokens)
         out = Path(args.work) / reward.replace(":", "_")
         t0 = time.perf_counter()
-        runs = collect(sweep, [out]) if args.analyse_only else run_grid(sweep, out, settings=settings)
+        runs = (
+            collect(sweep, [out], settings=settings)
+            if args.analyse_only
+            else run_grid(sweep, out, settings=settings)
+        )
         wall = time.perf_counter() - t0
         table = analyse(runs, prompt_lengths(str(runs[0].spec.get("task", "auto"))))
         sections.append((reward, table, wall))

@@ -66,14 +66,16 @@ def testbed_sweep(reward: str, items: int, seeds: list[int], methods: list[dict]
     }
 
 
-def collect(sweep: dict, folders: list[Path]) -> list:
+def collect(sweep: dict, folders: list[Path], *, settings: object = None) -> list:
     """The grid's finished runs, found by run id in any srdq.db under ``folders`` (runs made by several
-    processes); a grid point without a finished run is an error naming it."""
+        processes); a grid point without a finished run is an error naming it. ``settings``: the ones the grid ran
+    with (default: ``run_grid``'s), since run ids name the engine settings that change results."""
     from srd_worker.reports.loading import load_report_runs
+    from srd_worker.settings import Settings
     from srd_worker.store.db import make_engine, sqlite_url
     from srd_worker.sweep import parse_sweep, prepare_sweep
 
-    _, prepared = prepare_sweep(parse_sweep(sweep))
+    _, prepared = prepare_sweep(parse_sweep(sweep), settings=settings or Settings(device="cpu"))
     wanted = [p.spec.run_id() for p in prepared]
     found: dict[str, object] = {}
     for folder in folders:
@@ -276,7 +278,7 @@ def main() -> None:
             continue
         t0 = time.perf_counter()
         if args.analyse_only is not None:
-            runs = collect(sweep, [Path(f) for f in (args.analyse_only or [args.work])])
+            runs = collect(sweep, [Path(f) for f in (args.analyse_only or [args.work])], settings=settings)
         else:
             runs = run_grid(sweep, Path(args.work) / reward.replace(":", "_"), settings=settings)
         wall = time.perf_counter() - t0

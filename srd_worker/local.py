@@ -195,12 +195,14 @@ def run_local(
     on_round: Callable[[RoundReport], None] | None = None,
 ) -> Summary:
     """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results."""
+    from srd_worker.provenance import applied_settings
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
     from srd_worker.store.shard_store import SqlShardStore
 
     t0 = time.perf_counter()
     spec = prepared.spec
+    settings = applied_settings(settings, spec.engine_config)  # the engine the run id names
     check_spec(prepared.method, engine=spec.engine, reward=spec.reward)  # before anything is written
     if engine is None:
         from srd_worker.engines.registry import check_engine_settings

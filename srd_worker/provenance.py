@@ -192,14 +192,15 @@ def reward_revision(reward: str | None, *, cache_dir: Path | None = None) -> dic
 _RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
 
 
-def engine_config(engine_name: str, settings: Any) -> dict[str, Any]:
-    """The settings of engine ``engine_name`` that change a run's results (recorded with every runtime
-    record; ``srdq run`` refuses to resume or re-report a run made with other ones): the transformers
-    engine's dtype, device (``auto`` resolved), batching mode and prefix KV reuse; vLLM's dtype and tensor
-    parallelism. The openai engine's server decides its own."""
+def engine_config(engine_name: str, settings: Any, *, resolve_device: bool = True) -> dict[str, Any]:
+    """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
+    device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism. The openai engine's
+    server decides its own. Named by the run id (``RunSpec.engine_config``, with the device as configured:
+    ``auto`` on a fleet means each worker's own) and recorded with every runtime record (the device
+    resolved)."""
     if engine_name == "transformers":
         device = str(settings.device)
-        if device == "auto":
+        if device == "auto" and resolve_device:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -215,6 +216,22 @@ def engine_config(engine_name: str, settings: Any) -> dict[str, Any]:
     if engine_name == "vllm":
         return {"dtype": str(settings.dtype), "tensor_parallel_size": int(settings.tensor_parallel_size)}
     return {}
+
+
+def applied_settings(settings: Any, engine_config: dict[str, Any]) -> Any:
+    """``settings`` with a run's engine configuration (``RunSpec.engine_config``) applied: the engine a
+    run is resumed or leased with is built the way its run id says, whatever this process's SRDQ_*
+    variables say. A spec without one (made before run ids named it) leaves the settings as they are."""
+    if not engine_config:
+        return settings
+    if hasattr(settings, "model_copy"):  # Settings (pydantic)
+        return settings.model_copy(update=dict(engine_config))
+    import copy
+
+    clone = copy.copy(settings)  # a plain namespace of settings (tests, scripts)
+    for key, value in engine_config.items():
+        setattr(clone, key, value)
+    return clone
 
 
 def config_conflict(

@@ -169,20 +169,32 @@ def submit_sweep(
 
 # ----------------------------------------------------------------------------------- shard processing
 class EngineCache:
-    """One engine per (engine name, model) per process, built on first use (after the worker's fork)."""
+    """One engine per (engine name, model, engine configuration) per process, built on first use (after
+    the worker's fork) with the worker's settings and the run's ``engine_config`` applied."""
 
     def __init__(self, settings: Any) -> None:
         self.settings = settings
-        self._engines: dict[tuple[str, str], Any] = {}
+        self._engines: dict[tuple[str, str, str], Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, model: str, engine: str = "transformers") -> Any:
+    def settings_for(self, engine_config: dict[str, Any] | None = None) -> Any:
+        """The worker's settings with a run's engine configuration applied (``provenance.applied_settings``)."""
+        from srd_worker.provenance import applied_settings
+
+        return applied_settings(self.settings, engine_config or {})
+
+    def get(
+        self, model: str, engine: str = "transformers", engine_config: dict[str, Any] | None = None
+    ) -> Any:
+        from srd_worker.encoding import sorted_json
+
+        key = (engine, model, sorted_json(engine_config or {}))
         with self._lock:
-            if (engine, model) not in self._engines:
+            if key not in self._engines:
                 from srd_worker.engines.registry import build_engine
 
-                self._engines[(engine, model)] = build_engine(engine, model, self.settings)
-            return self._engines[(engine, model)]
+                self._engines[key] = build_engine(engine, model, self.settings_for(engine_config))
+            return self._engines[key]
 
     def close(self) -> None:
         """Close every cached engine (its optional ``close()``, engines/base.py): a vLLM engine's processes
@@ -290,11 +302,13 @@ def process_shard(
         # vLLM engine) can take longer than the lease's TTL, and the reaper must not take the shard meanwhile
         with Heartbeat(db, lease, cfg.lease_ttl_s):
             items, positions = _items(rows)
-            wired = wire(spec, settings=engines.settings, engine=engines.get(spec.model, spec.engine))
+            settings = engines.settings_for(spec.engine_config)
+            engine = engines.get(spec.model, spec.engine, spec.engine_config)
+            wired = wire(spec, settings=settings, engine=engine)
             from srd_worker.provenance import record_runtime
 
             # engine version, model and reward revisions, once per distinct record
-            record_runtime(db, run_id, spec, wired.engine, settings=engines.settings)
+            record_runtime(db, run_id, spec, wired.engine, settings=settings)
             store = SqlShardStore(db, run_id, shard_index, lease=lease)
             outcome = run_shard(
                 items=items,

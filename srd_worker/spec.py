@@ -42,9 +42,16 @@ class RunSpec(BaseModel):
     seed: int = 0
     limit: int | None = Field(None, description="use only the first LIMIT rows")
     shard_size: int = Field(description="items per shard")
+    engine_config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the engine settings that change results (dtype, device, batching mode, KV reuse; "
+        "provenance.engine_config), taken from the submitting settings; workers build the engine with them",
+    )
 
     def config_hash(self) -> str:
-        body = self.model_dump(exclude={"dataset"} | (set() if self.fields else {"fields"}))  # old ids stay
+        # fields and engine_config enter the hash only when set: the ids of specs without them stay
+        empty = {k for k in ("fields", "engine_config") if not getattr(self, k)}
+        body = self.model_dump(exclude={"dataset"} | empty)
         text = sorted_json(body, compact=False, ascii=True, allow_nan=True)  # the format old run ids hashed
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -101,6 +108,7 @@ def prepare_run(
     engine: str = "transformers",
     stream: bool = False,
     spool: ItemSpool | None = None,
+    settings: Any = None,
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
     is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
@@ -109,7 +117,9 @@ def prepare_run(
     The spec records it as given, with the file's sha256 (read in blocks). With ``stream=True`` the items
     are validated row by row into an ``ItemSpool`` on disk (memory independent of the dataset's length;
     ``srdq submit dataset``); the caller closes it (``PreparedRun.close``). ``spool`` reuses one already
-    made from the same dataset, task, fields and limit (the points of a sweep) instead of spooling again."""
+    made from the same dataset, task, fields and limit (the points of a sweep) instead of spooling again.
+    The engine settings that change results are read from ``settings`` (default: the SRDQ_* environment)
+    into ``RunSpec.engine_config``, so the run id names them."""
     from srd_worker.datasets import builtin_dataset, resolve_dataset
     from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
@@ -157,11 +167,22 @@ def prepare_run(
             limit=limit,
             shard_size=shard_size,
             fields=fields,
+            settings=settings,
         )
     except BaseException:
         if isinstance(items, ItemSpool) and items is not spool:
             items.close()
         raise
+
+
+def _engine_config(engine: str, settings: Any) -> dict[str, Any]:
+    from srd_worker.provenance import engine_config
+
+    if settings is None:
+        from srd_worker.settings import get_settings
+
+        settings = get_settings()
+    return engine_config(engine, settings, resolve_device=False)
 
 
 def _prepared(
@@ -180,6 +201,7 @@ def _prepared(
     limit: int | None,
     shard_size: int | None,
     fields: dict[str, str] | None,
+    settings: Any = None,
 ) -> PreparedRun:
     if not len(items):
         raise DatasetError("no rows to run", path=str(dataset))
@@ -205,5 +227,6 @@ def _prepared(
         seed=seed,
         limit=limit,
         shard_size=size,
+        engine_config=_engine_config(engine, settings),
     )
     return PreparedRun(spec=spec, task=task_obj, items=items, method=built)

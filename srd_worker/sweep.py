@@ -172,13 +172,15 @@ def prepare_sweep(
     base_dir: str | Path | None = None,
     default_shard_size: int | None = None,
     stream: bool = False,
+    settings: Any = None,
 ) -> tuple[str, list[Any]]:
     """(sweep id, one ``spec.PreparedRun`` per point), every point validated before anything is written.
     A relative dataset path is taken from ``base_dir`` when it exists there. An invalid point raises one
     ``ConfigError`` naming its index, method and parameters. ``default_shard_size`` applies when the file
     gives no ``shard_size`` (both ``srdq submit`` and ``srdq run``: 16; none: one shard). With ``stream`` (``srdq submit``)
     the dataset is spooled to disk once and every point shares that spool (``spec.prepare_run``);
-    close the points with ``close_prepared``."""
+    close the points with ``close_prepared``. ``settings`` (default: the SRDQ_* environment) give the engine
+    configuration each point's run id names (``RunSpec.engine_config``)."""
     from srd_worker.spec import prepare_run
 
     dataset: str | Path = sweep.dataset
@@ -202,6 +204,7 @@ def prepare_sweep(
                         engine=sweep.engine,
                         stream=stream,
                         spool=prepared[0].items if stream and prepared else None,
+                        settings=settings,
                     )
                 )
             except ConfigError as exc:
@@ -346,8 +349,10 @@ def run_sweep_local(
                 on_point(i, point, run_id, "done" if run_id in finished else "todo")
             if run_id not in finished and not built:
                 from srd_worker.engines.registry import build_engine
+                from srd_worker.provenance import applied_settings
 
-                built.append(build_engine(prepared.spec.engine, prepared.spec.model, settings))
+                point_settings = applied_settings(settings, prepared.spec.engine_config)
+                built.append(build_engine(prepared.spec.engine, prepared.spec.model, point_settings))
             summary = run_local(
                 prepared,
                 out_dir=out,

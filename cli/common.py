@@ -102,6 +102,18 @@ def db_url(db: str | None) -> str:
     return sqlite_url(path)
 
 
+def _local_store_hint() -> str | None:
+    """When no --db was given and the fleet database cannot be used: the local stores of `srdq run` in the
+    working directory (its default --out, or any folder holding a srdq.db), named for --db."""
+    found = sorted(
+        {p.parent for p in Path(".").glob("*/srdq.db")}, key=lambda p: (p.name != "srdq-out", p.name)
+    )
+    if not found:
+        return None
+    names = ", ".join(f"--db {p}" for p in found[:3])
+    return f"not a fleet database; for a local `srdq run` store pass {names}"
+
+
 def open_db(db: str | None = None):
     """An engine for ``--db``, checked with one query: a clear message if the database is unreachable or
     was never migrated."""
@@ -118,6 +130,8 @@ def open_db(db: str | None = None):
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         missing = "run" in first and ("exist" in first or "no such table" in first)
         hint = "run `srdq db upgrade` first" if missing else "check the URL (SRDQ_DATABASE_URL or --db)"
+        if not db and (local := _local_store_hint()):
+            hint = local  # after `srdq run`, the follow-up commands read its store with --db
         raise click.ClickException(
             f"database {engine.url.render_as_string(hide_password=True)}: {first} ({hint})"
         ) from None

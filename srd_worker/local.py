@@ -185,6 +185,21 @@ def refuse_other_config(
     )
 
 
+def _mark_interrupted(db: Any, run_id: str) -> None:
+    """An unfinished run whose process stops goes back to ``pending`` (resumable: the same command resumes
+    it from its checkpoints); best effort, on the way out."""
+    from srd_worker.store import crud
+    from srd_worker.store.db import session_scope
+
+    try:
+        with session_scope(db) as session:
+            run = crud.get_run(session=session, run_id=run_id)
+            if run is not None and run.status == "running":
+                crud.set_run_status(session=session, run_id=run_id, status="pending")
+    except Exception as exc:  # noqa: BLE001 - never hide the interruption itself
+        log.warning("could not mark run %s pending: %s", run_id, exc)
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -305,6 +320,9 @@ def run_local(
                 crud.set_run_status(session=session, run_id=run_id, status="done")
         with session_scope(db) as session:
             records = crud.load_results(session=session, run_id=run_id)
+    except BaseException:  # Ctrl-C, SIGTERM, an error: the run is not left `running` in `srdq status`
+        _mark_interrupted(db, run_id)
+        raise
     finally:
         db.dispose()
         close_all(built)

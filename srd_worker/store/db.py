@@ -87,17 +87,32 @@ def _make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def upgrade(url: str) -> None:
-    """Bring the database at ``url`` to the newest schema (``alembic upgrade head``); a no-op if current."""
+def upgrade(url: str) -> tuple[str | None, str | None]:
+    """Bring the database at ``url`` to the newest schema (``alembic upgrade head``); a no-op if current.
+    Returns the schema revision before (None: an empty database) and after."""
     from alembic import command
     from alembic.config import Config
 
+    before = schema_revision(url)
     config = Config()
     with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as script_location:
         config.set_main_option("script_location", str(script_location))
         # ConfigParser interpolates '%': escape it (percent-encoded passwords).
         config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
         command.upgrade(config, "head")
+    return before, schema_revision(url)
+
+
+def schema_revision(url: str) -> str | None:
+    """The Alembic revision the database at ``url`` is at; None when it has no srdq schema yet."""
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
 
 
 def check_reachable(engine: Engine) -> None:

@@ -248,7 +248,7 @@ def _start_and_stop_after_first_shard(dataset: Path, out: Path, sig: int) -> sub
     return proc
 
 
-@pytest.mark.parametrize("signame", ["SIGKILL", "SIGINT"])
+@pytest.mark.parametrize("signame", ["SIGKILL", "SIGINT", "SIGTERM"])
 def test_interrupted_run_keeps_finished_shards_and_resumes_to_the_same_records(
     tmp_path, gsm8k_ten, sharded_reference, signame
 ):
@@ -257,11 +257,15 @@ def test_interrupted_run_keeps_finished_shards_and_resumes_to_the_same_records(
     out = tmp_path / "out"
     proc = _start_and_stop_after_first_shard(gsm8k_ten, out, getattr(signal, signame))
     stderr = " ".join((proc.stderr.read() if proc.stderr else "").split())  # rich wraps long lines
-    if signame == "SIGINT":
-        assert proc.returncode == 130, stderr
+    if signame != "SIGKILL":  # Ctrl-C and SIGTERM: one line on how to resume, the run not left running
+        assert proc.returncode == 128 + getattr(signal, signame), stderr
         assert "interrupted: every finished round is checkpointed" in stderr
         assert "run the same command again to resume" in stderr
         assert "Traceback" not in stderr
+        import sqlite3
+
+        with sqlite3.connect(out / "srdq.db") as con:
+            assert [r[0] for r in con.execute("select status from run")] == ["pending"]
     (partial,) = out.glob("run-*/results.jsonl")
     reference = sharded_reference.splitlines(keepends=True)
     done = partial.read_bytes().splitlines(keepends=True)

@@ -1,0 +1,48 @@
+"""What the CLI says: after `srdq run`, a follow-up command without --db (status, report, export, ...) that
+cannot use the fleet database names the local store to pass; `srdq methods NAME`; `srdq db upgrade`."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+from srdq_cli.main import cli
+
+
+def _status(tmp_path, monkeypatch) -> str:
+    monkeypatch.chdir(tmp_path)
+    # a fleet database that cannot be opened (a SQLite file in a folder that does not exist)
+    monkeypatch.setenv("SRDQ_DATABASE_URL", f"sqlite:///{tmp_path}/no/such/dir/fleet.db")
+    result = CliRunner().invoke(cli, ["status"])
+    assert result.exit_code == 1
+    return result.output
+
+
+def test_names_the_local_store_of_srdq_run(tmp_path, monkeypatch) -> None:
+    (tmp_path / "srdq-out").mkdir()
+    (tmp_path / "srdq-out" / "srdq.db").touch()
+    out = _status(tmp_path, monkeypatch)
+    assert "for a local `srdq run` store pass --db srdq-out" in out
+    assert len(out.strip().splitlines()) == 1
+
+
+def test_without_a_local_store_says_how_to_fix_the_url(tmp_path, monkeypatch) -> None:
+    out = _status(tmp_path, monkeypatch)
+    assert "check the URL (SRDQ_DATABASE_URL or --db)" in out and "srdq run" not in out
+
+
+def test_methods_names_one_method_and_refuses_an_unknown_one() -> None:
+    one = CliRunner().invoke(cli, ["methods", "srd", "--json"])
+    assert one.exit_code == 0, one.output
+    import json
+
+    data = json.loads(one.output)
+    assert list(data) == ["srd"] and data["srd"]["needs_reward"] is True
+    bad = CliRunner().invoke(cli, ["methods", "nope"])
+    assert bad.exit_code == 2 and "unknown method 'nope'" in bad.output
+
+
+def test_db_upgrade_says_what_it_did(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SRDQ_DATABASE_URL", f"sqlite:///{tmp_path}/fleet.db")
+    first = CliRunner().invoke(cli, ["db", "upgrade"])
+    assert first.exit_code == 0 and first.output.startswith("created the srdq schema (revision ")
+    again = CliRunner().invoke(cli, ["db", "upgrade"])
+    assert again.exit_code == 0 and again.output.startswith("database is already at the newest schema")

@@ -20,26 +20,13 @@ from sqlalchemy.engine import make_url
 
 from srd_worker.store.db import make_engine
 from srd_worker.tasks.registry import get_task
-from tests.integration.fleet import CLI, PG_URL, fleet, unreachable
+from tests.integration.fleet import CLI, PG_URL
 from tests.status_cases import check_backfill, check_hostile_status, check_status, make_run
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
 # Text that a careless bulk insert gets wrong: CSV and COPY specials, line breaks, a backslash-N, unicode.
 AWKWARD = 'He said "hi", then\ttabbed,\r\nbroke a line, wrote \\N and \\\\ and é ∑ 😀; '
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _servers():
-    reason = unreachable()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def env(tmp_path):
-    with fleet(tmp_path, "srdq_cp") as ctx:
-        yield ctx
 
 
 def submit(ctx: dict, dataset: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fleet import BASE_ENV, CLI, fleet, submit, unreachable
+from tests.integration.fleet import BASE_ENV, CLI, fleet, submit
 from tests.integration.test_service import db_rows, results, strip_timing, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
 FAULT_CLI = [sys.executable, "-m", "tests.integration.fault_cli"]
 POISON = "[poison]"
@@ -44,13 +44,6 @@ ARGS = [
     "--shard-size",
     "6",
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _servers():
-    reason = unreachable()
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture

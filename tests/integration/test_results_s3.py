@@ -35,22 +35,14 @@ from tests.integration.fleet import (
     kill,
     srdq,
     start_worker,
-    unreachable,
     worker_log,
 )
 from tests.integration.fleet import submit as fleet_submit
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
 CREDENTIALS = {"access_key": "testing", "secret_key": "testing"}
 PREFIX = "results"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _servers():
-    reason = unreachable()
-    if reason:
-        pytest.skip(reason)
 
 
 @pytest.fixture

@@ -23,24 +23,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.integration.fleet import BASE_ENV, CLI, fleet, start_worker, unreachable, worker_log
+from tests.integration.fleet import BASE_ENV, CLI, start_worker, worker_log
 from tests.integration.fleet import submit as fleet_submit
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _servers():
-    reason = unreachable()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def env(tmp_path):
-    """A fresh database (migrated) and a Redis database number of its own; torn down after."""
-    with fleet(tmp_path, "srdq_svc") as ctx:
-        yield ctx
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
 
 DATA_ROWS = 6

@@ -12,24 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.fleet import fleet, start_worker, unreachable
 from tests.integration.fleet import srdq as fleet_srdq
+from tests.integration.fleet import start_worker
 from tests.integration.test_service import db_rows, wait_for
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _servers():
-    reason = unreachable()
-    if reason:
-        pytest.skip(reason)
-
-
-@pytest.fixture
-def env(tmp_path):
-    with fleet(tmp_path, "srdq_sweep") as ctx:
-        yield ctx
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
 
 def sweep_file(tmp_path: Path, datasets_dir: Path, *, extra: str = "") -> Path:

@@ -12,23 +12,16 @@ import time
 import pytest
 
 from srd_worker.testbed import ARTIFACTS_DIR
-from tests.integration.fleet import BASE_ENV, CLI, fleet, start_worker, submit, unreachable, worker_log
+from tests.integration.fleet import BASE_ENV, CLI, fleet, start_worker, submit, worker_log
 from tests.integration.test_service import db_rows, results, strip_timing
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
 ARGS = [
     "--method", "best_of_n", "--n", "2", "--limit", "3", "--seed", "1", "--shard-size", "2",
     "--model", str(ARTIFACTS_DIR / "policy"), "--reward", f"hf-orm:{ARTIFACTS_DIR / 'rm'}",
     "--max-new-tokens", "48",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _servers():
-    reason = unreachable()
-    if reason:
-        pytest.skip(reason)
 
 
 def test_testbed_policy_and_rm_on_the_fleet_match_the_embedded_run(tmp_path) -> None:

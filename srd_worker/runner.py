@@ -26,7 +26,7 @@ from srd_worker.engines.base import Engine
 from srd_worker.isolation import Isolation, IsolationLog
 from srd_worker.methods.base import Method, StepContext
 from srd_worker.rewards.base import RewardModel
-from srd_worker.tasks.base import Item, Task, grade_candidate
+from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response
 
 log = logging.getLogger("srdq.runner")
 
@@ -143,11 +143,9 @@ def build_record(
         record["finish_reason"] = res.pop("finish_reason", None)
         candidates = res.pop("candidates", None)
         record["extra"] = res
-        record["answer"] = task.extract_answer(record["response"])
+        grade_response(task, item, record["response"], record)
         if candidates is not None:
             record["candidates"] = candidate_records(method, task, item, candidates)
-        record["correct"] = None if (graded := task.grade(record["response"], item)) is None else bool(graded)
-        record["metrics"] = task.metrics(record["response"], item)
     except Exception as exc:  # one item's grading failure must not stop the run
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["correct"] = None

@@ -27,10 +27,17 @@ class Item:
 @runtime_checkable
 class Task(Protocol):
     name: str
-    #: The dataset fields a row must have (non-empty) for this task.
-    required_fields: tuple[str, ...]
-    #: Names the grading logic and its dependencies' versions; recorded in every result record.
-    grader_version: str
+
+    # Read-only members: a task may keep them as class attributes or compute them (GenericTask).
+    @property
+    def required_fields(self) -> tuple[str, ...]:
+        """The dataset fields a row must have (non-empty) for this task."""
+        ...
+
+    @property
+    def grader_version(self) -> str:
+        """Names the grading logic and its dependencies' versions; recorded in every result record."""
+        ...
 
     def load(self, path: str | Path) -> list[Item]:
         """Read and validate the whole file; raise ``DatasetError`` naming file/line/field on bad input."""
@@ -51,6 +58,17 @@ class Task(Protocol):
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         """Extra per-item scores beyond ``grade`` (HotpotQA: em, f1, precision, recall); often empty."""
         ...
+
+
+def grade_response(task: Task, item: Item, response: str, record: dict[str, Any]) -> None:
+    """Grade an item's response into its result ``record``: ``answer`` (``task.extract_answer``),
+    ``correct`` (``task.grade``; None when ungraded) and ``metrics``, in that order. The one grading rule
+    of a record, when a run writes it (``runner.build_record``) and when ``srdq regrade`` grades it again
+    (``tasks.regrade``); an exception propagates (each caller records it as the item's error)."""
+    record["answer"] = task.extract_answer(response)
+    graded = task.grade(response, item)
+    record["correct"] = None if graded is None else bool(graded)
+    record["metrics"] = task.metrics(response, item)
 
 
 def grade_candidate(task: Task, item: Item, text: str) -> tuple[str | None, bool | None]:

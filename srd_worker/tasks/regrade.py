@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from srd_worker.tasks.base import Item, Task, grade_candidate
+from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response
 
 
 @dataclass
@@ -77,10 +77,7 @@ def regrade_record(task: Task, item: Item, record: dict[str, Any]) -> dict[str, 
     new["grader_version"] = task.grader_version
     response = record["response"]
     try:
-        new["answer"] = task.extract_answer(response)
-        graded = task.grade(response, item)
-        new["correct"] = None if graded is None else bool(graded)
-        new["metrics"] = task.metrics(response, item)
+        grade_response(task, item, response, new)
         if record.get("candidates") is not None:
             new["candidates"] = regrade_candidates(task, item, record["candidates"])
         new["error"] = None

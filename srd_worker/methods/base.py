@@ -23,7 +23,7 @@ import time
 import types
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Generic, TypedDict, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypedDict, TypeVar, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -163,6 +163,7 @@ class ItemState(TypedDict):
 
 
 StateT = TypeVar("StateT", bound=ItemState)
+ParamsT = TypeVar("ParamsT", bound=MethodParams)
 
 
 def new_ledger() -> Ledger:
@@ -211,6 +212,14 @@ class ScoreCall:
     n_tokens: int
     component: str = "scorer"
     finished: bool = False  # the response is complete (EOS / stop string), not a prefix
+
+
+class _FinishedAwareReward(Protocol):
+    """A reward whose ``score`` takes the optional ``finished`` keyword (``rewards.base.accepts_finished``)."""
+
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[str], *, finished: Sequence[bool]
+    ) -> list[float]: ...
 
 
 class StepContext:
@@ -270,7 +279,10 @@ class StepContext:
         t0 = time.perf_counter()
         prompts, responses = [c.state["question"] for c in calls], [c.response for c in calls]
         if self._reward_takes_finished:
-            scores = self.reward.score(prompts, responses, finished=[c.finished for c in calls])
+            # accepts_finished(reward) was checked in __init__: its score takes ``finished``
+            scores = cast(_FinishedAwareReward, self.reward).score(
+                prompts, responses, finished=[c.finished for c in calls]
+            )
         else:
             scores = self.reward.score(prompts, responses)
         elapsed = time.perf_counter() - t0
@@ -292,10 +304,11 @@ class StepContext:
         return self.engine.tokenizer.decode(ids)
 
 
-class Method(Generic[StateT]):
+class Method(Generic[StateT, ParamsT]):
     """Base class: subclasses set ``name``, ``Params``, ``needs_reward`` and implement the hooks.
 
-    ``StateT`` is the method's state type (an ``ItemState`` extension)."""
+    ``StateT`` is the method's state type (an ``ItemState`` extension); ``ParamsT`` the type of its
+    ``params`` (its ``Params`` class)."""
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]]
@@ -303,7 +316,7 @@ class Method(Generic[StateT]):
     needs_reward: ClassVar[bool] = False
     needs_capabilities: ClassVar[frozenset[str]] = frozenset({CAP_SAMPLING})
 
-    def __init__(self, params: MethodParams) -> None:
+    def __init__(self, params: ParamsT) -> None:
         self.params = params
 
     def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> StateT:

@@ -48,7 +48,7 @@ from srd_worker.methods.step_search import (
 )
 
 
-class BeamSearch(Method[SearchState]):
+class BeamSearch(Method[SearchState, SearchParams]):
     name = "beam_search"
     Params = SearchParams
     summary = (
@@ -61,7 +61,7 @@ class BeamSearch(Method[SearchState]):
         return init_search_state(item_id, question, prompt_ids)
 
     def step(self, states: list[SearchState], ctx: StepContext) -> list[SearchState]:
-        p: SearchParams = self.params  # type: ignore[assignment]
+        p: SearchParams = self.params
         jobs: list[tuple[SearchState, int, Beam | None, int, int]] = []
         for state in states:
             if state["round"] == 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
@@ -40,7 +40,7 @@ def argmax_first(values: Sequence[float]) -> int:
     return best
 
 
-class BestOfN(Method[PoolState]):
+class BestOfN(Method[PoolState, BestOfNParams]):
     name = "best_of_n"
     Params = BestOfNParams
     summary = "draft n candidates, keep the one the reward model scores highest"
@@ -64,7 +64,7 @@ class BestOfN(Method[PoolState]):
 
     def result(self, state: PoolState) -> dict[str, Any]:
         rewards = [c["reward"] for c in state["candidates"]]
-        best = argmax_first(rewards)
+        best = argmax_first(cast("list[float]", rewards))  # a done item's candidates are all scored (step)
         cand = state["candidates"][best]
         return {
             "response": cand["text"],

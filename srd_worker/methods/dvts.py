@@ -45,7 +45,7 @@ def subtree_beam(state: SearchState, subtree: int) -> tuple[int, Beam] | None:
     return None
 
 
-class DVTS(Method[SearchState]):
+class DVTS(Method[SearchState, SearchParams]):
     name = "dvts"
     Params = SearchParams
     summary = (
@@ -57,7 +57,7 @@ class DVTS(Method[SearchState]):
         return init_search_state(item_id, question, prompt_ids)
 
     def step(self, states: list[SearchState], ctx: StepContext) -> list[SearchState]:
-        p: SearchParams = self.params  # type: ignore[assignment]
+        p: SearchParams = self.params
         m = p.beam_width
         jobs: list[tuple[SearchState, int, Beam | None, int, int]] = []
         for state in states:

@@ -34,7 +34,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from srd_worker.engines.base import CAP_GRADIENTS, CAP_SAMPLING, SamplingParams, policy_gradients
 from srd_worker.errors import CapabilityError, ConfigError
@@ -49,7 +49,7 @@ from srd_worker.methods.base import (
     new_state,
     param,
 )
-from srd_worker.rewards.base import differentiable
+from srd_worker.rewards.base import DifferentiableReward, differentiable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +324,7 @@ def sample_token(logits: Any, temperature: float, top_p: float, top_k: int, seed
     return int(torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=gen))
 
 
-class NablaReasoner(Method[NablaState]):
+class NablaReasoner(Method[NablaState, NablaReasonerParams]):
     name = "nabla_reasoner"
     Params = NablaReasonerParams
     summary = "∇-Reasoner: test-time gradient descent on token logits (DTO) with reward-checked rollouts"
@@ -332,7 +332,7 @@ class NablaReasoner(Method[NablaState]):
     needs_differentiable_reward = True
     needs_capabilities = frozenset({CAP_SAMPLING, CAP_GRADIENTS})
 
-    def __init__(self, params: MethodParams) -> None:
+    def __init__(self, params: NablaReasonerParams) -> None:
         super().__init__(params)
         self._z_cache: dict[str, tuple[tuple[int, ...], int, Any]] = {}
         self._checked: set[int] = set()
@@ -362,7 +362,8 @@ class NablaReasoner(Method[NablaState]):
                 f"method '{self.name}' needs a differentiable reward (hf-orm:MODEL, hf-prm:MODEL or "
                 f"lm_judge); reward '{getattr(reward, 'name', type(reward).__name__)}' gives no gradient"
             )
-        overlap = reward.vocab_overlap(grads.vocab_tokens())
+        # differentiable(reward) checked above: it is a DifferentiableReward
+        overlap = cast(DifferentiableReward, reward).vocab_overlap(grads.vocab_tokens())
         if overlap < self.params.min_vocab_overlap:
             raise ConfigError(
                 f"reward '{reward.name}': its tokenizer has a counterpart for {overlap:.1%} of the policy's "
@@ -579,7 +580,7 @@ class NablaReasoner(Method[NablaState]):
                         s, ctx.decode(full), len(full), component="scorer", finished=self._ended(finish)
                     )
                 )
-            scores = ctx.score(calls)
+            scores: Sequence[float | None] = ctx.score(calls)
         else:
             scores = [None] * len(proposals)
         for (pl, tokens, finish), r_new in zip(proposals, scores, strict=True):
@@ -593,7 +594,9 @@ class NablaReasoner(Method[NablaState]):
                 stats["n_rewarded_tokens"] += (
                     len(s["past"]) + 1 + len(tokens) + len(s["past"]) + len(s["ahead"])
                 )
-                accept = r_new > s["reward"]
+                r_old = s["reward"]
+                assert r_old is not None  # scored above (_score_current) before any check
+                accept = r_new > r_old
             if accept:
                 s["past"] = s["past"] + [pl["token"]]
                 s["ahead"], s["ahead_finish"], s["reward"] = tokens, finish, r_new

@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, TypedDict
+from typing import Any, ClassVar, TypedDict, TypeVar, cast, overload
 
 from srd_worker.engines.base import Generation, SamplingParams
 from srd_worker.errors import ConfigError
@@ -144,6 +144,17 @@ class PoolState(ItemState):
     """State of the fixed-pool methods (sampling, Best-of-N, self-consistency)."""
 
     candidates: list[PoolCandidate]
+
+
+class TrajectoryState(ItemState):
+    """State of the methods whose pool is trajectories (SRD, rejection sampling, speculative rejection)."""
+
+    candidates: list[Trajectory]
+
+
+_PoolStateT = TypeVar("_PoolStateT", bound=PoolState)
+_TrajectoryStateT = TypeVar("_TrajectoryStateT", bound=TrajectoryState)
+_AnyPoolStateT = TypeVar("_AnyPoolStateT", bound=PoolState | TrajectoryState)
 
 
 class ArchiveEntry(TypedDict):
@@ -273,22 +284,36 @@ def apply_generation(
     elif len(cand["tokens"]) >= max_new_tokens or len(gen.token_ids) < budget or not gen.token_ids:
         cand["finish"] = "length"
     if cand["finish"] is not None and "finished_round" in cand:
-        cand["finished_round"] = state["round"]
+        cast(Trajectory, cand)["finished_round"] = state["round"]  # the key says it is a trajectory
 
 
 def candidate_id(cand: PoolCandidate, index: int) -> int:
     """The seed identity of a candidate: a trajectory's ``id``, else its position in the pool."""
-    return cand["id"] if "id" in cand else index
+    return cast(Trajectory, cand)["id"] if "id" in cand else index  # the key says it is a trajectory
+
+
+# No state is both (candidates is list[Trajectory] in one, list[PoolCandidate] in the other, and lists are
+# invariant), but mypy's overlap check of generic overloads does not see it.
+@overload
+def draft_round(  # type: ignore[overload-overlap]
+    states: Sequence[_TrajectoryStateT], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
+) -> list[tuple[_TrajectoryStateT, Trajectory, int]]: ...
+
+
+@overload
+def draft_round(
+    states: Sequence[_PoolStateT], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
+) -> list[tuple[_PoolStateT, PoolCandidate, int]]: ...
 
 
 def draft_round(
-    states: Sequence[PoolState], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
-) -> list[tuple[PoolState, PoolCandidate, int]]:
+    states: Sequence[_AnyPoolStateT], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
+) -> list[tuple[_AnyPoolStateT, Any, int]]:
     """Extend every unfinished candidate (pool candidate or trajectory) of every state by one chunk, in
     ONE engine batch (states in order, candidates in pool order). Returns (state, candidate, length
-    before) per drafted candidate, in batch order."""
+    before) per drafted candidate, in batch order (the candidate typed as the states' candidates)."""
     calls: list[GenCall] = []
-    targets: list[tuple[PoolState, PoolCandidate, int]] = []
+    targets: list[tuple[_AnyPoolStateT, PoolCandidate, int]] = []
     budgets: list[int] = []
     for state in states:
         for index, cand in enumerate(state["candidates"]):

@@ -33,7 +33,7 @@ from typing import Any
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, param
 from srd_worker.methods.pool import PoolParams
-from srd_worker.methods.routing import RankRouter, ThresholdRouter
+from srd_worker.methods.routing import RankRouter, Router, ThresholdRouter
 from srd_worker.methods.srd_loop import SRDLoop, SRDParams, SRDState
 
 VARIANTS = ("rank", "absolute")
@@ -82,7 +82,7 @@ class RejectionSamplingParams(PoolParams):
         )
 
 
-class RejectionSampling(Method[SRDState]):
+class RejectionSampling(Method[SRDState, RejectionSamplingParams]):
     name = "rejection_sampling"
     Params = RejectionSamplingParams
     summary = (
@@ -96,9 +96,11 @@ class RejectionSampling(Method[SRDState]):
         self.cfg: SRDParams = params.srd_params()
         self.variant = params.variant
         self.threshold = params.threshold
+        router: Router
         if params.variant == "rank":
             router = RankRouter(self.cfg.theta_high, self.cfg.theta_low)
         else:
+            assert params.threshold is not None  # validate() refuses variant=absolute without a threshold
             router = ThresholdRouter(params.threshold)
         self.loop = SRDLoop(self.cfg, router)
 

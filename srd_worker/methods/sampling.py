@@ -28,7 +28,7 @@ class SamplingParams(DraftParams):
     chunk_tokens: int = param(0, WHOLE_BUDGET_HELP)
 
 
-class Sampling(Method[PoolState]):
+class Sampling(Method[PoolState, SamplingParams]):
     name = "sampling"
     Params = SamplingParams
     summary = "one sampled candidate per problem"

@@ -51,7 +51,7 @@ class VoteState(PoolState, total=False):
     answers: list[str | None]  # extracted final answers, set once every candidate has finished
 
 
-class SelfConsistency(Method[VoteState]):
+class SelfConsistency(Method[VoteState, SelfConsistencyParams]):
     name = "self_consistency"
     Params = SelfConsistencyParams
     summary = "draft n candidates, answer by majority vote over their final answers"

@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NotRequired, TypeVar
 
 from srd_worker.engines.base import (
     CAP_FULL_LOGITS,
@@ -43,7 +43,7 @@ COUNTERS = ("iterations", "drafted", "accepted", "draft_forward_passes", "target
 
 class SpecState(PoolState):
     spec: dict[str, int]  # COUNTERS + the rule's counters (easd_rejected, rescued, rejected)
-    memory: dict[str, int]  # CSD: the item's online correction memory, "draft,target" -> count
+    memory: NotRequired[dict[str, int]]  # CSD only: the online correction memory, "draft,target" -> count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +66,11 @@ class SpeculativeParams(DraftParams):
             raise ConfigError(f"gamma must be >= 1, got {self.gamma}")
 
 
-class SpeculativeSampling(Method[SpecState]):
+#: The params type of a speculative method (``SpeculativeParams`` or a subclass).
+SpecParamsT = TypeVar("SpecParamsT", bound=SpeculativeParams)
+
+
+class SpeculativeSampling(Method[SpecState, SpecParamsT]):
     """Lossless speculative sampling (Leviathan et al. 2023; Chen et al. 2023); greedy at temperature 0."""
 
     name = "speculative_sampling"
@@ -76,15 +80,18 @@ class SpeculativeSampling(Method[SpecState]):
     rule_counters: ClassVar[tuple[str, ...]] = ()
 
     def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> SpecState:
-        state = {**new_state(item_id, question, prompt_ids), "candidates": [new_candidate()]}
-        state["spec"] = {k: 0 for k in COUNTERS + self.rule_counters}
-        return state  # type: ignore[return-value]
+        state: SpecState = {
+            **new_state(item_id, question, prompt_ids),
+            "candidates": [new_candidate()],
+            "spec": {k: 0 for k in COUNTERS + self.rule_counters},
+        }
+        return state
 
     def rule(self, states: Sequence[SpecState]) -> VerifyRule:
         return LosslessRule()
 
     def step(self, states: list[SpecState], ctx: StepContext) -> list[SpecState]:
-        p: SpeculativeParams = self.params  # type: ignore[assignment]
+        p: SpeculativeParams = self.params
         engine = ctx.engine
         if not isinstance(engine, SpeculativeEngine):
             raise CapabilityError(
@@ -105,6 +112,7 @@ class SpeculativeSampling(Method[SpecState]):
             requests.append(GenerationRequest(tuple(state["prompt_ids"] + cand["tokens"]), sp))
             budgets.append(budget)
         if todo:
+            assert p.draft_model is not None  # validate() refuses a missing draft model
             t0 = time.perf_counter()
             gens = engine.speculate(requests, self.rule(todo), draft_model=p.draft_model, gamma=p.gamma)
             elapsed = time.perf_counter() - t0
@@ -133,7 +141,7 @@ class SpeculativeSampling(Method[SpecState]):
         cand = state["candidates"][0]
         sp = state["spec"]
         gen = state["ledger"]["gen_tokens"]
-        p: SpeculativeParams = self.params  # type: ignore[assignment]
+        p: SpeculativeParams = self.params
         return {
             "response": cand["text"],
             "reward": None,
@@ -195,7 +203,7 @@ class EASDParams(SpeculativeParams):
             )
 
 
-class EASD(SpeculativeSampling):
+class EASD(SpeculativeSampling[EASDParams]):
     """Entropy-aware speculative decoding (Su, Zhang, He, arXiv 2512.23765)."""
 
     name = "easd"
@@ -204,10 +212,11 @@ class EASD(SpeculativeSampling):
     rule_counters = ("easd_rejected",)
 
     def rule(self, states: Sequence[SpecState]) -> VerifyRule:
-        p: EASDParams = self.params  # type: ignore[assignment]
+        p: EASDParams = self.params
+        assert p.tau_q is not None and p.tau_p is not None  # validate() refuses missing thresholds
         return EASDRule(
-            tau_q=float(p.tau_q),  # type: ignore[arg-type]
-            tau_p=float(p.tau_p),  # type: ignore[arg-type]
+            tau_q=float(p.tau_q),
+            tau_p=float(p.tau_p),
             top_n=p.top_n,
             overlap=p.overlap,
             beta=p.beta,
@@ -254,7 +263,7 @@ class CSDParams(SpeculativeParams):
             load_memory(self.memory)
 
 
-class CSD(SpeculativeSampling):
+class CSD(SpeculativeSampling[CSDParams]):
     """Calibrated speculative decoding (Zhou et al., arXiv 2604.13634), greedy."""
 
     name = "csd"
@@ -262,7 +271,7 @@ class CSD(SpeculativeSampling):
     summary = "greedy speculative decoding that rescues frequent, close draft/target mismatches"
     rule_counters = ("rescued", "rejected")
 
-    def __init__(self, params: Any) -> None:
+    def __init__(self, params: CSDParams) -> None:
         super().__init__(params)
         self._offline: dict[str, int] | None = None
 
@@ -273,12 +282,12 @@ class CSD(SpeculativeSampling):
 
     def offline_memory(self) -> dict[str, int]:
         if self._offline is None:
-            p: CSDParams = self.params  # type: ignore[assignment]
+            p: CSDParams = self.params
             self._offline = load_memory(p.memory) if p.memory else {}
         return self._offline
 
     def rule(self, states: Sequence[SpecState]) -> VerifyRule:
-        p: CSDParams = self.params  # type: ignore[assignment]
+        p: CSDParams = self.params
         return CSDRule(
             offline=self.offline_memory(),
             online=[s["memory"] for s in states],

@@ -31,14 +31,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from srd_worker.errors import ConfigError
-from srd_worker.methods.base import ItemState, Method, StepContext, new_state, param
+from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
     ArchiveEntry,
     PoolParams,
-    Trajectory,
+    TrajectoryState,
     archive_entry,
     best_completed,
     draft_round,
@@ -63,13 +63,14 @@ class SpeculativeRejectionParams(PoolParams):
             raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
 
 
-class SpecRejState(ItemState):
-    candidates: list[Trajectory]  # the current pool, in candidate-id order
+class SpecRejState(TrajectoryState):
+    """``candidates``: the current pool, in candidate-id order."""
+
     finished: list[ArchiveEntry]  # every finished survivor, in the order it finished (ties: id order)
     pool_sizes: list[list[int]]  # [pool size, kept] per decision
 
 
-class SpeculativeRejection(Method[SpecRejState]):
+class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
     name = "speculative_rejection"
     Params = SpeculativeRejectionParams
     summary = "draft in Δ-token intervals, drop the lowest-reward fraction alpha of the pool at each"
@@ -91,7 +92,8 @@ class SpeculativeRejection(Method[SpecRejState]):
         for state in states:
             pool = state["candidates"]
             k = keep_count(p.alpha, len(pool))
-            order = rank_order([c["reward"] for c in pool])
+            # every candidate is scored: drafted ones just now, finished ones in the round they finished
+            order = rank_order(cast("list[float]", [c["reward"] for c in pool]))
             state["candidates"] = sorted((pool[i] for i in order[:k]), key=lambda c: c["id"])
             for cand in state["candidates"]:  # finished survivors only, each once: the round it finished
                 if is_finished(cand) and cand["finished_round"] == state["round"]:

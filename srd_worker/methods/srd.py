@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 
-class SRD(Method[SRDState]):
+class SRD(Method[SRDState, SRDParams]):
     name = "srd"
     Params = SRDParams
     summary = "Selective Regenerative Decoding: rank-route partial drafts, regenerate the weak tails"

@@ -68,11 +68,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, TypedDict
 
 from srd_worker.errors import ConfigError
-from srd_worker.methods.base import GenCall, ItemState, StepContext, new_state, param
+from srd_worker.methods.base import GenCall, StepContext, new_state, param
 from srd_worker.methods.pool import (
     ArchiveEntry,
     PoolParams,
     Trajectory,
+    TrajectoryState,
     apply_generation,
     archive_entries,
     archive_entry,
@@ -209,8 +210,7 @@ class PendingEdit(TypedDict):
     variants: list[Trajectory]
 
 
-class SRDState(ItemState):
-    candidates: list[Trajectory]
+class SRDState(TrajectoryState):
     archive: list[ArchiveEntry]  # every completed trajectory ever produced
     dropped: list[int]
     stats: SRDStats
@@ -355,9 +355,12 @@ class SRDLoop:
             if p.policy == "refine_bob":
                 new = outs[rank_order(scores(outs))[0]]
             st["refinements"] += 1
-            st["reward_before_sum"] += tau["reward"]
-            st["reward_after_sum"] += new["reward"]
-            st["refine_improved"] += int(new["reward"] > tau["reward"])
+            r_tau, r_new = tau["reward"], new["reward"]
+            # a routed trajectory and its regenerations are scored at their end (score_positions)
+            assert r_tau is not None and r_new is not None
+            st["reward_before_sum"] += r_tau
+            st["reward_after_sum"] += r_new
+            st["refine_improved"] += int(r_new > r_tau)
             if p.policy in ("reroute_global", "keep_on_refine", "refine_bob"):
                 pool = sorted(keep + entries[idx + 1 :] + next_gen + [new], key=lambda c: c["id"])
                 u = rank_normalise(scores(pool))[next(k for k, c in enumerate(pool) if c is new)]
@@ -367,7 +370,7 @@ class SRDLoop:
             elif p.policy == "force_keep":
                 tier = KEEP
             else:  # self_compare
-                tier = KEEP if new["reward"] >= tau["reward"] + p.self_compare_delta else DISCARD
+                tier = KEEP if r_new >= r_tau + p.self_compare_delta else DISCARD
             if tier == KEEP:
                 keep.append(new)
                 st["refine_kept"] += 1
@@ -409,7 +412,9 @@ class SRDLoop:
             {
                 "round": state["round"],
                 "pool": len(pool),
-                **{t: tiers.count(t) for t in (KEEP, REFINE, DISCARD)},
+                "keep": tiers.count(KEEP),
+                "refine": tiers.count(REFINE),
+                "discard": tiers.count(DISCARD),
                 "waves": [],
             }
         )

@@ -151,7 +151,7 @@ def aggregate(step_scores: dict[str, float], how: str) -> float:
 
 def child_of(parent: Beam | None, *, cid: int, parent_slot: int, subtree: int) -> Beam:
     """A new beam continuing ``parent`` (a copy of its tokens and step scores), or an empty one."""
-    beam: Beam = {**new_trajectory(cid), "parent": parent_slot, "subtree": subtree, "kept": False}  # type: ignore[typeddict-item]
+    beam: Beam = {**new_trajectory(cid), "parent": parent_slot, "subtree": subtree, "kept": False}
     if parent is not None:
         beam["tokens"] = list(parent["tokens"])
         beam["text"] = parent["text"]

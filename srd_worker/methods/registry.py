@@ -17,13 +17,24 @@ from srd_worker.methods.speculative import CSD, EASD, SpeculativeSampling
 from srd_worker.methods.speculative_rejection import SpeculativeRejection
 from srd_worker.methods.srd import SRD
 
+#: name → method class (its ``summary``, ``Params``, ``needs_reward`` and ``needs_capabilities`` describe it)
 METHODS: dict[str, type[Method]] = {
     m.name: m
-    for m in (Sampling, BestOfN, SelfConsistency, SRD, RejectionSampling, SpeculativeRejection)
-    + (SpeculativeSampling, EASD, CSD)
+    for m in (
+        Sampling,
+        BestOfN,
+        SelfConsistency,
+        SRD,
+        RejectionSampling,
+        SpeculativeRejection,
+        SpeculativeSampling,  # the speculative family (ALGORITHMS.md §5-§7)
+        EASD,
+        CSD,
+        BeamSearch,  # step-level search (§8)
+        DVTS,
+        NablaReasoner,  # gradient-based decoding (∇-Reasoner)
+    )
 }
-METHODS |= {m.name: m for m in (BeamSearch, DVTS)}  # step-level search (ALGORITHMS.md §8)
-METHODS[NablaReasoner.name] = NablaReasoner  # gradient-based decoding (∇-Reasoner)
 
 
 def get_method_class(name: str) -> type[Method]:

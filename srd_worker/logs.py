@@ -119,20 +119,20 @@ def settings_secrets(settings: Any) -> list[str]:
     """The secret values in ``settings`` that a line must never show."""
     out = []
     for name in ("aws_secret_access_key", "openai_api_key"):
-        value = getattr(settings, name, None)
+        value: Any = getattr(settings, name, None)
         value = value.get_secret_value() if hasattr(value, "get_secret_value") else value
         if value:
             out.append(str(value))
     return out
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time of each line (a test runner swaps it)."""
 
     def __init__(self) -> None:
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> TextIO:
         return sys.stderr
 

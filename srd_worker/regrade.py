@@ -7,6 +7,8 @@ regraded and what is left as it was.
 
 from __future__ import annotations
 
+from typing import cast
+
 from sqlalchemy import Engine
 
 from srd_worker.store import crud, queries
@@ -24,8 +26,11 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
 
     with session_scope(engine) as session:
         spec = dict(crud.get_run(session=session, run_id=run_id).spec)
+        # row.id is a primary key read back from the database: never None (None only before an insert).
         items = {
-            row.id: Item(id=row.item_key, question=row.question, gold=row.gold, meta=dict(row.meta or {}))
+            cast(int, row.id): Item(
+                id=row.item_key, question=row.question, gold=row.gold, meta=dict(row.meta or {})
+            )
             for row in crud.list_items(session=session, run_id=run_id)
         }
         results = queries.results_by_position(session=session, run_id=run_id)

@@ -104,8 +104,12 @@ class Engine(Protocol):
 
     name: str
     capabilities: frozenset[str]
-    tokenizer: Tokenizer
     max_context: int
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The engine's tokenizer (read-only: an engine may keep a richer one, such as ``HFTokenizer``)."""
+        ...
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         """Sample one continuation per request, returned in input order."""

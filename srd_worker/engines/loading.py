@@ -162,7 +162,8 @@ def load_model(name: str, *, cache_dir: Path, dtype: str = "bfloat16", device: s
         ) from exc
     model.eval()
     with torch.no_grad():
-        model.to(device)
+        # transformers' @wraps(nn.Module.to) leaves the stubs' .to unbound (self not filled in)
+        model.to(device)  # type: ignore[arg-type]
     return model, tokenizer
 
 

@@ -269,7 +269,7 @@ class OpenAIEngine:
     @classmethod
     def from_settings(cls, model: str, settings: Any) -> OpenAIEngine:
         base = check_settings(settings)
-        key = getattr(settings, "openai_api_key", None)
+        key: Any = getattr(settings, "openai_api_key", None)
         key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
         key = key or os.environ.get("OPENAI_API_KEY") or None
         concurrency = int(getattr(settings, "openai_concurrency", 16))

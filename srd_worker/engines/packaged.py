@@ -337,10 +337,12 @@ def export_gguf(gguf: Path, out: Path) -> None:
     print(f"exporting {gguf.name} to safetensors (once)", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.hf_quantizer = None  # plain tensors once de-quantised: drop the marker so they can be saved
+    # plain tensors once de-quantised: drop the marker so they can be saved
+    model.hf_quantizer = None  # type: ignore[assignment]  # torch types Module.__setattr__ as Tensor | Module
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model = model.to(torch.bfloat16)
+    # transformers' @wraps(nn.Module.to) leaves the stubs' .to unbound (self not filled in)
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

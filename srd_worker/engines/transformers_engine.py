@@ -450,7 +450,7 @@ class TransformersEngine:
         max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
 
         # prefix: per request (stored entry, cached length), one cached length for the whole group
-        plan = list(prefix) if prefix is not None else [None] * n
+        plan: list[tuple[KVEntry, int] | None] = list(prefix) if prefix is not None else [None] * n
         cached = plan[0][1] if plan[0] is not None else 0
         if any((r[1] if r is not None else 0) != cached for r in plan):
             raise EngineError("a fixed-row batch holds requests of one cached length")

@@ -322,7 +322,7 @@ def _logprob_value(entry: Any, token_id: int, where: str) -> float:
 
 
 def _max_model_len(llm: Any) -> int:
-    engine = getattr(llm, "llm_engine", None)
+    engine: Any = getattr(llm, "llm_engine", None)  # None (or an older API) raises AttributeError below
     for get in (lambda: engine.model_config.max_model_len, lambda: engine.get_model_config().max_model_len):
         try:
             return int(get())
@@ -455,8 +455,9 @@ class VLLMEngine:
         if len(results) != len(todo):
             raise EngineError(f"vLLM returned {len(results)} outputs for {len(todo)} requests")
         for i, res in zip(todo, results, strict=True):
-            out[i] = self._to_generation(res, requests[i].params, i)
-            self.stats.generated_tokens += len(out[i].token_ids)
+            gen = self._to_generation(res, requests[i].params, i)
+            out[i] = gen
+            self.stats.generated_tokens += len(gen.token_ids)
             self.stats.prefill_tokens += len(requests[i].prompt_ids)
         self.stats.generate_calls += 1
         self.stats.generate_seconds += time.perf_counter() - t0

@@ -66,7 +66,7 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
     comp_rows = [
         row for r, s in zip(runs, summaries, strict=True) if (row := component_row(r, s)) is not None
     ]
-    route_rows = [row for r in runs if (row := routing_row(r)) is not None]
+    route_rows = [route for r in runs if (route := routing_row(r)) is not None]
     pooled = pool_seeds(runs)
     points = pooled_points(pooled)
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M UTC")

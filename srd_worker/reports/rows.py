@@ -287,8 +287,8 @@ def paired_seed_groups(
                 f"{side} holds {len(keys)} configurations, not one over seeds: select one "
                 "(e.g. SWEEP:METHOD:n=4) so that its runs differ only in seed"
             )
-        seeds = [r.spec.get("seed") for r in group]
-        if len(set(seeds)) != len(seeds):
+        group_seeds = [r.spec.get("seed") for r in group]
+        if len(set(group_seeds)) != len(group_seeds):
             raise ValueError(f"{side} has two runs with the same seed")
     by_seed_a = {int(r.spec.get("seed", 0)): r for r in a}
     by_seed_b = {int(r.spec.get("seed", 0)): r for r in b}

@@ -217,7 +217,7 @@ def verify_shard(store: ObjectStore, run_id: str, shard_index: int) -> dict[str,
 def read_shard(store: ObjectStore, run_id: str, shard_index: int) -> list[dict[str, Any]]:
     """The shard's records, from the JSONL part its manifest lists, after checking size and sha256."""
     key, manifest = _shard_manifest(store, run_id, shard_index)
-    entry = (manifest.get("files") or {}).get("jsonl")
+    entry: Any = (manifest.get("files") or {}).get("jsonl")  # JSON, checked by _fetch_verified
     data = _fetch_verified(store, entry, key)
     return _decode_jsonl(data, store.url(entry["key"]), manifest.get("n_records"))
 
@@ -235,13 +235,13 @@ def write_run_manifest(
     written); return it. Each shard entry copies the shard manifest's file entries, so ``read_run``
     checks parts against the run manifest alone, and a shard rewritten later with the same records
     (a new ``written_at``) still reads."""
-    shards = []
+    shards: list[dict[str, Any]] = []
     for manifest in sorted(shard_manifests, key=lambda m: m.get("shard_index", -1)):
         if manifest.get("run_id") != run_id:
             raise ObjectStoreError(
                 f"shard manifest of run {manifest.get('run_id')!r} given for run {run_id!r}"
             )
-        index = manifest.get("shard_index")
+        index: Any = manifest.get("shard_index")  # JSON, checked by shard_key
         if shards and shards[-1]["shard_index"] == index:
             raise ObjectStoreError(f"shard {index} listed twice in the manifest of run {run_id!r}")
         shards.append(
@@ -273,7 +273,7 @@ def read_run(store: ObjectStore, run_id: str) -> list[dict[str, Any]]:
         raise ObjectStoreError(f"{store.url(key)} describes run {manifest.get('run_id')!r}, not {run_id!r}")
     records: list[dict[str, Any]] = []
     for shard in manifest.get("shards") or []:
-        entry = (shard.get("files") or {}).get("jsonl")
+        entry: Any = (shard.get("files") or {}).get("jsonl")  # JSON, checked by _fetch_verified
         data = _fetch_verified(store, entry, key)
         records.extend(_decode_jsonl(data, store.url(entry["key"]), shard.get("n_records")))
     return records

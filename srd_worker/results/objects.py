@@ -333,7 +333,7 @@ class S3ObjectStore:
         base = f"{self.prefix}/" if self.prefix else ""
 
         def run() -> list[str]:
-            keys = []
+            keys: list[str] = []
             for page in self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=base + prefix
             ):

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -67,7 +67,8 @@ def _put_shard(session: Session, store: ObjectStore, run_id: str, shard: Shard) 
     manifest = write_shard(
         store, run_id, shard.index, records, spec=spec, versions=versions, config_hash=config_hash
     )
-    uploads.mark_shard_uploaded(session=session, shard_id=shard.id)
+    # shard.id is a primary key read back from the database: never None (None only before an insert).
+    uploads.mark_shard_uploaded(session=session, shard_id=cast(int, shard.id))
     return manifest
 
 
@@ -248,12 +249,14 @@ class PendingUploads:
             return
         if time.monotonic() < self._not_before:
             return
-        self._thread = threading.Thread(target=self._run, args=(db,), name="srdq-uploads", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(db, self.store), name="srdq-uploads", daemon=True
+        )
         self._thread.start()
 
-    def _run(self, db: Engine) -> None:
+    def _run(self, db: Engine, store: ObjectStore) -> None:
         try:
-            reports = sync_pending(db, self.store)
+            reports = sync_pending(db, store)
         except Exception as exc:  # store or database down: try again later
             self.failures += 1
             wait = min(self.max_backoff_s, self.interval_s * 2 ** (self.failures - 1))

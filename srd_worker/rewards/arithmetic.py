@@ -73,6 +73,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
+from typing import cast
 
 from srd_worker.errors import RewardError
 
@@ -184,8 +185,8 @@ def _eval_source(source: str, leaves: Sequence[Fraction] | None = None) -> tuple
     def walk(node: ast.AST) -> Fraction:
         nonlocal binops
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            if leaves is not None:
-                return leaves[node.value]
+            if leaves is not None:  # the source holds leaf indices only: int literals (see _values)
+                return leaves[cast(int, node.value)]
             # The literal as written, exactly (a float would turn 0.1 into 0.1000000000000000055...).
             segment = ast.get_source_segment(source, node)
             return Fraction(segment if segment is not None else str(node.value))
@@ -488,13 +489,13 @@ def _scan(
                 if best is None or key[:2] > best[:2]:
                     best = key
         assert best is not None
-        ok, _, c, v = best
+        ok, _, computed_value, claimed_value = best
         start = toks[s].start
         claims.append(
             Claim(
                 expression=text[start : eq.start].strip(),
-                claimed=_to_float(v),
-                computed=_to_float(c),
+                claimed=_to_float(claimed_value),
+                computed=_to_float(computed_value),
                 ok=ok,
                 text=text[start:end],
                 source=source,
@@ -557,8 +558,8 @@ def check_claims(
         cut_points.append((len(offsets), inner_claims))
         pos = m.end()
     tail = text[pos:]
-    if not complete and (m := _OPEN_ANNOTATION_RE.search(tail)):
-        tail = tail[: m.start()]
+    if not complete and (opened := _OPEN_ANNOTATION_RE.search(tail)):
+        tail = tail[: opened.start()]
     kept.append(tail)
     offsets.extend(range(pos, pos + len(tail)))
     stripped = "".join(kept)

@@ -117,7 +117,8 @@ class HFOutcomeReward(SoftScoring):
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 0) or 0) or None
         # Take the last token's hidden state ourselves when the head is the usual ``score`` linear layer
         # (Llama, Qwen2, Mistral, ...); otherwise rely on the model's own pooling.
-        self._base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), None)
+        # The model's base transformer module (any torch module), or None: used only when ``_manual``.
+        self._base: Any = getattr(self.model, getattr(self.model, "base_model_prefix", ""), None)
         self._manual = self._base is not None and hasattr(self.model, "score")
         if not self._manual and getattr(self.model.config, "pad_token_id", None) is None:
             self.model.config.pad_token_id = self.pad_id
@@ -131,8 +132,8 @@ class HFOutcomeReward(SoftScoring):
 
     def score_ids(self, ids: Sequence[Sequence[int]]) -> list[float]:
         """Scores of already tokenised RM inputs (``input_ids``), batched under the token budget."""
-        ids = [list(s) for s in ids]
-        for i, s in enumerate(ids):
+        seqs = [list(s) for s in ids]
+        for i, s in enumerate(seqs):
             if not s:
                 raise RewardError(f"item {i}: the reward input is empty")
             if self.max_context and len(s) > self.max_context:
@@ -141,9 +142,9 @@ class HFOutcomeReward(SoftScoring):
                     f"model's context of {self.max_context}"
                 )
         return run_batches(
-            [len(s) for s in ids],
+            [len(s) for s in seqs],
             self.max_tokens_per_batch,
-            lambda batch: self._score_batch([ids[i] for i in batch]),
+            lambda batch: self._score_batch([seqs[i] for i in batch]),
         )
 
     # ------------------------------------------------------------------ differentiable score (SoftScoring)

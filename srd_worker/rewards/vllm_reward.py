@@ -122,7 +122,12 @@ class VLLMReward:
             import weakref
 
             ref = weakref.ref(self)
-            atexit.register(lambda: (r := ref()) is not None and r.close())  # cached by the registry
+
+            def close_at_exit() -> None:  # cached by the registry: close it when the process exits
+                if (r := ref()) is not None:
+                    r.close()
+
+            atexit.register(close_at_exit)
         self.llm = llm
 
     def close(self) -> None:

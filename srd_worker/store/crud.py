@@ -13,8 +13,8 @@ import csv
 import io
 import json
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence, Sized
-from typing import Any, Protocol
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol, cast
 
 from sqlalchemy import func, insert, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -35,6 +35,14 @@ class ItemLike(Protocol):
     def gold(self) -> str: ...
     @property
     def meta(self) -> dict[str, Any]: ...
+
+
+class ItemsLike(Protocol):
+    """What ``insert_run`` takes as its items: a sized iterable of ``ItemLike`` (a sequence of them, or an
+    ``srd_worker.tasks.spool.ItemSpool``)."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[ItemLike]: ...
 
 
 def _dialect_insert(session: Session, model: type[SQLModel]) -> Any:
@@ -72,7 +80,7 @@ def insert_run(
     spec: dict[str, Any],
     config_hash: str,
     versions: dict[str, Any],
-    items: Sized | Sequence[ItemLike],
+    items: ItemsLike,
     shard_size: int,
     sweep_id: str | None = None,
     queue: str | None = None,
@@ -258,7 +266,8 @@ def _item_rows(session: Session, run_id: str, keys: Iterable[str]) -> dict[str, 
             ItemRow.run_id == run_id, col(ItemRow.item_key).in_(wanted)
         )
     ).all()
-    found = {key: (item_id, shard_index, position) for key, item_id, shard_index, position in rows}
+    # item.id is a primary key read back from the database: never None (None only before an insert).
+    found = {key: (cast(int, item_id), shard_index, position) for key, item_id, shard_index, position in rows}
     missing = sorted(wanted - found.keys())
     if missing:
         raise StoreError(f"run {run_id!r} has no items {missing[:5]}")
@@ -270,9 +279,9 @@ def load_checkpoints(
 ) -> dict[str, tuple[int, dict[str, Any]]]:
     """item_key -> (round, state) of every checkpointed item of the shard."""
     rows = session.exec(
-        select(ItemRow.item_key, Checkpoint.round, Checkpoint.state)
+        select(col(ItemRow.item_key), col(Checkpoint.round), col(Checkpoint.state))
         .select_from(Checkpoint)
-        .join(ItemRow, ItemRow.id == Checkpoint.item_id)
+        .join(ItemRow, col(ItemRow.id) == col(Checkpoint.item_id))
         .where(Checkpoint.run_id == run_id, Checkpoint.shard_index == shard_index)
     ).all()
     return {key: (round_, state) for key, round_, state in rows}
@@ -409,7 +418,7 @@ def record_gen_tokens(record: dict[str, Any] | None) -> int:
 
 def load_results(*, session: Session, run_id: str, shard_index: int | None = None) -> list[dict[str, Any]]:
     """The run's result records (or one shard's), in dataset order."""
-    query = select(Result.record).where(Result.run_id == run_id)
+    query = select(col(Result.record)).where(Result.run_id == run_id)
     if shard_index is not None:
         query = query.where(Result.shard_index == shard_index)
     return list(session.exec(query.order_by(col(Result.position))))

@@ -8,7 +8,7 @@ still be exported and reported.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import and_, func, or_
 from sqlmodel import Session, col, select
@@ -31,13 +31,13 @@ def items_with_records(*, session: Session, run_id: str) -> list[tuple[int, str,
     """(position, item_key, shard_index, question, gold, record or None) per item, in dataset order."""
     return list(
         session.exec(
-            select(
-                ItemRow.position,
-                ItemRow.item_key,
-                ItemRow.shard_index,
-                ItemRow.question,
-                ItemRow.gold,
-                Result.record,
+            select(  # type: ignore[call-overload]  # SQLModel types select() for at most 4 columns
+                col(ItemRow.position),
+                col(ItemRow.item_key),
+                col(ItemRow.shard_index),
+                col(ItemRow.question),
+                col(ItemRow.gold),
+                col(Result.record),
             )
             .select_from(ItemRow)
             .outerjoin(Result, col(Result.item_id) == col(ItemRow.id))
@@ -50,20 +50,26 @@ def items_with_records(*, session: Session, run_id: str) -> list[tuple[int, str,
 def run_header(*, session: Session, run_id: str) -> tuple[str, str, dict, str, int, datetime, datetime]:
     """(id, name, spec, status, n_items, created_at, updated_at) of the run; ``StoreError`` if none."""
     row = session.exec(
-        select(Run.id, Run.name, Run.spec, Run.status, Run.n_items, Run.created_at, Run.updated_at).where(
-            Run.id == run_id
-        )
+        select(  # type: ignore[call-overload]  # SQLModel types select() for at most 4 columns
+            col(Run.id),
+            col(Run.name),
+            col(Run.spec),
+            col(Run.status),
+            col(Run.n_items),
+            col(Run.created_at),
+            col(Run.updated_at),
+        ).where(Run.id == run_id)
     ).first()
     if row is None:
         raise StoreError(f"no run {run_id!r} in the database")
-    return tuple(row)  # type: ignore[return-value]
+    return tuple(row)
 
 
 def result_rows(*, session: Session, run_id: str) -> list[tuple[int, int, str | None, dict[str, Any]]]:
     """(item row id, shard_index, error, record) of every result of the run."""
     return list(
         session.exec(
-            select(Result.item_id, Result.shard_index, Result.error, Result.record).where(
+            select(col(Result.item_id), col(Result.shard_index), col(Result.error), col(Result.record)).where(
                 Result.run_id == run_id
             )
         ).all()
@@ -73,14 +79,17 @@ def result_rows(*, session: Session, run_id: str) -> list[tuple[int, int, str | 
 def checkpoint_states(*, session: Session, run_id: str) -> list[tuple[int, dict[str, Any]]]:
     """(item row id, state) of every checkpoint of the run."""
     return list(
-        session.exec(select(Checkpoint.item_id, Checkpoint.state).where(Checkpoint.run_id == run_id)).all()
+        session.exec(
+            select(col(Checkpoint.item_id), col(Checkpoint.state)).where(Checkpoint.run_id == run_id)
+        ).all()
     )
 
 
 def results_by_position(*, session: Session, run_id: str) -> list[tuple[int, int, dict[str, Any]]]:
     """(result id, item row id, record copy) of every result of the run, in dataset order."""
     rows = session.exec(select(Result).where(Result.run_id == run_id).order_by(col(Result.position)))
-    return [(r.id, r.item_id, dict(r.record)) for r in rows]
+    # r.id is a primary key read back from the database: never None (None only before an insert).
+    return [(cast(int, r.id), r.item_id, dict(r.record)) for r in rows]
 
 
 def recent_runs(*, session: Session, limit: int = 20) -> list[Run]:
@@ -93,8 +102,8 @@ def shard_states(*, session: Session, run_id: str) -> dict[str, tuple[int, int, 
     """state -> (shards, items done, items failed, generated tokens), summed over the run's shards in SQL
     (the counters ``crud.save_results`` keeps; the (run_id, status) index)."""
     rows = session.exec(
-        select(
-            Shard.status,
+        select(  # type: ignore[call-overload]  # SQLModel types select() for at most 4 columns
+            col(Shard.status),
             func.count(),
             func.coalesce(func.sum(Shard.n_done), 0),
             func.coalesce(func.sum(Shard.n_failed), 0),
@@ -126,7 +135,7 @@ def notable_condition() -> Any:
     """The shards ``srdq status`` lists without ``--all``: running, failed, and slow ones (pending again
     after an attempt crashed or raised: ``attempt`` > 0 or an error kept)."""
     retrying = and_(
-        Shard.status == Status.PENDING.value, or_(col(Shard.attempt) > 0, col(Shard.error).is_not(None))
+        col(Shard.status) == Status.PENDING.value, or_(col(Shard.attempt) > 0, col(Shard.error).is_not(None))
     )
     return or_(col(Shard.status).in_([Status.RUNNING.value, Status.FAILED.value]), retrying)
 

@@ -38,7 +38,7 @@ def shard_records(*, session: Session, run_id: str, shard_index: int) -> list[di
     """The shard's result records as stored, in dataset order."""
     return list(
         session.exec(
-            select(Result.record)
+            select(col(Result.record))
             .where(Result.run_id == run_id, Result.shard_index == shard_index)
             .order_by(col(Result.position))
         )

@@ -55,15 +55,16 @@ def run_grid(
     from srd_worker.store.db import make_engine, sqlite_url
     from srd_worker.sweep import SweepPlan, parse_sweep, prepare_sweep, run_sweep_local
 
+    settings = settings or Settings(device="cpu")
     parsed = parse_sweep(sweep)
-    sid, prepared = prepare_sweep(parsed)
+    sid, prepared = prepare_sweep(parsed, settings=settings)  # the run ids name these engine settings
     plan = SweepPlan(sid, "testbed", parsed, prepared)
     out = Path(out_dir)
 
     def on_point(i: int, point: Any, run_id: str, state: str) -> None:
         log(f"[{i + 1}/{len(prepared)}] {run_id} {point.method} {point.params} seed {point.seed}: {state}")
 
-    run_sweep_local(plan, out_dir=out, settings=settings or Settings(device="cpu"), on_point=on_point)
+    run_sweep_local(plan, out_dir=out, settings=settings, on_point=on_point)
     db = make_engine(sqlite_url(out / "srdq.db"))
     try:
         return load_report_runs(db, plan.run_ids)
@@ -90,9 +91,15 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = Fa
     for k in ks:
         if k > n:
             continue
-        best, vote, tokens, passed = [], [], [], []
+        best: list[list[float | None]] = []
+        vote: list[list[float | None]] = []
+        tokens: list[list[float | None]] = []
+        passed: list[list[float | None]] = []
         for i in items:
-            b_row, v_row, t_row, p_row = [], [], [], []
+            b_row: list[float | None] = []
+            v_row: list[float | None] = []
+            t_row: list[float | None] = []
+            p_row: list[float | None] = []
             for s in order:
                 cands = (usable(seeds[s][i]) or [])[:n]
                 if not cands:

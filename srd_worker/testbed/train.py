@@ -470,7 +470,7 @@ def build(
     evaluation: dict[str, Any] = {}
     for name in ("policy", "draft"):
         for mode, greedy in (("greedy", True), ("sampled", False)):
-            resp = generate(
+            test_resp = generate(
                 models[name],
                 tokenizer,
                 test_prompts,
@@ -478,7 +478,7 @@ def build(
                 seed=seed + 7,
                 max_new_tokens=cfg.max_new_tokens,
             )
-            evaluation[f"{name}_{mode}"] = _accuracy(test, grade(test, resp))
+            evaluation[f"{name}_{mode}"] = _accuracy(test, grade(test, test_resp))
             log(f"{name} {mode}: {json.dumps(evaluation[f'{name}_{mode}'])}")
     log(f"evaluation took {time.perf_counter() - t0:.0f}s")
     timings["evaluate_s"] = round(time.perf_counter() - t0, 1)
@@ -544,7 +544,8 @@ def build(
             log(f"  rm step {step:4d}/{cfg.rm_steps} loss {loss.item():.4f}")
     rm.eval()
     _save(rm, tokenizer, out / "rm")
-    rm.to(torch.bfloat16).to(torch.float32)
+    # transformers' @wraps(nn.Module.to) leaves the stubs' .to unbound (self not filled in)
+    rm.to(torch.bfloat16).to(torch.float32)  # type: ignore[arg-type]
     rm_eval: dict[str, Any] = {"samples": len(responses), "sample_accuracy": round(sample_acc, 4)}
     with torch.inference_mode():
         for kind, pairs in held.items():

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker import __version__
 from srd_worker.encoding import sorted_json
@@ -37,6 +37,9 @@ from srd_worker.fileutil import write_atomic
 from srd_worker.runner import RoundReport, run_shard
 from srd_worker.spec import PreparedRun
 from srd_worker.wiring import check_spec, probe_sources, wire
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.local")
 
@@ -162,7 +165,7 @@ def close_all(objs: list[Any]) -> None:
 
 
 def refuse_other_config(
-    run_id: str, out: Path, engine_name: str, versions: dict[str, Any], settings: Any
+    run_id: str, out: Path, engine_name: str, versions: dict[str, Any], settings: Settings
 ) -> None:
     """``SrdqError`` when ``run_id`` in ``out`` was made with engine settings that change results (dtype,
     device, batching mode, KV reuse: ``provenance.engine_config``) other than these: resuming would mix
@@ -204,7 +207,7 @@ def run_local(
     prepared: PreparedRun,
     *,
     out_dir: str | Path,
-    settings: Any,
+    settings: Settings,
     engine: Any = None,
     on_start: Callable[[str, int, int], None] | None = None,
     on_round: Callable[[RoundReport], None] | None = None,

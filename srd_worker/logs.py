@@ -19,7 +19,10 @@ import re
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 #: Structured fields a log call may pass in ``extra`` (they become JSON keys; text lines append them).
 EVENT_FIELDS = (
@@ -115,7 +118,7 @@ def formatter(fmt: str) -> logging.Formatter:
     return JsonFormatter() if fmt == "json" else TextFormatter()
 
 
-def settings_secrets(settings: Any) -> list[str]:
+def settings_secrets(settings: Settings) -> list[str]:
     """The secret values in ``settings`` that a line must never show."""
     out = []
     for name in ("aws_secret_access_key", "openai_api_key"):

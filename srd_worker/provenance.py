@@ -33,7 +33,10 @@ import logging
 import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.provenance")
 
@@ -192,7 +195,7 @@ def reward_revision(reward: str | None, *, cache_dir: Path | None = None) -> dic
 _RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
 
 
-def engine_config(engine_name: str, settings: Any, *, resolve_device: bool = True) -> dict[str, Any]:
+def engine_config(engine_name: str, settings: Settings, *, resolve_device: bool = True) -> dict[str, Any]:
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism. The openai engine's
     server decides its own. Named by the run id (``RunSpec.engine_config``, with the device as configured:
@@ -218,7 +221,7 @@ def engine_config(engine_name: str, settings: Any, *, resolve_device: bool = Tru
     return {}
 
 
-def applied_settings(settings: Any, engine_config: dict[str, Any]) -> Any:
+def applied_settings(settings: Settings, engine_config: dict[str, Any]) -> Settings:
     """``settings`` with a run's engine configuration (``RunSpec.engine_config``) applied: the engine a
     run is resumed or leased with is built the way its run id says, whatever this process's SRDQ_*
     variables say. A spec without one (made before run ids named it) leaves the settings as they are."""
@@ -247,9 +250,9 @@ def config_conflict(
     return None
 
 
-def runtime_record(spec: Any, engine: Any, *, settings: Any = None) -> dict[str, Any]:
+def runtime_record(spec: Any, engine: Any, *, settings: Settings | None = None) -> dict[str, Any]:
     """The record of what ``spec`` runs with on ``engine`` here (computed once per engine and reward)."""
-    cache_dir = getattr(settings, "cache_dir", None)
+    cache_dir = settings.cache_dir if settings is not None else None
     key = (id(engine), spec.reward, spec.model)
     if key in _RECORDS:
         return _RECORDS[key]
@@ -276,7 +279,9 @@ def runtime_record(spec: Any, engine: Any, *, settings: Any = None) -> dict[str,
     return record
 
 
-def record_runtime(db: Any, run_id: str, spec: Any, engine: Any, *, settings: Any = None) -> dict[str, Any]:
+def record_runtime(
+    db: Any, run_id: str, spec: Any, engine: Any, *, settings: Settings | None = None
+) -> dict[str, Any]:
     """Compute this process's runtime record and add it to the run's ``versions["runtime"]`` (once per
     distinct record). Errors are logged, never raised: provenance must not stop a run."""
     from srd_worker.store import crud

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
@@ -37,6 +37,9 @@ from srd_worker.store.db import session_scope
 from srd_worker.store.models import utcnow
 from srd_worker.tasks.base import Item
 from srd_worker.wiring import check_spec, probe_sources, wire
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.service")
 
@@ -172,7 +175,7 @@ class EngineCache:
     """One engine per (engine name, model, engine configuration) per process, built on first use (after
     the worker's fork) with the worker's settings and the run's ``engine_config`` applied."""
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._engines: dict[tuple[str, str, str], Any] = {}
         self._lock = threading.Lock()
@@ -248,7 +251,7 @@ class SliceConfig:
     slice_seconds: float = 600.0
 
     @classmethod
-    def from_settings(cls, settings: Any) -> SliceConfig:
+    def from_settings(cls, settings: Settings) -> SliceConfig:
         return cls(settings.lease_ttl_s, settings.slice_rounds, settings.max_attempts, settings.slice_seconds)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,9 @@ from srd_worker.methods.base import Method
 from srd_worker.methods.registry import build_method
 from srd_worker.tasks.base import Item, Task
 from srd_worker.tasks.spool import ItemSpool
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 
 class RunSpec(BaseModel):
@@ -108,7 +111,7 @@ def prepare_run(
     engine: str = "transformers",
     stream: bool = False,
     spool: ItemSpool | None = None,
-    settings: Any = None,
+    settings: Settings | None = None,
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
     is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
@@ -175,7 +178,7 @@ def prepare_run(
         raise
 
 
-def _engine_config(engine: str, settings: Any) -> dict[str, Any]:
+def _engine_config(engine: str, settings: Settings | None) -> dict[str, Any]:
     from srd_worker.provenance import engine_config
 
     if settings is None:
@@ -201,7 +204,7 @@ def _prepared(
     limit: int | None,
     shard_size: int | None,
     fields: dict[str, str] | None,
-    settings: Any = None,
+    settings: Settings | None = None,
 ) -> PreparedRun:
     if not len(items):
         raise DatasetError("no rows to run", path=str(dataset))

@@ -37,9 +37,12 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.errors import ConfigError
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 TOP_FIELDS = ("dataset", "task", "model", "reward", "engine", "limit", "shard_size", "seeds", "methods")
 METHOD_FIELDS = ("method", "n", "params")
@@ -172,7 +175,7 @@ def prepare_sweep(
     base_dir: str | Path | None = None,
     default_shard_size: int | None = None,
     stream: bool = False,
-    settings: Any = None,
+    settings: Settings | None = None,
 ) -> tuple[str, list[Any]]:
     """(sweep id, one ``spec.PreparedRun`` per point), every point validated before anything is written.
     A relative dataset path is taken from ``base_dir`` when it exists there. An invalid point raises one
@@ -307,7 +310,7 @@ def run_sweep_local(
     plan: SweepPlan,
     *,
     out_dir: str | Path,
-    settings: Any,
+    settings: Settings,
     on_point: Callable[[int, SweepRun, str, str], None] | None = None,
     on_done: Callable[[PointResult], None] | None = None,
     on_start: Callable[[str, int, int], None] | None = None,

@@ -10,17 +10,22 @@ both paths (``spec.prepare_run``, and again in ``service.submit`` before anythin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from srd_worker.engines.base import Engine
 from srd_worker.methods.base import Method
+from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Task
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 
 @dataclass
 class Wired:
     method: Method
-    engine: Any
-    reward: Any
+    engine: Engine
+    reward: RewardModel | None
     task: Task
 
 
@@ -46,7 +51,7 @@ def check_spec(method: Method, *, engine: str, reward: str | None) -> None:
         check_draft_model(draft)
 
 
-def probe_sources(spec: Any, *, settings: Any = None, everything: bool = True) -> None:
+def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bool = True) -> None:
     """Check that the models a spec names can be loaded (``engines.loading.probe_model``: a folder's
     config, weights and tokenizer, a built-in model's package, a cached hub id), for the policy and for
     a reward or judge backed by a model: ``ModelLoadError`` before anything is written. ``everything``
@@ -66,16 +71,17 @@ def probe_sources(spec: Any, *, settings: Any = None, everything: bool = True) -
     reward = spec.reward
     if reward and ":" in reward and reward.partition(":")[0] in MODEL_REWARDS:
         kind, model, _style = parse_reward_name(reward)
-        judge_engine = getattr(settings, "judge_engine", "transformers")  # settings None: the default
+        judge_engine = settings.judge_engine if settings is not None else "transformers"
         if kind in ("judge", "judge-step") and judge_engine == "openai":
             return
         remote = kind == "vllm-rm" or (kind in ("judge", "judge-step") and judge_engine == "vllm")
         probe(model, f"reward model ({kind})", remote)
 
 
-def wire(spec: Any, *, settings: Any, engine: Any = None) -> Wired:
-    """Build what ``spec`` (a ``RunSpec``) runs with: the method from its name and params, the engine
-    (``engine`` if given, e.g. a worker's cached one, else built from ``spec.engine`` and ``spec.model``),
+def wire(spec: Any, *, settings: Settings, engine: Engine | None = None) -> Wired:
+    """Build what ``spec`` (a ``spec.RunSpec``, the layer above, so not named in the signature) runs with:
+    the method from its name and params, the engine (``engine`` if given, e.g. a worker's cached one, else
+    built from ``spec.engine`` and ``spec.model``),
     the reward over that engine, and the task with its ``--field`` mapping. Raises before building the
     engine when the spec is incompatible, and after when the built engine lacks a capability."""
     from srd_worker.engines.registry import build_engine

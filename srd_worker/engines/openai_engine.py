@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import (
     CAP_LOGPROBS,
@@ -64,6 +64,9 @@ from srd_worker.engines.base import (
     token_budget,
 )
 from srd_worker.errors import ConfigError, EngineError, EngineUnavailable, ModelLoadError
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.openai")
 
@@ -172,7 +175,7 @@ class OpenAIClient:
             raise EngineUnavailable(f"model server {self.base_url} unavailable: {exc}") from exc
 
 
-def _load_tokenizer(name: str, settings: Any) -> Any:
+def _load_tokenizer(name: str, settings: Settings) -> Any:
     """The HF tokenizer of ``name`` (see the module docstring), wrapped as the engine's Tokenizer. Only
     tokenizer files are read: ``smollm2``'s comes from its GGUF file, not from the exported model."""
     from srd_worker.engines.loading import (
@@ -202,10 +205,10 @@ def _load_tokenizer(name: str, settings: Any) -> Any:
         ) from exc
 
 
-def check_settings(settings: Any) -> str:
+def check_settings(settings: Settings) -> str:
     """The server URL from the settings; ConfigError naming SRDQ_OPENAI_BASE_URL when it is missing or not
     an http(s) URL (``srdq run`` checks this before it writes anything)."""
-    base = getattr(settings, "openai_base_url", None)
+    base = settings.openai_base_url
     if not base:
         raise ConfigError(
             "the openai engine needs the model server's URL: set SRDQ_OPENAI_BASE_URL (e.g. http://127.0.0.1:8000/v1)"
@@ -267,26 +270,26 @@ class OpenAIEngine:
         self.server_version = self._server_version()
 
     @classmethod
-    def from_settings(cls, model: str, settings: Any) -> OpenAIEngine:
+    def from_settings(cls, model: str, settings: Settings) -> OpenAIEngine:
         base = check_settings(settings)
-        key: Any = getattr(settings, "openai_api_key", None)
+        key: Any = settings.openai_api_key
         key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
         key = key or os.environ.get("OPENAI_API_KEY") or None
-        concurrency = int(getattr(settings, "openai_concurrency", 16))
+        concurrency = int(settings.openai_concurrency)
         client = OpenAIClient(
             base,
             api_key=key,
-            timeout_s=float(getattr(settings, "openai_timeout_s", 600.0)),
-            retry_s=float(getattr(settings, "openai_retry_s", 300.0)),
+            timeout_s=float(settings.openai_timeout_s),
+            retry_s=float(settings.openai_retry_s),
             concurrency=concurrency,
         )
-        tokenizer_name = getattr(settings, "openai_tokenizer", None) or model
+        tokenizer_name = settings.openai_tokenizer or model
         tokenizer = _load_tokenizer(tokenizer_name, settings)
         return cls(
             client,
             model,
             tokenizer,
-            max_context=getattr(settings, "openai_max_context", None),
+            max_context=settings.openai_max_context,
             concurrency=concurrency,
             tokenizer_source=tokenizer_name,
         )

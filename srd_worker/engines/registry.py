@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import CAP_FULL_LOGITS, CAP_GRADIENTS, CAP_LOGPROBS, CAP_SAMPLING, Engine
 from srd_worker.errors import ConfigError
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -23,19 +26,19 @@ class EngineEntry:
     summary: str
 
 
-def _transformers(model: str, settings: Any) -> Engine:
+def _transformers(model: str, settings: Settings) -> Engine:
     from srd_worker.engines.transformers_engine import TransformersEngine
 
     return TransformersEngine.from_name(model, settings=settings)
 
 
-def _vllm(model: str, settings: Any) -> Engine:
+def _vllm(model: str, settings: Settings) -> Engine:
     from srd_worker.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine.from_name(model, settings=settings)
 
 
-def _openai(model: str, settings: Any) -> Engine:
+def _openai(model: str, settings: Settings) -> Engine:
     from srd_worker.engines.openai_engine import OpenAIEngine
 
     return OpenAIEngine.from_settings(model, settings)
@@ -73,7 +76,7 @@ def engine_capabilities(name: str) -> frozenset[str]:
     return _entry(name).capabilities
 
 
-def check_engine_settings(name: str, settings: Any) -> None:
+def check_engine_settings(name: str, settings: Settings) -> None:
     """ConfigError when a setting engine ``name`` cannot start without is missing or malformed (the openai
     engine's server URL); cheap, no I/O. ``srdq run`` calls it before writing anything."""
     if name == "openai":
@@ -82,6 +85,6 @@ def check_engine_settings(name: str, settings: Any) -> None:
         check_settings(settings)
 
 
-def build_engine(name: str, model: str, settings: Any) -> Engine:
+def build_engine(name: str, model: str, settings: Settings) -> Engine:
     """Build engine ``name`` over ``model`` with the settings' dtype, device, cache and GPU options."""
     return _entry(name).factory(model, settings)

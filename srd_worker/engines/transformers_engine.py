@@ -46,7 +46,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import (
     CAP_FULL_LOGITS,
@@ -59,6 +59,9 @@ from srd_worker.engines.base import (
 )
 from srd_worker.engines.prefix_kv import BLOCK, KVEntry, PrefixKVStore
 from srd_worker.errors import EngineError
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 
 def _generators(requests: Sequence[GenerationRequest]) -> list[Any]:
@@ -163,7 +166,7 @@ class TransformersEngine:
         self._has_logits_to_keep = "logits_to_keep" in params
 
     @classmethod
-    def from_name(cls, name: str, *, settings: Any, max_batch_size: int = 64) -> TransformersEngine:
+    def from_name(cls, name: str, *, settings: Settings, max_batch_size: int = 64) -> TransformersEngine:
         """Build from a model name (see ``engines.loading``) using the settings' cache, dtype and device."""
         import torch
 
@@ -179,9 +182,9 @@ class TransformersEngine:
             max_batch_size=max_batch_size,
             model_name=name,
             batch_invariant=settings.batch_invariant,
-            invariant_rows=getattr(settings, "invariant_rows", 4),
-            kv_reuse=getattr(settings, "kv_reuse", False),
-            kv_reuse_mb=getattr(settings, "kv_reuse_mb", 1024.0),
+            invariant_rows=settings.invariant_rows,
+            kv_reuse=settings.kv_reuse,
+            kv_reuse_mb=settings.kv_reuse_mb,
         )
 
     @property

@@ -58,7 +58,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import (
     CAP_LOGPROBS,
@@ -70,6 +70,9 @@ from srd_worker.engines.base import (
 )
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 INSTALL_HINT = (
     "the 'vllm' engine needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
@@ -93,7 +96,7 @@ def vllm_on_cpu() -> bool:
         return not torch.cuda.is_available()
 
 
-def memory_kwargs(settings: Any, on_cpu: bool) -> dict[str, Any]:
+def memory_kwargs(settings: Settings, on_cpu: bool) -> dict[str, Any]:
     """vLLM's memory arguments: on CPU a fixed KV cache (``SRDQ_VLLM_CPU_KV_CACHE_GB``), on GPUs a share of
     each GPU (``SRDQ_GPU_MEMORY_UTILIZATION``). Raises EngineError before start-up when the machine does
     not have that much RAM free (vLLM's own message would name its flag, not srdq's setting)."""
@@ -115,7 +118,7 @@ def memory_kwargs(settings: Any, on_cpu: bool) -> dict[str, Any]:
     return {"kv_cache_memory_bytes": kv_bytes}
 
 
-def memory_hint(settings: Any, on_cpu: bool) -> str:
+def memory_hint(settings: Settings, on_cpu: bool) -> str:
     """What to change when vLLM refuses to start for lack of memory (srdq's settings, not vLLM's flags)."""
     if on_cpu:
         return (
@@ -364,7 +367,7 @@ class VLLMEngine:
         self._guard = None
 
     @classmethod
-    def from_name(cls, name: str, *, settings: Any, **llm_kwargs: Any) -> VLLMEngine:
+    def from_name(cls, name: str, *, settings: Settings, **llm_kwargs: Any) -> VLLMEngine:
         """Build ``vllm.LLM`` for a model name (a local folder, a Hugging Face id, ``smollm2`` or
         ``tiny-random-llama``) with the settings' dtype, tensor_parallel_size and gpu_memory_utilization.
         Extra keyword arguments go to ``vllm.LLM`` (e.g. ``max_model_len``)."""
@@ -392,11 +395,11 @@ class VLLMEngine:
             seed=0,
             **memory_kwargs(settings, on_cpu),
         )
-        if getattr(settings, "vllm_enforce_eager", False):
+        if settings.vllm_enforce_eager:
             kwargs["enforce_eager"] = True
         if on_cpu:
             kwargs.update(cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len")))
-            bind = cpu_threads(str(getattr(settings, "vllm_cpu_threads", "auto")))
+            bind = cpu_threads(str(settings.vllm_cpu_threads))
             single = int(kwargs["tensor_parallel_size"]) == 1  # a list per rank otherwise: vLLM's own
             if bind is not None and single and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind

@@ -314,6 +314,8 @@ class Method(Generic[StateT, ParamsT]):
     Params: ClassVar[type[MethodParams]]
     summary: ClassVar[str] = ""
     needs_reward: ClassVar[bool] = False
+    #: the reward must have a differentiable score (gradient-based decoding: ∇-Reasoner)
+    needs_differentiable_reward: ClassVar[bool] = False
     needs_capabilities: ClassVar[frozenset[str]] = frozenset({CAP_SAMPLING})
 
     def __init__(self, params: ParamsT) -> None:

@@ -71,7 +71,7 @@ def check_compatible(
         raise ConfigError(
             f"method '{method.name}' needs a reward model: pass --reward (e.g. arithmetic, lm_judge)"
         )
-    if getattr(method, "needs_differentiable_reward", False) and reward_differentiable is False:
+    if method.needs_differentiable_reward and reward_differentiable is False:
         raise CapabilityError(
             f"method '{method.name}' needs a differentiable reward (hf-orm:MODEL, hf-prm:MODEL or lm_judge); "
             f"reward '{reward_name}' gives no gradient"

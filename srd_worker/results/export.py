@@ -13,7 +13,7 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
@@ -24,6 +24,9 @@ from srd_worker.results.artifacts import encode_jsonl
 from srd_worker.results.objects import open_store
 from srd_worker.store import queries
 from srd_worker.store.db import session_scope
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 EXPORT_FORMATS = ("parquet", "jsonl", "csv")
 CONTENT_TYPES = {
@@ -193,7 +196,12 @@ def encode_export(rows: list[dict[str, Any]], fmt: str) -> bytes:
 
 
 def write_output(
-    data: bytes, out: str, *, default_name: str, content_type: str | None = None, settings: Any = None
+    data: bytes,
+    out: str,
+    *,
+    default_name: str,
+    content_type: str | None = None,
+    settings: Settings | None = None,
 ) -> str:
     """Write ``data`` to ``s3://BUCKET/KEY`` (through the object store) or a local path (atomically);
     a local path that is a folder gets ``default_name`` inside it. Returns where it went."""
@@ -221,7 +229,7 @@ def write_output(
 
 
 def export_run(
-    db: Engine, run_id: str, fmt: str, out: str, *, settings: Any = None
+    db: Engine, run_id: str, fmt: str, out: str, *, settings: Settings | None = None
 ) -> tuple[str, list[dict]]:
     """Export ``run_id`` from the database to ``out``; returns (where, rows)."""
     if fmt not in EXPORT_FORMATS:

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Engine
 from sqlmodel import Session
@@ -37,6 +37,9 @@ from srd_worker.results.objects import ObjectStore, open_store
 from srd_worker.store import crud, uploads
 from srd_worker.store.db import session_scope
 from srd_worker.store.models import Shard, Status
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.sync")
 
@@ -210,7 +213,7 @@ def sync_pending(db: Engine, store: ObjectStore, *, limit: int = 50) -> list[Syn
     return reports
 
 
-def store_from_settings(settings: Any) -> ObjectStore | None:
+def store_from_settings(settings: Settings) -> ObjectStore | None:
     """The store workers upload to (``settings.object_store_url``; no I/O), or None, logged, when that
     is empty (uploads off) or invalid: a bad URL must not stop the worker from running shards."""
     url = (settings.object_store_url or "").strip()

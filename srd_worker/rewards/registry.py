@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import Engine
 from srd_worker.errors import ConfigError
@@ -32,6 +32,9 @@ from srd_worker.paths import TESTBED_ARTIFACTS_DIR
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.rewards.base import RewardModel
 from srd_worker.rewards.lm_judge import LMJudgeReward
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.rewards")
 
@@ -127,7 +130,7 @@ def check_reward_name(name: str) -> None:
         parse_reward_name(name)
 
 
-def _build_model_reward(name: str, settings: Any) -> RewardModel:
+def _build_model_reward(name: str, settings: Settings | None) -> RewardModel:
     kind, model, style = parse_reward_name(name)
     if settings is None:
         from srd_worker.settings import get_settings
@@ -173,7 +176,7 @@ def _build_model_reward(name: str, settings: Any) -> RewardModel:
     return reward
 
 
-def _build_judge(kind: str, model: str, settings: Any) -> RewardModel:
+def _build_judge(kind: str, model: str, settings: Settings) -> RewardModel:
     """``judge:MODEL`` / ``judge-step:MODEL``: an ``LMJudgeReward`` over an engine of its own for MODEL,
     of kind ``settings.judge_engine``; the openai kind talks to ``settings.judge_base_url``."""
     from srd_worker.engines.registry import ENGINES, build_engine
@@ -210,7 +213,7 @@ def close_rewards() -> None:
     _BUILT.clear()
 
 
-def build_reward(name: str, engine: Engine | None, *, settings: Any = None) -> RewardModel | None:
+def build_reward(name: str, engine: Engine | None, *, settings: Settings | None = None) -> RewardModel | None:
     """The reward model called ``name``; None for ``"none"``. Raises ConfigError for an unknown name.
     ``settings`` (device, dtype, GPU share) is read from the environment when not given."""
     if name in REWARDS:

@@ -17,9 +17,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from srd_worker.reports.stats import Interval, bootstrap_ci
+
+if TYPE_CHECKING:
+    from srd_worker.settings import Settings
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Row:
 
 
 def run_grid(
-    sweep: dict[str, Any], out_dir: str | Path, *, settings: Any = None, log: Any = print
+    sweep: dict[str, Any], out_dir: str | Path, *, settings: Settings | None = None, log: Any = print
 ) -> list[Any]:
     """Run every point of ``sweep`` (embedded, one SQLite store under ``out_dir``); the runs' records."""
     from srd_worker.reports.loading import load_report_runs

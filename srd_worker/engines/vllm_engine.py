@@ -56,7 +56,8 @@ import importlib
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -274,6 +275,41 @@ def shutdown_llm(llm: Any) -> None:
                 log.warning("vLLM shutdown: %s", exc)
 
 
+@dataclass
+class LLMProcesses:
+    """The processes one ``vllm.LLM`` started (engine core, workers) and the guard that kills them if this
+    process dies without closing it (``start_guard``)."""
+
+    children: set[int] = field(default_factory=set)
+    guard: Any = None
+
+
+def start_llm(make: Callable[[], Any]) -> tuple[Any, LLMProcesses]:
+    """Start a ``vllm.LLM`` with ``make()`` and note the processes it started; when the start fails (Ctrl-C
+    during start-up too) the half-started processes are reaped before the error propagates. The one
+    start-up of the generation engine (``VLLMEngine``) and the pooling reward (``rewards.vllm_reward``)."""
+    before = _child_pids()
+    try:
+        llm = make()
+    except BaseException:
+        _reap(_child_pids() - before, timeout=5)
+        raise
+    children = _child_pids() - before
+    return llm, LLMProcesses(children, start_guard(children))
+
+
+def close_llm(llm: Any, procs: LLMProcesses) -> None:
+    """Shut ``llm`` down (``shutdown_llm``) and wait for its processes to exit, then stop their guard. The
+    one shutdown sequence of ``VLLMEngine.close`` and ``VLLMReward.close``."""
+    shutdown_llm(llm)
+    del llm
+    gc.collect()
+    _reap(procs.children)
+    procs.children = set()
+    stop_guard(procs.guard)
+    procs.guard = None
+
+
 def import_vllm() -> Any:
     """The ``vllm`` module, or EngineError with install instructions when it is missing."""
     try:
@@ -350,21 +386,13 @@ class VLLMEngine:
         self.model_name = model_name
         self.max_context = int(max_context) if max_context else _max_model_len(llm)
         self.stats = EngineStats()
-        self._children: set[int] = set()  # vLLM's processes (from_name), reaped by close()
-        self._guard: Any = None  # kills them if this process dies without close() (start_guard)
+        self._procs = LLMProcesses()  # vLLM's processes (from_name), reaped by close()
 
     def close(self) -> None:
         """Shut vLLM down and wait for its processes (engine core, workers) to exit; idempotent."""
         llm, self.llm = self.llm, None
-        if llm is None:
-            return
-        shutdown_llm(llm)
-        del llm
-        gc.collect()
-        _reap(self._children)
-        self._children = set()
-        stop_guard(self._guard)
-        self._guard = None
+        if llm is not None:
+            close_llm(llm, self._procs)
 
     @classmethod
     def from_name(cls, name: str, *, settings: Settings, **llm_kwargs: Any) -> VLLMEngine:
@@ -405,11 +433,9 @@ class VLLMEngine:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
         kwargs.update(llm_kwargs)
         prepare_process(int(kwargs["tensor_parallel_size"]))
-        before = _child_pids()
         try:
-            llm = vllm.LLM(**kwargs)
-        except BaseException as exc:  # Ctrl-C during start-up too: no half-started engine core left
-            _reap(_child_pids() - before, timeout=5)
+            llm, procs = start_llm(lambda: vllm.LLM(**kwargs))
+        except BaseException as exc:  # Ctrl-C during start-up too: start_llm left no engine core behind
             text = str(exc).lower()
             if isinstance(exc, Exception) and (
                 "memory" in text or "engine core initialization failed" in text
@@ -420,8 +446,7 @@ class VLLMEngine:
                 ) from exc
             raise
         engine = cls(llm, tokenizer, model_name=name)
-        engine._children = _child_pids() - before
-        engine._guard = start_guard(engine._children)
+        engine._procs = procs
         return engine
         return cls(llm, tokenizer, model_name=name)
 

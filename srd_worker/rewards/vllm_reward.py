@@ -81,6 +81,8 @@ class VLLMReward:
         **llm_kwargs: Any,
     ) -> None:
         vllm = _import_vllm()
+        from srd_worker.engines.vllm_engine import LLMProcesses, prepare_process, start_llm, vllm_on_cpu
+
         if max_tokens_per_batch < 1:
             raise RewardError(f"max_tokens_per_batch must be >= 1, got {max_tokens_per_batch}")
         self.name = f"vllm-rm:{model_name_or_path}"
@@ -95,11 +97,8 @@ class VLLMReward:
             tokenizer = load_tokenizer(self.model_name)
         self.tokenizer = tokenizer
         self._owns_llm = llm is None
-        self._children: set[int] = set()
-        self._guard = None
+        self._procs = LLMProcesses()
         if llm is None:
-            from srd_worker.engines.vllm_engine import _child_pids, prepare_process, start_guard, vllm_on_cpu
-
             prepare_process(int(tensor_parallel_size))
             common = dict(
                 model=self.model_name,
@@ -111,13 +110,14 @@ class VLLMReward:
                 common.setdefault("kv_cache_memory_bytes", int(float(cpu_kv_cache_gb) * (1 << 30)))
             else:
                 common["gpu_memory_utilization"] = float(gpu_memory_utilization)
-            before = _child_pids()
-            try:
-                llm = vllm.LLM(runner="pooling", **common)
-            except TypeError:  # vLLM < 0.10 has no `runner`
-                llm = vllm.LLM(task="reward", **common)
-            self._children = _child_pids() - before
-            self._guard = start_guard(self._children)
+
+            def make() -> Any:
+                try:
+                    return vllm.LLM(runner="pooling", **common)
+                except TypeError:  # vLLM < 0.10 has no `runner`
+                    return vllm.LLM(task="reward", **common)
+
+            llm, self._procs = start_llm(make)
             import atexit
             import weakref
 
@@ -134,17 +134,9 @@ class VLLMReward:
         """Shut the pooling model's vLLM engine down (as ``VLLMEngine.close``); idempotent."""
         llm, self.llm = self.llm, None
         if llm is not None and self._owns_llm:
-            from srd_worker.engines.vllm_engine import _reap, shutdown_llm, stop_guard
+            from srd_worker.engines.vllm_engine import close_llm
 
-            shutdown_llm(llm)
-            del llm
-            import gc
-
-            gc.collect()
-            _reap(self._children)
-            self._children = set()
-            stop_guard(self._guard)
-            self._guard = None
+            close_llm(llm, self._procs)
 
     def input_ids(self, question: str, response: str) -> list[int]:
         return rm_chat_ids(self.tokenizer, question, cut_at_stop(response, self.stop), system=self.system)

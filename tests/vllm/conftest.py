@@ -63,15 +63,15 @@ def vllm_engine(vllm_settings):
     from srd_worker.engines.vllm_engine import VLLMEngine
 
     engine = VLLMEngine.from_name("tiny-random-llama", settings=vllm_settings, max_model_len=2048)
-    assert engine._children, "vLLM's CPU build should run its engine core in child processes"
+    assert engine._procs.children, "vLLM's CPU build should run its engine core in child processes"
     yield engine
-    started = set(engine._children)
+    started = set(engine._procs.children)
     engine.close()
     alive = [
         p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
     ]
     assert not alive, f"vLLM processes survived close(): {alive}"
-    assert engine._guard is None
+    assert engine._procs.guard is None
 
 
 class Borrowed:

@@ -45,7 +45,7 @@ def test_vllm_rm_scores_like_transformers_and_closes(rm_dir):
     path, model = rm_dir
     rm = VLLMReward(str(path), dtype="float32", enforce_eager=True, max_model_len=1024, system=None)
     try:
-        started = set(rm._children)
+        started = set(rm._procs.children)
         questions = ["What is 2+3?", "What is 2+3?", "Name a duck."]
         answers = ["2+3=5. The answer is 5.", "It is 7", "Donald"]
         got = rm.score(questions, answers)

@@ -3,16 +3,8 @@ with DVTS (``dvts.py``, §8.2) is ``step_search.py``.
 
 Paper: Charlie Snell, Jaehoon Lee, Kelvin Xu, Aviral Kumar, "Scaling LLM Test-Time Compute Optimally can
 be More Effective than Scaling Model Parameters", arXiv 2408.03314; run as ``huggingface/search-and-learn``
-(``sal/search/beam_search.py``) runs it, which is the baseline its users publish against.
-
-A search step extends partial solutions by ONE reasoning step: the engine samples until the step
-delimiter (a stop string, ``step_delimiter``), EOS, or ``chunk_tokens`` tokens (the per-step cap), in ONE
-engine batch over every item; then every new partial solution is scored in ONE reward batch. A beam's
-step scores are the rewards of its prefixes at the end of each of its steps (kept in the trajectory's
-``S``, keyed by position); ``aggregation`` turns them into the beam's score (``last``, ``min``, ``prod``).
-With the ``hf-prm`` reward (its step separator equal to ``step_delimiter``) the reward of a prefix that
-ends on the delimiter is the PRM's score of that last step, so ``S`` holds exactly the PRM's step scores;
-no reward in srdq returns the step scores of a text at once, so they are gathered step by step.
+runs it. What a search step is (one reasoning step per beam, step scores, aggregation, the answer rules):
+``step_search.py``.
 
 Beam search, per item and step: N = ``n`` expansions of the beams kept at the previous step (the first
 step samples N from the empty response), each kept beam expanded ``beam_width`` (M) times (when fewer
@@ -22,10 +14,6 @@ answer pool, the best N/M unfinished ones by aggregated score are kept (ties: th
 ends when the pool holds N candidates (search-and-learn answers from the first N beams to finish), when
 no beam is left unfinished, or after ``max_steps`` steps (the last one generates without the delimiter,
 to EOS or ``max_new_tokens``).
-
-The answer: ``best`` (highest aggregated score in the pool; ties: earliest step, then lowest id) or
-``weighted_majority`` (the extracted answer whose pool candidates have the largest summed score; its
-best-scored candidate answers).
 """
 
 from __future__ import annotations

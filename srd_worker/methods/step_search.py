@@ -15,18 +15,9 @@ With the ``hf-prm`` reward (its step separator equal to ``step_delimiter``) the 
 ends on the delimiter is the PRM's score of that last step, so ``S`` holds exactly the PRM's step scores;
 no reward in srdq returns the step scores of a text at once, so they are gathered step by step.
 
-Beam search, per item and step: N = ``n`` expansions of the beams kept at the previous step (the first
-step samples N from the empty response), each kept beam expanded ``beam_width`` (M) times (when fewer
-than N/M beams are kept, the N expansions are dealt round-robin over them, as search-and-learn
-duplicates its active beams); the expansions that finished (EOS, or the ``max_new_tokens`` cap) join the
-answer pool, the best N/M unfinished ones by aggregated score are kept (ties: the lower slot). The search
-ends when the pool holds N candidates (search-and-learn answers from the first N beams to finish), when
-no beam is left unfinished, or after ``max_steps`` steps (the last one generates without the delimiter,
-to EOS or ``max_new_tokens``).
-
 The answer: ``best`` (highest aggregated score in the pool; ties: earliest step, then lowest id) or
 ``weighted_majority`` (the extracted answer whose pool candidates have the largest summed score; its
-best-scored candidate answers).
+best-scored candidate answers). How each method expands and keeps beams: ``beam_search.py``, ``dvts.py``.
 """
 
 from __future__ import annotations

@@ -532,7 +532,8 @@ def status(
                 )
                 return
             table = Table(title="recent runs")
-            for col in ("run", "name", "status", "items", "shards", "created"):
+            table.add_column("run", no_wrap=True, min_width=16)  # never cut: ids are copied from here
+            for col in ("name", "status", "items", "shards", "created"):
                 table.add_column(col)
             for r in runs:
                 table.add_row(
@@ -594,7 +595,8 @@ def _status_view(st: Any) -> Any:
 
     from srd_worker.status import format_duration
 
-    eta = format_duration(st.eta_s)
+    # an ETA only while work remains to be done: a finished, failed or cancelled run has none
+    eta = format_duration(st.eta_s) if st.status in ("pending", "running") else "—"
     head = Table.grid(padding=(0, 2))
     head.add_row(
         f"[bold]{st.run_id}[/bold] {st.name}",

@@ -222,3 +222,33 @@ def test_hostile_text_through_checkpoint_status_export_and_report(
 ) -> None:
     """Any text a model emits survives every reader of checkpoints and results (SQLite)."""
     check_hostile_text(sqlite_engine[0], text, tmp_path_factory.mktemp("hostile"))
+
+
+def test_status_at_80_columns_keeps_run_ids_whole_and_a_cancelled_run_has_no_eta(
+    sqlite_engine, tmp_path: Path
+) -> None:
+    from srd_worker.store import crud
+    from srd_worker.store.db import session_scope
+    from srd_worker.tasks.base import Item
+
+    engine, _url = sqlite_engine
+    long_id = "run-3f2a9c1b7d20"
+    with session_scope(engine) as session:
+        crud.create_run(
+            session=session,
+            run_id=long_id,
+            name="a-rather-long-run-name-for-an-80-column-terminal",
+            spec={"method": "sampling", "model": "m"},
+            config_hash="h2",
+            versions={},
+            items=[Item(id="q0", question="1+1?", gold="2")],
+            shard_size=1,
+        )
+        crud.set_run_status(session=session, run_id=long_id, status="cancelled")
+    db = str(tmp_path / "srdq.db")
+    recent = run_srdq("status", "--db", db, env=srdq_env(COLUMNS="80"))
+    assert recent.returncode == 0, recent.stderr
+    assert long_id in recent.stdout  # copyable, not cut with an ellipsis
+    cancelled = run_srdq("status", long_id, "--db", db, env=srdq_env(COLUMNS="80"))
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "ETA —" in cancelled.stdout and "cancelled" in cancelled.stdout

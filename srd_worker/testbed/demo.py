@@ -32,6 +32,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--engine", default="transformers", help="transformers or vllm")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--chunk-tokens", type=int, default=16, help="SRD's scoring interval Δ")
+    ap.add_argument(
+        "--doc",
+        default=None,
+        help="also write the printed table to this file (docs/demo_table.md: the README quotes it)",
+    )
     args = ap.parse_args(argv)
 
     from srd_worker.reports.rows import paired_seed_groups
@@ -55,20 +60,26 @@ def main(argv: list[str] | None = None) -> None:
     bon = [r for r in runs if r.method == "best_of_n"]
     srd = [r for r in runs if r.method == "srd"]
     rows = kcurve_rows(bon, [1, args.n]) + run_rows(srd)
-    print()
-    print(
-        f"{args.dataset}: first {args.limit} problems, seed {args.seed}, policy `{args.model}` on {args.engine}, "
-        f"reward {args.reward}, N = {args.n}, T 0.8 / top-p 0.9 / top-k 50, at most {args.max_new_tokens} tokens"
-    )
-    print(markdown(rows))
     _, p, _ = paired_seed_groups(srd, bon, metric="accuracy")
     d = p.diff
     ci = "" if d.low is None else f" [{100 * d.low:+.1f}, {100 * (d.high or 0):+.1f}]"
     mcnemar = "n/a" if p.mcnemar_p is None else f"{p.mcnemar_p:.3g}"
-    print(
-        f"\nSRD − Best-of-{args.n} accuracy: {100 * (d.mean or 0):+.1f} points{ci} (paired, 95%, "
-        f"{p.pairs} problems); wins/ties/losses {p.wins}/{p.ties}/{p.losses}, exact McNemar p = {mcnemar}"
+    text = "\n".join(
+        [
+            f"{args.dataset}: first {args.limit} problems, seed {args.seed}, policy `{args.model}` on "
+            f"{args.engine}, reward {args.reward}, N = {args.n}, T 0.8 / top-p 0.9 / top-k 50, at most "
+            f"{args.max_new_tokens} tokens",
+            markdown(rows),
+            "",
+            f"SRD − Best-of-{args.n} accuracy: {100 * (d.mean or 0):+.1f} points{ci} (paired, 95%, "
+            f"{p.pairs} problems); wins/ties/losses {p.wins}/{p.ties}/{p.losses}, exact McNemar p = {mcnemar}",
+        ]
     )
+    print()
+    print(text)
+    (Path(args.out) / "demo.md").write_text(text + "\n", encoding="utf-8")
+    if args.doc:
+        Path(args.doc).write_text(text + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -30,18 +30,25 @@ def alembic_to(url: str, revision: str, *, down: bool = False) -> None:
         (command.downgrade if down else command.upgrade)(config, revision)
 
 
-def make_run(engine: Engine) -> None:
-    items = [Item(id=f"q{i}", question=f"{i}+{i}?", gold=str(2 * i), meta={"i": i}) for i in range(N_ITEMS)]
+def make_run(
+    engine: Engine,
+    *,
+    run_id: str = RUN,
+    name: str = "status",
+    n_items: int = N_ITEMS,
+    shard_size: int = SHARD_SIZE,
+) -> None:
+    items = [Item(id=f"q{i}", question=f"{i}+{i}?", gold=str(2 * i), meta={"i": i}) for i in range(n_items)]
     with session_scope(engine) as session:
         crud.create_run(
             session=session,
-            run_id=RUN,
-            name="status",
+            run_id=run_id,
+            name=name,
             spec={"method": "sampling", "model": "m"},
-            config_hash="h",
+            config_hash=f"h-{run_id}",
             versions={},
             items=items,
-            shard_size=SHARD_SIZE,
+            shard_size=shard_size,
         )
 
 

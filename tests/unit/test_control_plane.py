@@ -229,21 +229,11 @@ def test_status_at_80_columns_keeps_run_ids_whole_and_a_cancelled_run_has_no_eta
 ) -> None:
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
-    from srd_worker.tasks.base import Item
 
     engine, _url = sqlite_engine
     long_id = "run-3f2a9c1b7d20"
+    make_run(engine, run_id=long_id, name="a-rather-long-run-name-for-an-80-column-terminal", n_items=1)
     with session_scope(engine) as session:
-        crud.create_run(
-            session=session,
-            run_id=long_id,
-            name="a-rather-long-run-name-for-an-80-column-terminal",
-            spec={"method": "sampling", "model": "m"},
-            config_hash="h2",
-            versions={},
-            items=[Item(id="q0", question="1+1?", gold="2")],
-            shard_size=1,
-        )
         crud.set_run_status(session=session, run_id=long_id, status="cancelled")
     db = str(tmp_path / "srdq.db")
     recent = run_srdq("status", "--db", db, env=srdq_env(COLUMNS="80"))

@@ -181,7 +181,13 @@ def upload_finished_shard(*, db: Engine, store: ObjectStore, run_id: str, shard_
     try:
         report = sync_run(db, store, run_id)
     except Exception as exc:  # the shard is done in the database whatever happens here
-        log.warning("upload of shard %s/%s failed, will retry later: %s", run_id, shard_index, exc)
+        # the upload covers the run (every finished shard not yet up, and its manifest), not one shard
+        log.warning(
+            "upload of run %s's results (after shard %s) failed, will retry later: %s",
+            run_id,
+            shard_index,
+            exc,
+        )
         return
     log.info(
         "run %s after shard %s: shards uploaded %s (busy elsewhere: %s), run manifest %s",

@@ -466,7 +466,7 @@ def test_s3_down_during_the_run_then_srdq_sync_uploads_everything(env, dataset) 
     wait_for(lambda: run_done(env, run_id), 300, "run to finish with S3 down")
     assert upload_marks(env, run_id) == ([None, None, None], None)
     assert env["store"].list() == []
-    assert "upload of shard" in worker_log(env, "a")
+    assert "upload of run " in worker_log(env, "a") and "results (after shard" in worker_log(env, "a")
     assert len(pg_records(env, run_id)) == DATA_ROWS + 1  # nothing lost: every result is in PostgreSQL
     proc = srdq(env, "sync", run_id)
     assert proc.returncode == 0, proc.stderr

@@ -196,8 +196,7 @@ def _mark_interrupted(db: Any, run_id: str) -> None:
 
     try:
         with session_scope(db) as session:
-            run = crud.get_run(session=session, run_id=run_id)
-            if run is not None and run.status == "running":
+            if crud.get_run(session=session, run_id=run_id).status == "running":
                 crud.set_run_status(session=session, run_id=run_id, status="pending")
     except Exception as exc:  # noqa: BLE001 - never hide the interruption itself
         log.warning("could not mark run %s pending: %s", run_id, exc)

@@ -227,14 +227,7 @@ def applied_settings(settings: Settings, engine_config: dict[str, Any]) -> Setti
     variables say. A spec without one (made before run ids named it) leaves the settings as they are."""
     if not engine_config:
         return settings
-    if hasattr(settings, "model_copy"):  # Settings (pydantic)
-        return settings.model_copy(update=dict(engine_config))
-    import copy
-
-    clone = copy.copy(settings)  # a plain namespace of settings (tests, scripts)
-    for key, value in engine_config.items():
-        setattr(clone, key, value)
-    return clone
+    return settings.model_copy(update=dict(engine_config))
 
 
 def config_conflict(

@@ -180,7 +180,7 @@ class EngineCache:
         self._engines: dict[tuple[str, str, str], Any] = {}
         self._lock = threading.Lock()
 
-    def settings_for(self, engine_config: dict[str, Any] | None = None) -> Any:
+    def settings_for(self, engine_config: dict[str, Any] | None = None) -> Settings:
         """The worker's settings with a run's engine configuration applied (``provenance.applied_settings``)."""
         from srd_worker.provenance import applied_settings
 

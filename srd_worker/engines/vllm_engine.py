@@ -298,9 +298,14 @@ def start_llm(make: Callable[[], Any]) -> tuple[Any, LLMProcesses]:
     return llm, LLMProcesses(children, start_guard(children))
 
 
-def close_llm(llm: Any, procs: LLMProcesses) -> None:
-    """Shut ``llm`` down (``shutdown_llm``) and wait for its processes to exit, then stop their guard. The
-    one shutdown sequence of ``VLLMEngine.close`` and ``VLLMReward.close``."""
+def close_llm(owner: Any, procs: LLMProcesses) -> None:
+    """Take ``owner.llm`` (a ``vllm.LLM``, or None: then nothing to do), shut it down (``shutdown_llm``),
+    drop the last reference to it and collect, then wait for its processes to exit and stop their guard.
+    The one shutdown sequence of ``VLLMEngine.close`` and ``VLLMReward.close``; idempotent. It takes the
+    owner, not the LLM, so that no caller's frame keeps the LLM alive through the collection."""
+    llm, owner.llm = owner.llm, None
+    if llm is None:
+        return
     shutdown_llm(llm)
     del llm
     gc.collect()
@@ -390,9 +395,7 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Shut vLLM down and wait for its processes (engine core, workers) to exit; idempotent."""
-        llm, self.llm = self.llm, None
-        if llm is not None:
-            close_llm(llm, self._procs)
+        close_llm(self, self._procs)
 
     @classmethod
     def from_name(cls, name: str, *, settings: Settings, **llm_kwargs: Any) -> VLLMEngine:
@@ -448,7 +451,6 @@ class VLLMEngine:
         engine = cls(llm, tokenizer, model_name=name)
         engine._procs = procs
         return engine
-        return cls(llm, tokenizer, model_name=name)
 
     # ------------------------------------------------------------------ generation
     def _sampling_params(self, p: SamplingParams, budget: int) -> Any:

@@ -132,11 +132,12 @@ class VLLMReward:
 
     def close(self) -> None:
         """Shut the pooling model's vLLM engine down (as ``VLLMEngine.close``); idempotent."""
-        llm, self.llm = self.llm, None
-        if llm is not None and self._owns_llm:
-            from srd_worker.engines.vllm_engine import close_llm
+        if not self._owns_llm:  # a lent LLM is its lender's to shut down
+            self.llm = None
+            return
+        from srd_worker.engines.vllm_engine import close_llm
 
-            close_llm(llm, self._procs)
+        close_llm(self, self._procs)
 
     def input_ids(self, question: str, response: str) -> list[int]:
         return rm_chat_ids(self.tokenizer, question, cut_at_stop(response, self.stop), system=self.system)

@@ -68,14 +68,14 @@ def testbed_sweep(reward: str, items: int, seeds: list[int], methods: list[dict]
 
 def collect(sweep: dict, folders: list[Path], *, settings: object = None) -> list:
     """The grid's finished runs, found by run id in any srdq.db under ``folders`` (runs made by several
-        processes); a grid point without a finished run is an error naming it. ``settings``: the ones the grid ran
-    with (default: ``run_grid``'s), since run ids name the engine settings that change results."""
+    processes); a grid point without a finished run is an error naming it. ``settings``: the ones the grid
+    ran with (default: ``run_grid``'s), since run ids name the engine settings that change results."""
     from srd_worker.reports.loading import load_report_runs
-    from srd_worker.settings import Settings
     from srd_worker.store.db import make_engine, sqlite_url
     from srd_worker.sweep import parse_sweep, prepare_sweep
+    from srd_worker.testbed.experiment import grid_settings
 
-    _, prepared = prepare_sweep(parse_sweep(sweep), settings=settings or Settings(device="cpu"))
+    _, prepared = prepare_sweep(parse_sweep(sweep), settings=grid_settings(settings))
     wanted = [p.spec.run_id() for p in prepared]
     found: dict[str, object] = {}
     for folder in folders:

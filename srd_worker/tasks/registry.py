@@ -11,18 +11,22 @@ CSV: header and first record; Parquet: first row):
 - PRM800K step labels: refused with a message saying what the file is (see ``prm800k.py``);
 - any ``--field`` mapping: the generic task.
 
-Left out: plugin discovery (new tasks are added to ``TASKS`` by hand) and detection of other layouts
+Each entry (``plugins.Registry`` shape) names the task, says in one line what it reads and how it grades,
+lists the fields it requires and builds it. Left out: plugin discovery (new tasks are added to ``TASKS``
+by hand) and detection of other layouts
 (those need ``--task`` or ``--field``).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import ConfigError
+from srd_worker.plugins import Entry, Registry
 from srd_worker.tasks.alpaca_eval import AlpacaEvalTask
 from srd_worker.tasks.base import Item, Task
 from srd_worker.tasks.generic import GenericTask
@@ -33,22 +37,63 @@ from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, file_format, read_js
 from srd_worker.tasks.math500 import Math500Task
 from srd_worker.tasks.prm800k import is_prm800k_row
 
+
+@dataclass(frozen=True)
+class TaskEntry(Entry):
+    factory: Callable[[Mapping[str, str] | None, int], Task]  # (fields, max_row_bytes) -> Task
+    required_fields: tuple[str, ...]  # empty for generic: its --field mapping says
+
+
+def _builtin(cls: Any, summary: str) -> TaskEntry:
+    """The entry of a built-in task class."""
+
+    def factory(fields: Mapping[str, str] | None, max_row_bytes: int) -> Task:
+        if fields:
+            raise ConfigError(
+                f"--field applies to --task generic (or auto) only; task {cls.name!r} reads its own "
+                f"fields: {', '.join(cls.required_fields)}"
+            )
+        task: Task = cls(max_row_bytes=max_row_bytes)
+        return task
+
+    return TaskEntry(name=cls.name, summary=summary, factory=factory, required_fields=cls.required_fields)
+
+
+def _generic(fields: Mapping[str, str] | None, max_row_bytes: int) -> Task:
+    return GenericTask(fields, max_row_bytes=max_row_bytes)
+
+
 #: In the order ``--help`` and error messages list them.
-TASKS: dict[str, type[Any]] = {
-    "gsm8k": GSM8KTask,
-    "math500": Math500Task,
-    "gpqa": GPQATask,
-    "hotpotqa": HotpotQATask,
-    "alpaca_eval": AlpacaEvalTask,
-    "generic": GenericTask,
-}
+TASKS: Registry[TaskEntry] = Registry(
+    "task",
+    [
+        _builtin(
+            GSM8KTask, "grade-school word problems; the final number (\\boxed{} or last number) vs '#### n'"
+        ),
+        _builtin(Math500Task, "competition math; the \\boxed{} answer vs the gold, by math-verify"),
+        _builtin(
+            GPQATask, "graduate-level multiple choice (options shuffled per item); graded by the letter"
+        ),
+        _builtin(HotpotQATask, "multi-hop questions over given passages; exact match (F1 in the metrics)"),
+        _builtin(
+            AlpacaEvalTask, "open-ended instructions with no gold answer (ungraded; export for a judge)"
+        ),
+        TaskEntry(
+            name="generic",
+            summary="prompt (and optionally answer and id) columns of any supported file, named by --field",
+            factory=_generic,
+            required_fields=(),
+        ),
+    ],
+    sort=False,
+)
 
 AUTO: str = "auto"
 GENERIC: str = "generic"
 
 
 def _choices() -> str:
-    return ", ".join(TASKS)
+    return TASKS.choices()
 
 
 def get_task(
@@ -59,18 +104,7 @@ def get_task(
     ``fields`` (the ``--field`` mapping) is for the generic task only; the worker passes the run spec's
     mapping back in so it rebuilds the same task.
     """
-    try:
-        cls = TASKS[name]
-    except (KeyError, TypeError):
-        raise ConfigError(f"unknown task {name!r}; valid choices: {_choices()}") from None
-    if cls is GenericTask:
-        return GenericTask(fields, max_row_bytes=max_row_bytes)
-    if fields:
-        raise ConfigError(
-            f"--field applies to --task generic (or auto) only; task {name!r} reads its own "
-            f"fields: {', '.join(cls.required_fields)}"
-        )
-    return cls(max_row_bytes=max_row_bytes)
+    return TASKS.entry(name).factory(fields, max_row_bytes)
 
 
 def _first_row(path: str | Path, max_row_bytes: int) -> dict[str, Any]:

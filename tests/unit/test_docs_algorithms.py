@@ -52,10 +52,10 @@ def method_section(text: str, method: str) -> str:
     return "\n".join(lines[start:end])
 
 
-def parameters(cls: type) -> list[tuple[str, Any]]:
+def parameters(cls: Any) -> list[tuple[str, Any]]:
     """(name, default) of a method's parameters; ``describe()`` and the dataclass fields must agree."""
-    described = [(name, default) for name, _, default, _ in cls.Params.describe()]
-    fields = [(f.name, f.default) for f in dataclasses.fields(cls.Params)]
+    described = [(name, default) for name, _, default, _ in cls.params.describe()]
+    fields = [(f.name, f.default) for f in dataclasses.fields(cls.params)]
     assert described == fields
     return fields
 

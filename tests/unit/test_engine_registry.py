@@ -57,7 +57,7 @@ def no_vllm(monkeypatch):
 @pytest.fixture
 def needy_methods(monkeypatch):
     """Two registered methods that need capabilities only some engines have."""
-    from srd_worker.methods.registry import METHODS
+    from srd_worker.methods.registry import METHODS, MethodEntry
     from srd_worker.methods.sampling import Sampling
 
     logits = type(
@@ -70,8 +70,8 @@ def needy_methods(monkeypatch):
         (Sampling,),
         {"name": "needs_gradients", "needs_capabilities": frozenset({CAP_SAMPLING, CAP_GRADIENTS})},
     )
-    monkeypatch.setitem(METHODS, logits.name, logits)
-    monkeypatch.setitem(METHODS, grads.name, grads)
+    monkeypatch.setitem(METHODS, logits.name, MethodEntry.of(logits))
+    monkeypatch.setitem(METHODS, grads.name, MethodEntry.of(grads))
 
 
 # ------------------------------------------------------------------------------------- registry

@@ -108,7 +108,7 @@ def test_seed_derivation_is_stable_and_distinct():
 
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_method_documents_every_param(name):
-    for pname, _t, _d, help_ in METHODS[name].Params.describe():
+    for pname, _t, _d, help_ in METHODS[name].params.describe():
         assert help_, f"{name}.{pname} has no help text"
 
 

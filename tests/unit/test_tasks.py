@@ -207,14 +207,16 @@ def test_messages_shared_template() -> None:
 
 def test_tasks_implement_protocol() -> None:
     assert isinstance(GRADER_VERSION, str) and GRADER_VERSION
-    for name, cls in TASKS.items():
+    for name, entry in TASKS.items():
         task = get_task(name)
-        assert isinstance(task, Task) and isinstance(task, cls)
-        assert task.name == name
+        assert isinstance(task, Task) and task.name == name == entry.name
+        assert entry.summary and "\n" not in entry.summary
+        if name != "generic":  # generic's fields come from its --field mapping
+            assert tuple(task.required_fields) == entry.required_fields
 
 
 def test_get_task_unknown_lists_choices() -> None:
-    with pytest.raises(ConfigError, match=r"unknown task 'gsm9k'; valid choices: gsm8k, math500"):
+    with pytest.raises(ConfigError, match=r"unknown task 'gsm9k'; choose one of: gsm8k, math500"):
         get_task("gsm9k")
 
 

@@ -46,7 +46,7 @@ def method_args(method: str) -> list[str]:
     cls = METHODS[method]
     args = ["--method", method, "--engine", "vllm", "--model", "tiny-random-llama", "--limit", "2"]
     args += ["--max-new-tokens", "16", "--seed", "1"]
-    fields = {f.name for f in dataclasses.fields(cls.Params)}
+    fields = {f.name for f in dataclasses.fields(cls.params)}
     if "n" in fields:
         args += ["--n", "2"]
     if "chunk_tokens" in fields:

@@ -56,7 +56,7 @@ demo-real: $(VLLM_VENV)/.installed
 demo: install
 	$(BIN)/python -m srd_worker.testbed.demo --limit 30 --n 4 --out srdq-out/testbed-demo
 
-## The same, also writing docs/demo_table.md, the copy the README quotes (tests/unit/test_docs_demo.py
+## The same, also writing docs/demo_table.md, the copy the README quotes (tests/unit/cli/test_docs_demo.py
 ## fails until the README's block is updated to match).
 demo-docs: install
 	$(BIN)/python -m srd_worker.testbed.demo --limit 30 --n 4 --out srdq-out/testbed-demo --doc docs/demo_table.md
@@ -72,9 +72,9 @@ test: install
 	@# said before it happens, and SRDQ_NO_APT=1 skips it
 	@command -v docker-compose >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] \
 		|| [ -n "$${SRDQ_NO_APT:-}" ] \
-		|| (echo "make test: installing Debian's docker-compose package (system-wide) for tests/unit/test_compose.py; SRDQ_NO_APT=1 skips it" \
+		|| (echo "make test: installing Debian's docker-compose package (system-wide) for tests/unit/cli/test_compose.py; SRDQ_NO_APT=1 skips it" \
 			&& apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
-		|| echo "docker-compose could not be installed: tests/unit/test_compose.py will skip its compose check"
+		|| echo "docker-compose could not be installed: tests/unit/cli/test_compose.py will skip its compose check"
 	$(MAKE) lint
 	@# the full run fuzzes with the longer hypothesis profile (500 examples; make test-fast keeps 50)
 	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) \

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Hypothesis profiles for the fuzz tests (tests/unit/test_fuzz_*.py), chosen by SRDQ_FUZZ_PROFILE:
+# Hypothesis profiles for the fuzz tests (tests/unit/*/test_fuzz_*.py), chosen by SRDQ_FUZZ_PROFILE:
 # "fast" (default, the unit tier) and "ci" (more examples). Both are derandomized (a fixed example set,
 # so a run never flakes), keep no example database and give each example a deadline.
 try:

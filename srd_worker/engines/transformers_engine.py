@@ -18,7 +18,7 @@ What it does:
   shapes alone or in company; each row samples from its own logits alone. With ``invariant_rows=0`` the
   row count follows the group (padding invariance only). ``batch_invariant=False`` packs every request
   into one padded batch. ``benchmarks/batch_invariance.py`` measures the divergence and the cost of each
-  mode; tests/unit/test_transformers_engine.py checks alone == in company. Teacher-forced scoring groups
+  mode; tests/unit/engines/test_transformers_engine.py checks alone == in company. Teacher-forced scoring groups
   the same way (by total and continuation length, in fixed-row chunks).
 - per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
   ``raw_logprobs`` convention) and teacher-forced scoring of continuations.

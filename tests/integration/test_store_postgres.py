@@ -1,7 +1,7 @@
 """The store (migrations and CRUD) on a real PostgreSQL server, each test in a fresh database.
 
 The server comes from ``SRDQ_TEST_PG_URL``, which scripts/with-services sets to a server it starts for the
-run; the tests skip when it is not set or cannot be reached. The checks are those of tests/unit/test_store.py (SQLite).
+run; the tests skip when it is not set or cannot be reached. The checks are those of tests/unit/store/test_store.py (SQLite).
 """
 
 from __future__ import annotations

@@ -36,8 +36,8 @@ EXTRA = {
 #: Methods whose resume-from-any-round test runs elsewhere, and why not here.
 ELSEWHERE = {
     # needs a differentiable reward (not arithmetic) and backward passes through the policy: its crash and
-    # resume test runs `srdq run` on the testbed policy and RM (tests/unit/test_nabla_reasoner.py, slow)
-    "nabla_reasoner": "tests/unit/test_nabla_reasoner.py",
+    # resume test runs `srdq run` on the testbed policy and RM (tests/unit/methods/test_nabla_reasoner.py, slow)
+    "nabla_reasoner": "tests/unit/methods/test_nabla_reasoner.py",
 }
 
 

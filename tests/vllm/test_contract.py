@@ -1,11 +1,11 @@
-"""The engine contract (tests/unit/test_engine_contract.py) on the real vLLM engine (CPU build), over the
+"""The engine contract (tests/unit/engines/test_engine_contract.py) on the real vLLM engine (CPU build), over the
 tiny random Llama in float32; plus prefix caching on."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.unit import test_engine_contract as contract
+from tests.unit.engines import test_engine_contract as contract
 
 for _name in dir(contract):
     if _name.startswith("test_"):

@@ -1,7 +1,7 @@
 """The openai engine against a real model server: vLLM's OpenAI-compatible server (CPU build) serving the
 tiny random Llama on loopback, started by the test (tests/vllm/openai_server.py).
 
-- the engine contract (tests/unit/test_engine_contract.py) holds over HTTP;
+- the engine contract (tests/unit/engines/test_engine_contract.py) holds over HTTP;
 - a fleet of two `srdq worker` processes that load no model, against the server, finishes a run with the
   records of the embedded `srdq run` on the same server; the server is SIGKILLed mid-run: no shard fails
   or loses work (shards go back to pending without counting attempts), `srdq run` meanwhile exits with
@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.integration.fleet import CLI, fleet, start_worker, submit, unreachable, worker_log
-from tests.unit import test_engine_contract as contract
+from tests.unit.engines import test_engine_contract as contract
 from tests.vllm.openai_server import SERVED, VLLMServer
 
 for _name in dir(contract):

@@ -4,7 +4,7 @@
   dataset is read or anything stored (CLI too);
 - importing the vLLM adapters (and the CLI) does not import vllm; srdq methods / submit --dry-run /
   status --help work with vllm unimportable; building a vLLM engine or reward without it names the fix;
-- the vLLM engine's translation of requests and outputs (through tests/unit/fake_vllm.py: what is sent to
+- the vLLM engine's translation of requests and outputs (through tests/unit/engines/fake_vllm.py: what is sent to
   vLLM and how its outputs map to the Engine contract, including EOS on the last allowed token);
 - the vLLM reward adapter's pooled-output handling and GPU share;
 - benchmarks/gpu_check.py exits non-zero and writes nothing without CUDA.
@@ -31,9 +31,9 @@ from srd_worker.engines.base import (
 from srd_worker.engines.registry import ENGINES, build_engine, engine_capabilities
 from srd_worker.errors import CapabilityError, ConfigError, EngineError, RewardError, StoreError
 from srd_worker.settings import Settings
-from tests.unit import fake_vllm
+from tests.unit.engines import fake_vllm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GSM8K_ROWS = (
     '{"question": "Janet has 3 eggs and buys 2. How many?", "answer": "3 + 2 = 5\\n#### 5"}\n'
     '{"question": "What is 6 times 7?", "answer": "6 * 7 = 42\\n#### 42"}\n'

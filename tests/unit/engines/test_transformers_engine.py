@@ -1,6 +1,6 @@
 """Transformers-engine specifics. The Engine contract (order kept, seeds reproducible and batch-independent,
 continuation from a prefix equals one-shot generation, stop conditions, EOS, logprobs consistent with
-teacher-forced scoring, context refusal) is tested for every engine in tests/unit/test_engine_contract.py."""
+teacher-forced scoring, context refusal) is tested for every engine in tests/unit/engines/test_engine_contract.py."""
 
 from __future__ import annotations
 

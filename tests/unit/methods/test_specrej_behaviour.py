@@ -10,7 +10,7 @@ import pytest
 
 from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
-from tests.unit.test_srd_behaviour import QUESTION, ScriptedReward, SpyEngine
+from tests.unit.methods.test_srd_behaviour import QUESTION, ScriptedReward, SpyEngine
 
 MARK = "ABCDEFGH"
 

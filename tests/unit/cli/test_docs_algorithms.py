@@ -18,7 +18,7 @@ import pytest
 
 from srd_worker.methods.registry import METHODS
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "ALGORITHMS.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "ALGORITHMS.md"
 _HEADING = re.compile(r"^(#{1,6})\s+(.*)$")
 
 

@@ -26,7 +26,7 @@ from srd_worker.tasks.gsm8k import GSM8KTask
 from tests.doubles import MemoryStore
 
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]
-TESTBED = Path(__file__).resolve().parents[2] / "srd_worker" / "testbed" / "artifacts"
+TESTBED = Path(__file__).resolve().parents[3] / "srd_worker" / "testbed" / "artifacts"
 
 
 def scripted(text: str) -> float:

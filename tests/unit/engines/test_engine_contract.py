@@ -6,7 +6,7 @@
   its own ``engine`` fixture on vLLM's CPU build), not here;
 - ``openai``: the openai engine over HTTP against vLLM's OpenAI-compatible server (tests/vllm/test_openai.py,
   the vllm tier);
-- ``vllm-shim``: the vLLM adapter over tests/unit/fake_vllm.py (a stand-in for vLLM backed by the
+- ``vllm-shim``: the vLLM adapter over tests/unit/engines/fake_vllm.py (a stand-in for vLLM backed by the
   transformers engine), so the adapter's translation of parameters, finish reasons, EOS and logprobs is
   held to the contract on every CI machine. It says nothing about vLLM itself.
 
@@ -40,7 +40,7 @@ def engine(request, tmp_path_factory):
         return
     if kind == "vllm-shim":
         from srd_worker.engines.vllm_engine import VLLMEngine
-        from tests.unit import fake_vllm
+        from tests.unit.engines import fake_vllm
 
         tiny = request.getfixturevalue("tiny_engine")
         with fake_vllm.installed(backend=tiny) as vllm:

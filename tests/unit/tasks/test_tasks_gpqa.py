@@ -19,7 +19,7 @@ from srd_worker.tasks.gpqa import SHUFFLE_SALT, GPQATask, extract_letter, permut
 from srd_worker.tasks.prompts import GPQA_INSTRUCTION, GPQA_SYSTEM_PROMPT
 from srd_worker.tasks.registry import detect_task, load_items
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # The authors' column layout (a subset of their many columns, in their order), with made-up questions.
 HEADER = [

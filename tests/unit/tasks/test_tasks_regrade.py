@@ -24,9 +24,9 @@ from srd_worker.store.models import Result
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import GRADER_VERSION
 from srd_worker.tasks.hotpotqa import GRADER_VERSION as HOTPOT_VERSION
-from tests.unit.test_tasks_gpqa import write_gpqa_csv
+from tests.unit.tasks.test_tasks_gpqa import write_gpqa_csv
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _store(

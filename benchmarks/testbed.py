@@ -167,7 +167,7 @@ def analyse(
         from srd_worker.reports.plots import plot_frontier
 
         points = [
-            Point("gsm8k", "accuracy", r.method, r.n, r.source, r.tokens.mean, r.accuracy.mean,
+            Point("testbed", "accuracy", r.method, r.n, r.source, r.tokens.mean, r.accuracy.mean,
                   x_ci=(r.tokens.low, r.tokens.high), y_ci=(r.accuracy.low, r.accuracy.high),
                   seeds=r.accuracy.seeds, problems=r.accuracy.problems)
             for r in rows if r.tokens.mean is not None and r.accuracy.mean is not None

@@ -137,6 +137,26 @@ GENERATED: dict[str, tuple[Path, str]] = {
 }
 
 
+def dataset_name(value: str | Path) -> str:
+    """The name a report gives the dataset a run was given as ``value``: a built-in or generated name as
+    is, a path to one of their files by that name, any other file by its stem. Reads no file."""
+    text = str(value)
+    if text in DATASETS or text in GENERATED:
+        return text
+    path = Path(text)
+    try:
+        resolved = path.resolve()
+    except OSError:
+        resolved = path
+    for name, entry in DATASETS.items():
+        if resolved == entry.path.resolve():
+            return name
+    for name, (generated, _) in GENERATED.items():
+        if resolved == generated.resolve():
+            return name
+    return path.stem or text
+
+
 def names() -> str:
     """The built-in names, comma-separated, for messages."""
     return ", ".join(DATASETS)

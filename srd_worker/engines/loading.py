@@ -142,9 +142,19 @@ def build_tiny_llama(seed: int = 0, *, hidden_size: int = 64, layers: int = 2, m
     return model, tokenizer
 
 
+def quiet_transformers() -> None:
+    """Turn off transformers' own progress bars ("Loading weights ...", one per model load): srdq's
+    progress line says what a run is doing, and the bars only scroll it away."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def load_model(name: str, *, cache_dir: Path, dtype: str = "bfloat16", device: str = "cpu"):
     """Load (model, tokenizer) for ``name``; see the module docstring for the accepted names."""
     import torch
+
+    quiet_transformers()
 
     if name == TINY_MODEL:
         model, tokenizer = build_tiny_llama()

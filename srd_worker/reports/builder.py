@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from srd_worker.reports.kcurves import NON_ADAPTIVE, k_curve
+from srd_worker.reports.kcurves import NON_ADAPTIVE, KPoint, k_curve
 from srd_worker.reports.plots import KCURVE_METRICS, plot_frontier, plot_kcurve
 from srd_worker.reports.rows import (
-    TASK_LABELS,
     RunRecords,
     RunSummary,
     component_row,
+    dataset_label,
     kcurve_ks,
     pool_seeds,
     pooled_points,
@@ -29,6 +29,7 @@ from srd_worker.reports.tables import (
     component_tokens_table,
     failed_items_table,
     markdown_table,
+    pct_ci,
     provenance_table,
     routing_table,
     summary_table,
@@ -43,8 +44,8 @@ class Report:
     summaries: list[RunSummary]
 
 
-def _k(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def _k(point: KPoint, attr: str) -> str:
+    return pct_ci(getattr(point, attr), point.ci.get(attr, (None, None)))
 
 
 def ci_text(value: float, ci: tuple[float | None, float | None], digits: int) -> str:
@@ -55,7 +56,7 @@ def ci_text(value: float, ci: tuple[float | None, float | None], digits: int) ->
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "task"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "dataset"
 
 
 def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: datetime | None = None) -> Report:
@@ -80,11 +81,21 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         "",
         "## Runs",
         "",
-        summary_table(summaries),
-        "",
-        "Accuracy = correct / graded over items that did not fail; failed items (with their error) are "
-        "counted in *failed*. *pending* = items without a result yet. Params lists what differs from the "
-        "method's defaults (N is the budget `n`).",
+    ]
+    by_reward: dict[str, list[RunSummary]] = {}
+    for s in summaries:
+        by_reward.setdefault(s.reward or "none", []).append(s)
+    for reward, reward_runs in by_reward.items():
+        if len(by_reward) > 1:  # one table per reward: their mean rewards are on different scales
+            md += [f"### Reward `{reward}`", ""]
+        md += [summary_table(reward_runs), ""]
+    md += [
+        "Accuracy = correct / graded over items that did not fail, in percent with its 95% bootstrap "
+        "interval; failed items (with their error) are counted in *failed*. *pending* = items without a "
+        "result yet. Params lists what differs from the method's defaults (N is the budget `n`). *mean "
+        "reward* is on its reward model's own scale (runs scored by different rewards are in separate "
+        "tables). *compute* = the run's own engine, reward and router seconds summed over its items; "
+        "*elapsed* = submit to finish, which includes queue waits and, in a sweep, the runs before it.",
         "",
     ]
     if (failed_table := failed_items_table(runs)) is not None:
@@ -100,12 +111,25 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         ]
 
     plots = []
-    groups = sorted({(p.task, p.metric) for p in points})
-    for task, metric in groups:
-        group = [p for p in points if (p.task, p.metric) == (task, metric)]
+    reward_of = {g.label: next((s.reward or "none" for s in summaries if s.run_id in g.run_ids), "none")
+                 for g in pooled}  # fmt: skip
+    # a mean-reward plane holds one reward model's scale only; accuracy is comparable across rewards
+    groups = sorted(
+        {
+            (p.dataset, p.metric, reward_of.get(p.run_id, "none") if p.metric == "reward" else "")
+            for p in points
+        }
+    )
+    for dataset, metric, reward_key in groups:
+        group = [
+            p
+            for p in points
+            if (p.dataset, p.metric) == (dataset, metric)
+            and (metric != "reward" or reward_of.get(p.run_id, "none") == reward_key)
+        ]
         group_runs = {rid for g in pooled if g.label in {p.run_id for p in group} for rid in g.run_ids}
         names = [s for s in summaries if s.run_id in group_runs]
-        label = TASK_LABELS.get(task, task)
+        label = dataset_label(dataset)
         what = "Accuracy" if metric == "accuracy" else "Mean reward"
         models = ", ".join(sorted({s.model for s in names}))
         rewards = ", ".join(sorted({s.reward or "no reward" for s in names}))
@@ -113,7 +137,7 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         subtitle = f"model {models} · reward {rewards} · {items} problems"
         path = plot_frontier(
             group,
-            out / f"{metric}_vs_tokens_{_slug(task)}.png",
+            out / f"{metric}_vs_tokens_{_slug(dataset)}{'_' + _slug(reward_key) if reward_key else ''}.png",
             title=f"{label}: {what.lower()} vs generated tokens",
             subtitle=subtitle,
         )
@@ -137,7 +161,7 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
                         p.seeds,
                         p.problems,
                         ci_text(p.x, p.x_ci, 1),
-                        ci_text(p.y, p.y_ci, 3),
+                        pct_ci(p.y, p.y_ci) if metric == "accuracy" else ci_text(p.y, p.y_ci, 3),
                     ]
                     for p in sorted(group, key=lambda p: (p.method, p.x))
                 ],
@@ -174,7 +198,7 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
                 [
                     [
                         r.k,
-                        *(_k(getattr(r, attr)) for _, attr in KCURVE_METRICS),
+                        *(_k(r, attr) for _, attr in KCURVE_METRICS),
                         "exact" if r.exact else "sampled",
                     ]
                     for r in rows

@@ -36,10 +36,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+
+from srd_worker.reports.stats import bootstrap_ci
 
 #: Methods whose candidates are independent seeded draws (a subset of k is a run at n=k).
 NON_ADAPTIVE = ("sampling", "best_of_n", "self_consistency")
@@ -131,6 +133,8 @@ class KPoint:
     majority: float | None
     best_of: float | None
     weighted_majority: float | None
+    #: metric attribute -> (low, high) of its 95% bootstrap interval over problems (absent: no value)
+    ci: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -169,6 +173,12 @@ def k_curve(
         def mean(values: list[float]) -> float | None:
             return sum(values) / len(values) if values else None
 
+        per_problem = {"pass_at_k": pk, "majority": maj, "best_of": bok, "weighted_majority": wmaj}
+        intervals = {
+            attr: (ci.low, ci.high)
+            for attr, values in per_problem.items()
+            if values and (ci := bootstrap_ci(values, seed=seed))
+        }
         out.append(
             KPoint(
                 k=k,
@@ -178,6 +188,7 @@ def k_curve(
                 majority=mean(maj),
                 best_of=mean(bok),
                 weighted_majority=mean(wmaj),
+                ci=intervals,
             )
         )
     return out

@@ -67,6 +67,8 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
             ax.set_xlim(max(xlo - xpad, 0), xhi + xpad)
     ax.set_xlabel("Mean generated tokens per problem")
     ax.set_ylabel("Accuracy" if metric == "accuracy" else "Mean reward")
+    if metric == "accuracy":
+        _percent_axis(ax)
     ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
     ax.grid(True, alpha=0.3)
     if methods:
@@ -74,6 +76,13 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     path = Path(path)
     fig.savefig(path, format="png")
     return path
+
+
+def _percent_axis(ax: Any) -> None:
+    """Accuracy (a fraction) shown in percent on the y axis, as the CLI and the tables show it."""
+    from matplotlib.ticker import PercentFormatter
+
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
 
 
 def _error_bars(ax: Any, series: Sequence[Point], color: str) -> None:
@@ -107,14 +116,24 @@ def plot_kcurve(rows: Sequence[KPoint], path: str | Path, *, title: str) -> Path
     fig = Figure(figsize=(7.0, 4.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
     for i, (name, attr) in enumerate(KCURVE_METRICS):
-        pts = [(r.k, getattr(r, attr)) for r in rows if getattr(r, attr) is not None]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker=MARKERS[i], label=name, color=f"C{i}", clip_on=False)
+        pts = [r for r in rows if getattr(r, attr) is not None]
+        if not pts:
+            continue
+        ks, ys = [r.k for r in pts], [getattr(r, attr) for r in pts]
+        ax.plot(ks, ys, marker=MARKERS[i], label=name, color=f"C{i}", clip_on=False)
+        cis = [r.ci.get(attr, (None, None)) for r in pts]
+        if any(lo is not None and hi is not None for lo, hi in cis):
+            low = [y - lo if lo is not None else 0.0 for y, (lo, _) in zip(ys, cis, strict=True)]
+            high = [hi - y if hi is not None else 0.0 for y, (_, hi) in zip(ys, cis, strict=True)]
+            ax.errorbar(
+                ks, ys, yerr=[low, high], fmt="none", ecolor=f"C{i}", elinewidth=1.0, capsize=3, alpha=0.7
+            )
     if rows and rows[-1].k >= 4:
         ax.set_xscale("log", base=2)
     ax.set_ylim(0.0, 1.0)
     ax.set_xlabel("k (candidates per problem)")
-    ax.set_ylabel("Accuracy")
+    ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
+    _percent_axis(ax)
     ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")

@@ -37,13 +37,27 @@ from typing import Any
 from srd_worker.methods.base import COMPONENTS
 from srd_worker.reports.stats import Interval, bootstrap_ci
 
-TASK_LABELS = {
+#: How the report names a dataset (``datasets.dataset_name``); any other dataset by its own name.
+DATASET_LABELS = {
     "gsm8k": "GSM8K",
     "math500": "MATH500",
     "gpqa": "GPQA Diamond",
-    "alpacaeval": "AlpacaEval",
+    "alpaca_eval": "AlpacaEval",
     "hotpotqa": "HotpotQA",
+    "testbed": "CPU testbed (arithmetic word problems)",
 }
+
+
+def dataset_key(spec: dict[str, Any]) -> str:
+    """The dataset a run's spec names, as ``datasets.dataset_name`` gives it (the task when none)."""
+    from srd_worker.datasets import dataset_name
+
+    value = spec.get("dataset")
+    return dataset_name(value) if value else str(spec.get("task", "?"))
+
+
+def dataset_label(key: str) -> str:
+    return DATASET_LABELS.get(key, key)
 
 
 @dataclass
@@ -125,6 +139,11 @@ class RunSummary:
     accuracy_ci: Interval | None = None
     tokens_ci: Interval | None = None
     reward_ci: Interval | None = None
+    dataset: str = ""  # dataset_key of the run
+    #: the run's own compute: the engines', rewards' and router's wall seconds summed over its items (each
+    #: batched call apportioned to its items), so runs of one sweep or queue do not add up, as ``wall_s``
+    #: (submit to finish) does
+    compute_s: float | None = None
 
 
 @dataclass
@@ -186,7 +205,17 @@ def summarise(run: RunRecords) -> RunSummary:
         accuracy_ci=bootstrap_ci([correct_value(r) for r in run.records]),
         tokens_ci=bootstrap_ci([tokens_value(r) for r in run.records]),
         reward_ci=bootstrap_ci([reward_value(r) for r in run.records]),
+        dataset=dataset_key(run.spec),
+        compute_s=compute_seconds(run.records),
     )
+
+
+def compute_seconds(records: Sequence[dict[str, Any]]) -> float | None:
+    """The wall seconds of every component summed over the records' ``timing`` (None when none has one)."""
+    timed = [r["timing"] for r in records if isinstance(r.get("timing"), dict)]
+    if not timed:
+        return None
+    return sum(float(v) for t in timed for v in t.values() if isinstance(v, int | float))
 
 
 # ------------------------------------------------------------------------------ seeds and intervals
@@ -232,7 +261,7 @@ class PooledRun:
 
     run_ids: list[str]
     method: str
-    task: str
+    dataset: str  # dataset_key of the runs
     budget: int | None
     seeds: int
     problems: int
@@ -257,7 +286,7 @@ def pool_seeds(runs: Sequence[RunRecords]) -> list[PooledRun]:
             PooledRun(
                 run_ids=[r.run_id for r in group],
                 method=group[0].method,
-                task=str(group[0].spec.get("task", "?")),
+                dataset=dataset_key(group[0].spec),
                 budget=group[0].budget,
                 seeds=len({r.spec.get("seed") for r in group}),
                 problems=acc.problems,
@@ -324,7 +353,7 @@ def pooled_points(pooled: Sequence[PooledRun]) -> list[Point]:
             continue
         points.append(
             Point(
-                g.task,
+                g.dataset,
                 metric,
                 g.method,
                 g.budget,
@@ -461,7 +490,7 @@ def routing_row(run: RunRecords) -> RoutingRow | None:
 class Point:
     """One run on the accuracy (or reward) vs generated tokens plane."""
 
-    task: str
+    dataset: str  # dataset_key of the run(s)
     metric: str  # accuracy | reward
     method: str
     budget: int | None
@@ -487,11 +516,11 @@ def frontier_points(summaries: Sequence[RunSummary]) -> list[Point]:
             continue
         if s.accuracy is not None:
             points.append(
-                Point(s.task, "accuracy", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.accuracy)
+                Point(s.dataset, "accuracy", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.accuracy)
             )
         elif s.mean_reward is not None:
             points.append(
-                Point(s.task, "reward", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.mean_reward)
+                Point(s.dataset, "reward", s.method, s.budget, s.run_id, s.mean_gen_tokens, s.mean_reward)
             )
     return points
 

@@ -23,8 +23,24 @@ def _seconds(x: float | None) -> str:
     return "<0.01" if x < 0.01 else f"{x:.2f}"
 
 
-def _pct(x: float | None) -> str:
+def _frac(x: float | None) -> str:
+    """A probability (routing tiers): a fraction, as the paper's tables give it."""
     return "n/a" if x is None else f"{x:.3f}"
+
+
+def pct(x: float | None) -> str:
+    """An accuracy in percent, as ``srdq run`` prints it (``25.0%``)."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def pct_ci(x: float | None, ci: tuple[float | None, float | None]) -> str:
+    """An accuracy and its interval in percent: ``25.0% [10.0, 45.0]``."""
+    lo, hi = ci
+    if x is None:
+        return "n/a"
+    if lo is None or hi is None:
+        return pct(x)
+    return f"{100 * x:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
 def _interval(ci: Any, digits: int = 3) -> str:
@@ -58,7 +74,13 @@ def budget_text(budget: int | None) -> str:
 def summary_table(summaries: Sequence[RunSummary]) -> str:
     rows = []
     for s in summaries:
-        acc = "n/a" if s.accuracy is None else f"{s.accuracy:.3f} ({s.correct}/{s.graded})"
+        acc = "n/a" if s.accuracy is None else f"{pct(s.accuracy)} ({s.correct}/{s.graded})"
+        acc_ci = s.accuracy_ci
+        acc_ci_text = (
+            "n/a"
+            if acc_ci is None or acc_ci.low is None or acc_ci.high is None
+            else f"[{100 * acc_ci.low:.1f}, {100 * acc_ci.high:.1f}]%"
+        )
         rows.append(
             [
                 s.run_id,
@@ -74,10 +96,11 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
                 acc,
                 _num(s.mean_reward),
                 _num(s.mean_gen_tokens, 1),
+                "n/a" if s.compute_s is None else f"{s.compute_s:.1f} s",
                 "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s",
                 s.problems,
                 s.seeds,
-                _interval(s.accuracy_ci),
+                acc_ci_text,
                 _interval(s.tokens_ci, 1),
             ]
         )
@@ -96,14 +119,15 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
             "accuracy",
             "mean reward",
             "mean gen tokens",
-            "wall time",
+            "compute",
+            "elapsed",
             "problems",
             "seeds",
             "accuracy 95% CI",
             "mean gen tokens 95% CI",
         ],
         rows,
-        align="lllrllrrrrrrrrrrrr",
+        align="lllrllrrrrrrrrrrrrr",
     )
 
 
@@ -116,7 +140,7 @@ def component_table(rows: Sequence[ComponentRow]) -> str:
                 r.run_id,
                 r.method,
                 budget_text(r.budget),
-                _pct(r.accuracy),
+                pct(r.accuracy),
                 _seconds(r.time_s),
                 f"{r.in_tokens:.0f}",
                 f"{r.out_tokens:.0f}",
@@ -151,9 +175,9 @@ def routing_table(rows: Sequence[RoutingRow]) -> str:
             r.run_id,
             r.method,
             budget_text(r.budget),
-            _pct(r.p_h),
-            _pct(r.p_m),
-            _pct(r.p_l),
+            _frac(r.p_h),
+            _frac(r.p_m),
+            _frac(r.p_l),
             _num(r.rho, 2),
             "n/a" if r.gain is None else f"{r.gain:.2f}×",
             r.events,

@@ -88,6 +88,9 @@ def load_head_model(
     """``auto_cls.from_pretrained(path, num_labels=...)`` in eval mode on ``device``. RewardError when weights
     are missing from the checkpoint and ``remap(model, path)`` (which returns the parameter names it
     restored from the checkpoint's own tensors) does not restore all of them."""
+    from srd_worker.engines.loading import quiet_transformers
+
+    quiet_transformers()
     try:
         model, info = auto_cls.from_pretrained(
             path, num_labels=num_labels, dtype=torch_dtype(dtype), output_loading_info=True

@@ -77,7 +77,7 @@ def test_cached_prefix_gives_the_refed_next_token_distribution(model):
             input_ids=torch.tensor([seq[-1:]]),
             position_ids=torch.tensor([[len(fed)]]),
             attention_mask=torch.ones((1, len(seq)), dtype=torch.long),
-            past_key_values=cache,
+            **{engine._cache_kw: cache},  # the KV-cache argument's name in this transformers release
         ).logits[0, -1]
         full = model[0](input_ids=torch.tensor([seq])).logits[0, -1]
     diff = (cached - full).abs().max().item()
@@ -378,7 +378,7 @@ def test_padded_prefix_cache_with_holes_gives_each_rows_refed_logits(attn):
         pos[row, smax - len(s) :] = torch.arange(k, k + len(s))
     with torch.inference_mode():
         cache = engine._padded_prefix_cache(plan, lmax)
-        packed = m(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache).logits
+        packed = m(input_ids=ids, attention_mask=mask, position_ids=pos, **{engine._cache_kw: cache}).logits
         for row, (r, s) in enumerate(zip(reqs, suffix, strict=True)):
             alone = m(input_ids=torch.tensor([list(r.prompt_ids)])).logits[0, -len(s) :]
             got = packed[row, smax - len(s) :]

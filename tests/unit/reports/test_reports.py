@@ -13,6 +13,7 @@ import pytest
 
 from srd_worker.reports.builder import build_report
 from srd_worker.reports.rows import RunRecords, component_row, frontier_points, routing_row, summarise
+from srd_worker.reports.tables import pct_ci
 
 SRDQ = [sys.executable, "-m", "srdq_cli.main"]
 
@@ -197,7 +198,7 @@ def test_points_use_reward_when_nothing_is_graded() -> None:
         records=[record(0, correct=None, reward=2.5, led=ledger(40, 10, {}))],
     )
     points = frontier_points([summarise(r) for r in (bon_run(), srd_run(), alpaca)])
-    assert [(p.task, p.metric, p.method, p.budget, p.x, p.y) for p in points] == [
+    assert [(p.dataset, p.metric, p.method, p.budget, p.x, p.y) for p in points] == [
         ("gsm8k", "accuracy", "best_of_n", 4, 150, 0.5),
         ("gsm8k", "accuracy", "srd", 8, 300, 1.0),
         ("alpaca_eval", "reward", "best_of_n", 2, 40, 2.5),
@@ -211,13 +212,13 @@ def test_report_markdown_holds_every_table(tmp_path: Path) -> None:
     assert "![GSM8K accuracy vs mean generated tokens](accuracy_vs_tokens_gsm8k.png)" in text
     # Table 2 row: Acc, Time, In tok, Out tok, then time / calls per component
     assert (
-        "| run-bon | best_of_n | 4 | 0.500 | 2.50 | 60 | 150 | 1.50 / 3.0 | 1.00 / 1.5 | <0.01 / 0.0 | <0.01 / 0.0 |"
+        "| run-bon | best_of_n | 4 | 50.0% | 2.50 | 60 | 150 | 1.50 / 3.0 | 1.00 / 1.5 | <0.01 / 0.0 | <0.01 / 0.0 |"
         in text
     )
     # Table 6 row: p_H, p_M, p_L, rho, gain, events, refinements, items
     assert "| run-srd | srd | 8 | 0.500 | 0.200 | 0.300 | 0.67 | 1.27× | 10 | 3 | 2 |" in text
     assert (
-        "| run-bon | best_of_n | max_new_tokens=64 | 4 | tiny | arithmetic | 4 | 2 | 1 | 1 | 0.500 (1/2) |"
+        "| run-bon | best_of_n | max_new_tokens=64 | 4 | tiny | arithmetic | 4 | 2 | 1 | 1 | 50.0% (1/2) |"
         in text
     )
     assert "policy=self_compare" in text
@@ -261,7 +262,7 @@ def test_runs_differing_only_in_seed_are_pooled_with_intervals(tmp_path: Path) -
     assert g.tokens.mean == pytest.approx(sum(100 + 10 * i for i in range(6)) / 6 + 0.5)
     text = build_report([a, b], tmp_path).markdown.read_text()
     assert "| best_of_n | 4 | run-s0 (+1 seeds) | 2 | 6 |" in text
-    assert "accuracy 95% CI" in text and f"[{g.accuracy.low:.3f}, {g.accuracy.high:.3f}]" in text
+    assert "accuracy 95% CI" in text and f"[{100 * g.accuracy.low:.1f}, {100 * g.accuracy.high:.1f}]" in text
 
 
 def test_report_has_a_k_curve_for_runs_with_candidates(tmp_path: Path) -> None:
@@ -274,7 +275,9 @@ def test_report_has_a_k_curve_for_runs_with_candidates(tmp_path: Path) -> None:
     rows = k_curve(run.records, [1, 2, 4])
     assert "### `run-s0` (best_of_n, n=4, 3 problems)" in text
     for r in rows:
-        assert f"| {r.k} | {r.pass_at_k:.3f} | {r.majority:.3f} | {r.best_of:.3f} |" in text
+        cells = [pct_ci(getattr(r, a), r.ci[a]) for a in ("pass_at_k", "majority", "best_of")]
+        assert f"| {r.k} | {' | '.join(cells)} |" in text
+        assert all(r.ci[a][0] <= getattr(r, a) <= r.ci[a][1] for a in ("pass_at_k", "majority", "best_of"))
     assert "## k-curves" in build_report([srd_run()], tmp_path / "b").markdown.read_text()
 
 
@@ -326,7 +329,7 @@ def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: P
     out, run_ids = two_runs
     proc = srdq("report", *run_ids, "--out", str(tmp_path / "rep"), "--db", str(out / "srdq.db"))
     assert proc.returncode == 0, proc.stderr
-    png = tmp_path / "rep" / "accuracy_vs_tokens_gsm8k.png"
+    png = tmp_path / "rep" / "accuracy_vs_tokens_gsm8k_4.png"  # the dataset's own name (its file)
     kcurve = tmp_path / "rep" / f"kcurve_{run_ids[0]}.png"  # Best-of-N keeps its 4 candidates
     assert proc.stdout.split() == [str(tmp_path / "rep" / "report.md"), str(png), str(kcurve)]
     assert kcurve.stat().st_size > 0
@@ -367,3 +370,48 @@ def test_report_of_an_unknown_run_is_one_clear_line(two_runs, tmp_path: Path) ->
     proc = srdq("report", "run-nope", "--out", str(tmp_path), "--db", str(out / "srdq.db"))
     assert proc.returncode == 1
     assert proc.stderr.strip() == "Error: no run 'run-nope' in the database"
+
+
+# ------------------------------------------------------------------ names, units and times in reports
+def test_a_report_names_the_dataset_not_the_task(tmp_path: Path) -> None:
+    from srd_worker.datasets import DATASETS, GENERATED, dataset_name
+
+    assert dataset_name("testbed") == "testbed" and dataset_name("gsm8k") == "gsm8k"
+    assert dataset_name(str(GENERATED["testbed"][0])) == "testbed"  # the testbed's file, given as a path
+    assert dataset_name(str(DATASETS["math500"].path)) == "math500"
+    assert dataset_name(str(tmp_path / "my_problems.jsonl")) == "my_problems"
+    run = bon_run()
+    run.spec["dataset"] = "testbed"  # a gsm8k-layout dataset that is not GSM8K
+    report = build_report([run], tmp_path)
+    text = report.markdown.read_text()
+    assert [p.name for p in report.plots] == ["accuracy_vs_tokens_testbed.png"]
+    assert "## CPU testbed (arithmetic word problems): accuracy vs generated tokens" in text
+    assert "GSM8K" not in text
+
+
+def test_run_times_are_each_runs_own_compute_beside_the_elapsed_span(tmp_path: Path) -> None:
+    a, b = bon_run(), bon_run()
+    b.run_id, b.wall_s = "run-bon-2", 40.0  # a sweep's second run: elapsed since submit includes the first
+    b.records = b.records[:1]
+    sa, sb = summarise(a), summarise(b)
+    assert sa.compute_s == pytest.approx(1.0 + 0.5 + 2.0 + 1.5) and sb.compute_s == pytest.approx(1.5)
+    text = build_report([a, b], tmp_path).markdown.read_text()
+    assert "| compute | elapsed |" in text
+    assert "| 5.0 s | 12.5 s |" in text and "| 1.5 s | 40.0 s |" in text
+
+
+def test_runs_scored_by_different_rewards_get_separate_tables(tmp_path: Path) -> None:
+    a, b = bon_run(), bon_run()
+    b.run_id, b.spec = "run-orm", {**b.spec, "reward": "hf-orm:some/rm"}
+    text = build_report([a, b], tmp_path).markdown.read_text()
+    runs = text.split("## Runs")[1].split("\n## ")[0]
+    assert "### Reward `arithmetic`" in runs and "### Reward `hf-orm:some/rm`" in runs
+    first, second = runs.split("### Reward `hf-orm:some/rm`")
+    assert "run-bon" in first and "run-orm" not in first and "run-orm" in second
+    assert "### Reward" not in build_report([a], tmp_path / "one").markdown.read_text()
+
+
+def test_accuracy_is_a_percentage_in_every_report_table(tmp_path: Path) -> None:
+    text = build_report([bon_run(), srd_run()], tmp_path).markdown.read_text()
+    assert "| 50.0% (1/2) |" in text  # the run table, as `srdq run` prints it
+    assert "| 0.500 (1/2) |" not in text

@@ -1,9 +1,11 @@
-"""Accuracy (and reward of the chosen answer) vs mean generated tokens for sampling, Best-of-N,
-Speculative Rejection and SRD at several budgets, on the same GSM8K problems, with SmolLM2-135M-Instruct
-and the rule-based arithmetic reward; plus SRD's routing statistics (paper Table 6 layout) and the
-coupled SRD vs rejection-sampling comparison from identical seeded drafts (paper Table 7 layout).
+"""Accuracy (with 95% intervals) vs mean generated tokens for sampling, Best-of-N, Speculative Rejection,
+SRD and rejection sampling at several budgets on the same problems; plus SRD's routing statistics (paper
+Table 6 layout) and the coupled SRD vs rejection-sampling comparison from identical seeded drafts (paper
+Table 7 layout). By default on the CPU testbed (its trained policy and outcome RM, where the methods'
+accuracies differ from 0); ``--model smollm2 --dataset gsm8k --reward arithmetic`` gives the real-text
+variant (SmolLM2-135M solves none of the first problems within a short budget).
 
-    .venv/bin/python benchmarks/accuracy_vs_tokens.py [--items 12] [--max-new-tokens 192] [--seed 0]
+    .venv/bin/python benchmarks/accuracy_vs_tokens.py [--items 200] [--max-new-tokens 64] [--seed 0]
 
 Runs go through the embedded runner into --work (default /tmp/srdq-bench); run ids are deterministic,
 so an interrupted benchmark resumes and finished configurations are not generated again. Writes
@@ -13,6 +15,7 @@ docs/accuracy_vs_tokens.png and three sections of docs/PERFORMANCE.md.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -34,28 +37,30 @@ def configs(max_new: int, chunk: int) -> list[tuple[str, str, dict]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dataset", default="gsm8k", help="a built-in dataset name (srdq datasets) or a file")
-    ap.add_argument("--items", type=int, default=12)
-    ap.add_argument("--max-new-tokens", type=int, default=192)
-    ap.add_argument("--chunk-tokens", type=int, default=64, help="drafting / decision interval Δ")
+    ap.add_argument("--model", default="testbed", help="any --model srdq run takes (testbed, smollm2, ...)")
+    ap.add_argument("--dataset", default="testbed", help="a built-in dataset name (srdq datasets) or a file")
+    ap.add_argument("--reward", default="hf-orm:testbed-rm", help="any --reward srdq run takes")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--items", type=int, default=200)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--chunk-tokens", type=int, default=16, help="drafting / decision interval Δ")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default="/tmp/srdq-bench")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.engines.registry import build_engine
     from srd_worker.local import run_local
     from srd_worker.reports.coupled import compare
+    from srd_worker.reports.plots import plot_frontier
+    from srd_worker.reports.rows import Point, correct_value, tokens_value
+    from srd_worker.reports.stats import bootstrap_ci
+    from srd_worker.reports.tables import pct_ci
     from srd_worker.settings import Settings
     from srd_worker.spec import prepare_run
 
-    settings = Settings(device="cpu")
-    engine = TransformersEngine.from_name("smollm2", settings=settings)
+    settings = Settings(device="cpu", dtype=args.dtype)
+    engine = build_engine("transformers", args.model, settings)
     rows = []
     records: dict[str, list[dict]] = {}
     for label, method, params in configs(args.max_new_tokens, args.chunk_tokens):
@@ -63,14 +68,13 @@ def main() -> None:
             dataset=args.dataset,
             method=method,
             params=params,
-            model="smollm2",
-            reward="arithmetic",
+            model=args.model,
+            reward=args.reward,
             seed=args.seed,
             limit=args.items,
+            settings=settings,
         )
         summary = run_local(prepared, out_dir=args.work, settings=settings, engine=engine)
-        import json
-
         recs = [json.loads(line) for line in Path(summary.results_path).read_text().splitlines()]
         records[label] = recs
         # compute time as the runs measured it (per item, per component), so a re-run that only
@@ -83,102 +87,62 @@ def main() -> None:
                 "label": label,
                 "method": method,
                 "n": params.get("n", 1),
-                "accuracy": summary.accuracy or 0.0,
+                "accuracy": bootstrap_ci([correct_value(r) for r in recs]),
+                "tokens": bootstrap_ci([tokens_value(r) for r in recs]),
                 "correct": summary.correct,
                 "items": summary.items,
-                "tokens": summary.mean_gen_tokens,
                 "reward": sum(rewards) / len(rewards) if rewards else None,
                 "seconds": compute_s,
+                "run_id": summary.run_id,
             }
         )
+        r = rows[-1]
         print(
-            f"{label:28s} acc {rows[-1]['accuracy']:.3f}  tokens {summary.mean_gen_tokens:7.1f}  "
-            f"reward {rows[-1]['reward'] if rows[-1]['reward'] is not None else float('nan'):.3f}  {compute_s:6.1f}s",
+            f"{label:28s} acc {pct_ci(r['accuracy'].mean, (r['accuracy'].low, r['accuracy'].high))}  tokens {r['tokens'].mean:7.1f}  "
+            f"{compute_s:6.1f}s",
             flush=True,
         )
 
-    # ---- plot: accuracy and chosen-answer reward vs mean generated tokens, one series per method
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    # distinct markers and line styles: methods with identical points (e.g. Speculative Rejection with
-    # alpha 0.5 and rank rejection sampling share seeds and survivors) stay visible on top of each other
-    styles = {
-        "sampling": ("o", "-"),
-        "best_of_n": ("s", "-"),
-        "speculative_rejection": ("^", "--"),
-        "srd": ("D", "-"),
-        "rejection_sampling": ("x", ":"),
-    }
-    for method, (marker, line) in styles.items():
-        pts = sorted((r for r in rows if r["method"] == method), key=lambda r: r["tokens"])
-        if not pts:
-            continue
-        xs = [p["tokens"] for p in pts]
-        axes[0].plot(
-            xs,
-            [100 * p["accuracy"] for p in pts],
-            marker=marker,
-            linestyle=line,
-            label=method,
-            markersize=7,
-            markerfacecolor="none",
-        )
-        axes[1].plot(
-            xs,
-            [p["reward"] if p["reward"] is not None else float("nan") for p in pts],
-            marker=marker,
-            linestyle=line,
-            label=method,
-            markersize=7,
-            markerfacecolor="none",
-        )
-        for p in pts:
-            axes[0].annotate(
-                f"n={p['n']}",
-                (p["tokens"], 100 * p["accuracy"]),
-                fontsize=7,
-                textcoords="offset points",
-                xytext=(3, 3),
-            )
-    axes[0].set(
-        xlabel="mean generated tokens per problem",
-        ylabel="accuracy (%)",
-        title=f"GSM8K, {args.items} problems, SmolLM2-135M",
-    )
-    axes[1].set(
-        xlabel="mean generated tokens per problem",
-        ylabel="arithmetic reward of the answer",
-        title="reward of the chosen response",
-    )
-    axes[0].set_ylim(bottom=0, top=max(5.0, 1.2 * max(100 * r["accuracy"] for r in rows)))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=8)
-    fig.tight_layout()
+    # ---- plot: accuracy vs mean generated tokens, one series per method, 95% intervals over problems
+    points = [
+        Point(args.dataset, "accuracy", r["method"], r["n"], f"n={r['n']}", r["tokens"].mean, r["accuracy"].mean,
+              x_ci=(r["tokens"].low, r["tokens"].high), y_ci=(r["accuracy"].low, r["accuracy"].high),
+              problems=r["accuracy"].problems)
+        for r in rows
+    ]  # fmt: skip
     png = ROOT / "docs" / "accuracy_vs_tokens.png"
     if not args.no_write:
-        fig.savefig(png, dpi=110)
+        plot_frontier(
+            points,
+            png,
+            title=f"{args.dataset}: accuracy vs generated tokens ({args.model}, reward {args.reward})",
+            subtitle=f"{args.items} problems × 1 seed ({args.seed}); 95% bootstrap intervals over problems",
+        )
 
     setting = (
-        f"{args.items} GSM8K test problems (the first {args.items} rows), 1 seed ({args.seed}), "
-        f"SmolLM2-135M-Instruct bf16 on CPU, arithmetic reward, max_new_tokens={args.max_new_tokens}, "
-        f"Δ = chunk_tokens = {args.chunk_tokens}, drafter T=0.8 / top-p 0.9 / top-k 50; SRD defaults "
-        f"θ_high 0.5, θ_low 0.3, m 10, L_max 30, N_refine 2, editor T 1.0, reroute_global, lazy checkpoint scoring (the default)."
+        f"{args.items} problems of `{args.dataset}` (the first {args.items} rows), 1 seed ({args.seed}), "
+        f"model `{args.model}` ({args.dtype}, CPU), reward `{args.reward}`, max_new_tokens={args.max_new_tokens}, "
+        f"Δ = chunk_tokens = {args.chunk_tokens}, the methods' default sampling and SRD parameters "
+        f"(`srdq methods srd`). Intervals: 95% bootstrap over problems (one seed: they do not include the "
+        f"seed-to-seed variation; `benchmarks/testbed.py` has the multi-seed figures)."
     )
     table = [
         setting,
         "",
         "![accuracy vs tokens](accuracy_vs_tokens.png)",
         "",
-        "| method | n | accuracy | correct/items | mean gen tokens | mean reward of answer | model + reward s |",
+        "| method | n | accuracy [95% CI] | correct/items | mean gen tokens [95% CI] | mean reward of answer | model + reward s |",
         "|---|---:|---:|---:|---:|---:|---:|",
         *[
-            f"| {r['method']} | {r['n']} | {100 * r['accuracy']:.1f}% | {r['correct']}/{r['items']} | {r['tokens']:.1f} "
+            f"| {r['method']} | {r['n']} | {pct_ci(r['accuracy'].mean, (r['accuracy'].low, r['accuracy'].high))} | {r['correct']}/{r['items']} | "
+            f"{r['tokens'].text(digits=1)} "
             f"| {r['reward'] if r['reward'] is not None else float('nan'):.3f} | {r['seconds']:.0f} |"
             for r in rows
         ],
         "",
-        f"Command: `.venv/bin/python benchmarks/accuracy_vs_tokens.py --items {args.items} "
-        f"--max-new-tokens {args.max_new_tokens} --chunk-tokens {args.chunk_tokens} --seed {args.seed}`",
+        f"Command: `.venv/bin/python benchmarks/accuracy_vs_tokens.py --model {args.model} --dataset {args.dataset} "
+        f"--reward {args.reward} --items {args.items} --max-new-tokens {args.max_new_tokens} "
+        f"--chunk-tokens {args.chunk_tokens} --seed {args.seed} --dtype {args.dtype}`",
     ]
 
     # ---- routing statistics, pooled over routing events (Table 6 layout)

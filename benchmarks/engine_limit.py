@@ -61,7 +61,13 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
     "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
     "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
-}
+    # the CPU defaults (dtype, torch threads) measured on the default engine mode: each overrides
+    # --dtype / --threads for its own child
+    "transformers-invariant-bfloat16": ("transformers", {"batch_invariant": True, "kv_reuse": True, "dtype": "bfloat16"}),
+    "transformers-invariant-float32": ("transformers", {"batch_invariant": True, "kv_reuse": True, "dtype": "float32"}),
+    "transformers-invariant-1-thread": ("transformers", {"batch_invariant": True, "kv_reuse": True, "threads": 1}),
+}  # fmt: skip
+DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
 WORKLOADS = ("raw", "best_of_n", "chunked", "srd")
 RESULT = "ENGINE_LIMIT_RESULT "  # the child's one line of results on stdout starts with this
 
@@ -81,9 +87,13 @@ def workload_label(workload: str, chunk_tokens: int) -> str:
 def child_settings(config: str, args: argparse.Namespace) -> Any:
     from srd_worker.settings import Settings
 
-    return Settings(
-        device="cpu", dtype=args.dtype, vllm_cpu_kv_cache_gb=args.kv_cache_gb, **CONFIGS[config][1]
-    )
+    fields = {"dtype": args.dtype, **CONFIGS[config][1]}
+    fields.pop("threads", None)
+    return Settings(device="cpu", vllm_cpu_kv_cache_gb=args.kv_cache_gb, **fields)
+
+
+def child_threads(config: str, args: argparse.Namespace) -> int:
+    return int(CONFIGS[config][1].get("threads", args.threads))
 
 
 def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, Any]:
@@ -145,7 +155,7 @@ def child(config: str, args: argparse.Namespace) -> None:
     if engine_name == "transformers":
         import torch
 
-        torch.set_num_threads(args.threads)
+        torch.set_num_threads(child_threads(config, args))
     t0 = time.perf_counter()
     engine = build_engine(engine_name, args.model, settings)
     startup_s = time.perf_counter() - t0
@@ -348,7 +358,9 @@ def main() -> None:
     ap.add_argument("--chunk-tokens", type=int, default=64, help="Δ of SRD and of chunked Best-of-N")
     ap.add_argument("--reps", type=int, default=3, help="repetitions (one process per configuration each)")
     ap.add_argument(
-        "--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS)
+        "--configs",
+        default=",".join(DEFAULT_CONFIGS),
+        help="comma-separated subset of: " + ", ".join(CONFIGS),
     )
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads (transformers)")
     ap.add_argument("--dtype", default="bfloat16")

@@ -212,7 +212,7 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
             "Each k is the expectation over k-subsets of the run's n seeded candidates (the first k are a "
             "run at n=k): pass@k by the unbiased estimator of Chen et al. (2021), Best-of-k exactly, the "
             "votes over every subset (*exact*) or 1000 seeded random subsets (*sampled*); "
-            "`srd_worker/kcurves.py`.",
+            "`srd_worker/reports/kcurves.py`.",
             "",
         ]
     else:

@@ -187,6 +187,10 @@ class S3ObjectStore:
     def __repr__(self) -> str:
         return f"S3ObjectStore(s3://{self.bucket}/{self.prefix}, endpoint_url={self.endpoint_url!r})"
 
+    @property
+    def has_keys(self) -> bool:
+        """Whether the store was given its own access key pair (else boto3's standard chain applies)."""
+        return self._access_key is not None
     # The client is built lazily: constructing a store does no I/O (STYLE.md, principle 5).
     @property
     def client(self) -> Any:

@@ -33,7 +33,7 @@ from sqlmodel import Session
 
 from srd_worker.errors import ObjectStoreError, SrdqError, StoreError
 from srd_worker.results.artifacts import run_manifest_key, verify_shard, write_run_manifest, write_shard
-from srd_worker.results.objects import ObjectStore, open_store
+from srd_worker.results.objects import ObjectStore, S3ObjectStore, open_store
 from srd_worker.store import crud, uploads
 from srd_worker.store.db import session_scope
 from srd_worker.store.models import Shard, Status
@@ -227,10 +227,37 @@ def store_from_settings(settings: Settings) -> ObjectStore | None:
         log.warning("SRDQ_OBJECT_STORE_URL is empty: results stay in the database, nothing is uploaded")
         return None
     try:
-        return open_store(url, settings)
+        store = open_store(url, settings)
     except SrdqError as exc:
         log.error("object store %r: %s; results stay in the database, nothing is uploaded", url, exc)
         return None
+    if isinstance(store, S3ObjectStore) and not has_s3_credentials(store):
+        # one line per worker process, instead of "Unable to locate credentials" after every shard
+        log.warning(
+            "no S3 credentials for %s (none in SRDQ_AWS_*/AWS_* variables, ~/.aws or the instance): "
+            "results stay in the database, where srdq export/report/status read them, and nothing is "
+            "uploaded; set credentials and run `srdq sync`, or set SRDQ_OBJECT_STORE_URL to a shared "
+            "folder (a path) or to empty (uploads off) to silence this",
+            url,
+        )
+        return None
+    return store
+
+
+def has_s3_credentials(store: S3ObjectStore) -> bool:
+    """Whether boto3 finds credentials for ``store``: its own keys, or the standard AWS chain (variables,
+    config files, an instance or container role; a metadata lookup off a cloud host fails fast). A store
+    with an endpoint (MinIO, moto) counts as having them only by the same chain: anonymous access is not
+    supported."""
+    if store.has_keys:
+        return True
+    import boto3
+
+    try:
+        return boto3.session.Session().get_credentials() is not None
+    except Exception as exc:  # noqa: BLE001 - a broken ~/.aws config: say so, do not stop the worker
+        log.warning("looking up S3 credentials failed: %s", exc)
+        return False
 
 
 class PendingUploads:

@@ -241,3 +241,81 @@ def test_rejection_sampling_absolute_threshold_in_the_loops_routing():
     assert queue == []  # no editor: n_refine = 0 and no REFINE band
     assert sorted(state["dropped"]) == [0, 2]
     assert state["stats"]["routing"] == {KEEP: 2, "refine": 0, DISCARD: 2}
+
+
+# ---- self-consistency's vote record, by hand (mutation testing: docs/MUTANTS.md) -------------------------
+def _sc_state(answers, finishes=None):
+    from srd_worker.methods.pool import new_candidate
+
+    cands = [new_candidate() for _ in answers]
+    for i, c in enumerate(cands):
+        c["text"], c["finish"] = f"response {i}", (finishes or ["eos"] * len(answers))[i]
+    return {"answers": list(answers), "candidates": cands}
+
+
+def test_self_consistency_record_names_the_first_majority_candidate_and_its_votes():
+    method = build_method("self_consistency", {"n": 5})
+    # "4" (candidates 1, 4) ties "5" (2, 3 after whitespace normalisation): the first seen wins
+    rec = method.result(_sc_state([None, "4", " 5", "5 ", "4"], ["length", "stop", "eos", "eos", "eos"]))
+    assert (rec["chosen"], rec["votes"], rec["response"], rec["finish_reason"]) == (1, 2, "response 1", "stop")
+    assert "reward" in rec and rec["reward"] is None  # self-consistency uses no reward model
+    assert rec["answers"] == [None, "4", " 5", "5 ", "4"] and len(rec["candidates"]) == 5
+    spaced = method.result(_sc_state(["1  2", "3", "1 2"]))
+    assert (spaced["chosen"], spaced["votes"]) == (0, 2)  # "1  2" and "1 2" are one answer
+
+
+def test_self_consistency_without_any_answer_falls_back_to_candidate_zero_with_no_votes():
+    rec = build_method("self_consistency", {"n": 3}).result(_sc_state([None, None, None]))
+    assert (rec["chosen"], rec["votes"], rec["response"]) == (0, 0, "response 0")
+
+
+def test_self_consistency_counts_rounds_one_per_step(tiny_engine):
+    from srd_worker.methods.base import StepContext
+
+    method = build_method("self_consistency", {"n": 2, "max_new_tokens": 24, "chunk_tokens": 8})
+    ctx = StepContext(tiny_engine, None, 0, extract_answer=lambda t: t.strip()[-1:] or None)
+    prompt = tiny_engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "1+1?"}])
+    state = method.init_state("q", "1+1?", prompt)
+    assert (state["item_id"], state["question"]) == ("q", "1+1?")
+    for k in (1, 2):
+        method.step([state], ctx)
+        assert state["round"] == k
+
+
+# ---- Speculative Rejection's record and CSD's memory file, by hand ---------------------------------------
+def _entry(i, reward, finish="eos", rnd=1):
+    return {"id": i, "text": f"t{i}", "reward": reward, "finish": finish, "round": rnd, "n_tokens": 3, "c": 0}
+
+
+def test_speculative_rejection_record_fields():
+    from srd_worker.methods.base import new_state
+
+    method = build_method("speculative_rejection", {"n": 4})
+    state = method.init_state("q7", "what?", [1, 2])
+    assert (state["item_id"], state["question"]) == ("q7", "what?")
+    state = {**new_state("q7", "what?", [1, 2]), "finished": [_entry(2, 0.4), _entry(0, 0.9, "stop", 2)],
+             "pool_sizes": [4, 2], "round": 2}  # fmt: skip
+    rec = method.result(state)
+    assert (rec["response"], rec["reward"], rec["finish_reason"], rec["chosen"]) == ("t0", 0.9, "stop", 0)
+    assert rec["rewards"] == [0.4, 0.9] and rec["finished_ids"] == [2, 0]
+    assert rec["pool_sizes"] == [4, 2] and rec["rounds"] == 2 and len(rec["candidates"]) == 2
+    assert set(rec["ledger_components"]) == {"drafter", "scorer", "editor", "router"}
+    # nothing finished: an empty answer, no reward, no choice
+    empty = method.result({**state, "finished": []})
+    assert (empty["response"], empty["reward"], empty["finish_reason"], empty["chosen"]) == ("", None, None, None)
+
+
+def test_csd_memory_file_and_record(tmp_path):
+    from srd_worker.errors import ConfigError
+    from srd_worker.methods.speculative import load_memory
+
+    path = tmp_path / "memory.json"
+    path.write_text('{"pairs": {"1,2": 3, "4,5": "6"}}', encoding="utf-8")
+    assert load_memory(str(path)) == {"1,2": 3, "4,5": 6}
+    path.write_text('{"counts": {}}', encoding="utf-8")
+    with pytest.raises(ConfigError, match="not a correction memory"):
+        load_memory(str(path))
+    csd = build_method("csd", {"draft_model": "testbed-draft"})
+    state = csd.init_state("q", "?", [1])
+    state["memory"] = {"1,2": 3, "7,8": 1}  # pairs learnt online while decoding this item
+    assert csd.result(state)["memory_pairs"] == 2

@@ -165,6 +165,7 @@ def test_a_coupled_pair_has_no_mismatch():
         ("rs", ("model",), "other", "model differs"),
         ("srd", ("reward",), "lm_judge", "reward differs"),
         ("rs", ("method",), "best_of_n", "the second run is a best_of_n run, not rejection_sampling"),
+        ("srd", ("method",), "best_of_n", "the first run is a best_of_n run, not srd"),
     ],
 )
 def test_each_broken_coupling_is_named(side, path, value, message):
@@ -177,3 +178,48 @@ def test_each_broken_coupling_is_named(side, path, value, message):
     target[path[-1]] = value
     problems = coupling_mismatches(srd, rs)
     assert len(problems) == 1 and message in problems[0], problems
+
+
+def test_specs_that_leave_variant_and_form_to_their_defaults_are_coupled():
+    """rank is rejection sampling's default variant and incremental SRD's default form: a spec that does
+    not name them is the coupled pair."""
+    from srd_worker.reports.coupled import coupling_mismatches
+
+    srd, rs = _specs()
+    del srd["params"]["form"], rs["params"]["variant"]
+    assert coupling_mismatches(srd, rs) == []
+
+
+def test_equal_rewards_tie_and_missing_counts_weigh_nothing():
+    # equal R_max is a tie, never both a win and a loss
+    c = compare([rec("a", 0.5), rec("b", 0.7)], [rec("a", 0.5), rec("b", 0.2)])
+    assert (c.wins, c.ties, c.losses) == (1, 1, 0)
+    # a record's before/after rewards weigh by its refinement count: no count, no weight; no reward, 0
+    no_count = {
+        "item_id": "a",
+        "extra": {"R_max": 0.5, "reward_before_refine": 0.9, "reward_after_refine": 0.9},
+    }
+    no_reward = {"item_id": "b", "extra": {"R_max": 0.5, "refinements": 2}}
+    c = compare([no_count, no_reward, rec("c", 0.5, 1, 1, 0.3, 0.6)], [rec(i, 0.5) for i in "abc"])
+    assert c.refinements == 3
+    assert c.reward_before_refine == pytest.approx(0.3 / 3) and c.reward_after_refine == pytest.approx(
+        0.6 / 3
+    )
+
+
+def test_no_pair_with_both_rewards_gives_no_means():
+    c = compare([rec("a", None)], [rec("a", 0.5)])
+    assert (c.items, c.mean_rmax_srd, c.mean_rmax_rs, c.delta_n) == (0, None, None, None)
+
+
+def test_paired_records_auto_metric_needs_grades_on_both_sides_and_passes_its_seed():
+    from srd_worker.reports.coupled import paired_records
+    from srd_worker.reports.stats import paired
+
+    a = [{"item_id": str(i), "correct": i % 2 == 0, "reward": 0.1 * i, "error": None} for i in range(6)]
+    b = [{"item_id": str(i), "correct": None, "reward": 0.05 * i, "error": None} for i in range(6)]
+    metric, res = paired_records(a, b)  # B has no grade: the rewards are compared
+    assert metric == "reward"
+    assert res == paired([0.1 * i for i in range(6)], [0.05 * i for i in range(6)], seed=0)
+    _, seeded = paired_records(a, b, seed=5)
+    assert seeded == paired([0.1 * i for i in range(6)], [0.05 * i for i in range(6)], seed=5)

@@ -72,3 +72,46 @@ def test_coverage_is_about_95_percent():
         ci = bootstrap_ci(m, n_boot=500, seed=i)
         hits += ci.low <= 0.6 <= ci.high
     assert 0.89 <= hits / reps <= 0.99
+
+
+# ---- hand-worked cases that pin each comparison (mutation testing: docs/MUTANTS.md) ----------------------
+def test_paired_hand_worked_with_ties_missing_cells_and_non_binary_values():
+    from srd_worker.reports.stats import Interval
+
+    nan = float("nan")
+    a = [[1.0, 0.0], [0.5, nan], [1.0, 1.0]]
+    b = [[1.0, 1.0], [0.2, 0.3], [0.0, 1.0]]
+    p = paired(a, b, level=0.9, n_boot=500, seed=7)
+    # cells: tie, loss, win, (missing in A), win, tie; an equal pair is a tie, never a win and a loss
+    assert (p.pairs, p.problems, p.seeds, p.wins, p.ties, p.losses) == (5, 3, 2, 2, 2, 1)
+    assert p.mean_a == pytest.approx(3.5 / 5) and p.mean_b == pytest.approx(3.2 / 5)
+    assert p.mcnemar_p is None  # 0.5, 0.2 and 0.3 are not 0/1 outcomes
+    expected = bootstrap_ci([[0.0, -1.0], [0.3, nan], [1.0, 0.0]], level=0.9, n_boot=500, seed=7)
+    assert p.diff == expected and isinstance(p.diff, Interval) and p.diff.level == 0.9
+    assert p.diff.mean == pytest.approx(0.06)
+    # the defaults: seed 0, level 0.95, N_BOOT replicates
+    assert paired(a, b).diff == bootstrap_ci([[0.0, -1.0], [0.3, nan], [1.0, 0.0]])
+
+
+def test_paired_mcnemar_needs_both_sides_binary_and_no_pair_gives_no_means():
+    one_sided = paired([1, 0, 1, 1], [0.5, 0.0, 0.0, 1.0])  # A is 0/1, B is not
+    assert one_sided.mcnemar_p is None
+    assert paired([1, 0, 1, 1], [0, 0, 0, 1]).mcnemar_p == pytest.approx(mcnemar_exact(2, 0))
+    nan = float("nan")
+    empty = paired([[nan], [1.0]], [[0.0], [nan]])
+    assert (empty.pairs, empty.problems, empty.mean_a, empty.mean_b, empty.mcnemar_p) == (
+        0,
+        0,
+        None,
+        None,
+        None,
+    )
+
+
+def test_interval_text_needs_both_ends():
+    from srd_worker.reports.stats import Interval
+
+    assert Interval(None, None, None, 0, 0).text() == "n/a"
+    assert Interval(0.5, None, None, 1, 1).text() == "0.500"
+    assert Interval(0.5, 0.4, None, 2, 1).text() == "0.500" == Interval(0.5, None, 0.6, 2, 1).text()
+    assert Interval(0.5, 0.4, 0.6, 2, 1).text(digits=2) == "0.50 [0.40, 0.60]"

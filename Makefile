@@ -14,7 +14,7 @@ TEST_CACHE ?= $(CURDIR)/.test-cache
 # pytest prints one line per test file with its progress, then the 25 slowest tests
 PYTEST_OPTS ?= -p no:cacheprovider --durations=25 --durations-min=5
 
-.PHONY: install install-qwen install-qwen-1.5b demo demo-docs demo-smollm2 demo-real test test-fast test-vllm lint fmt clean
+.PHONY: install install-qwen install-qwen-1.5b demo demo-docs demo-smollm2 demo-real test test-fast test-vllm mutants lint fmt clean
 
 install: $(VENV)/.installed
 
@@ -105,6 +105,13 @@ $(VLLM_VENV)/.installed: pyproject.toml
 
 test-vllm: $(VLLM_VENV)/.installed
 	SRDQ_CACHE_DIR=$(TEST_CACHE) scripts/with-services $(VLLM_BIN)/python -m pytest $(PYTEST_OPTS) -m vllm tests/vllm $(PYTEST_ARGS)
+
+## Mutation testing (not part of make test): mutmut over the decision code on the unit tier, then
+## docs/MUTANTS.md's survivor list; fails while a survivor is neither killed nor explained there.
+## Resumable; scripts/mutants.py run --all widens it to every method module.
+mutants: install
+	$(BIN)/pip install -q 'mutmut==3.8.1'
+	SRDQ_CACHE_DIR=$(TEST_CACHE) nice $(BIN)/python scripts/mutants.py run
 
 lint:
 	$(BIN)/ruff check .

@@ -191,6 +191,7 @@ class S3ObjectStore:
     def has_keys(self) -> bool:
         """Whether the store was given its own access key pair (else boto3's standard chain applies)."""
         return self._access_key is not None
+
     # The client is built lazily: constructing a store does no I/O (STYLE.md, principle 5).
     @property
     def client(self) -> Any:

@@ -257,7 +257,12 @@ def test_self_consistency_record_names_the_first_majority_candidate_and_its_vote
     method = build_method("self_consistency", {"n": 5})
     # "4" (candidates 1, 4) ties "5" (2, 3 after whitespace normalisation): the first seen wins
     rec = method.result(_sc_state([None, "4", " 5", "5 ", "4"], ["length", "stop", "eos", "eos", "eos"]))
-    assert (rec["chosen"], rec["votes"], rec["response"], rec["finish_reason"]) == (1, 2, "response 1", "stop")
+    assert (rec["chosen"], rec["votes"], rec["response"], rec["finish_reason"]) == (
+        1,
+        2,
+        "response 1",
+        "stop",
+    )
     assert "reward" in rec and rec["reward"] is None  # self-consistency uses no reward model
     assert rec["answers"] == [None, "4", " 5", "5 ", "4"] and len(rec["candidates"]) == 5
     spaced = method.result(_sc_state(["1  2", "3", "1 2"]))
@@ -302,7 +307,12 @@ def test_speculative_rejection_record_fields():
     assert set(rec["ledger_components"]) == {"drafter", "scorer", "editor", "router"}
     # nothing finished: an empty answer, no reward, no choice
     empty = method.result({**state, "finished": []})
-    assert (empty["response"], empty["reward"], empty["finish_reason"], empty["chosen"]) == ("", None, None, None)
+    assert (empty["response"], empty["reward"], empty["finish_reason"], empty["chosen"]) == (
+        "",
+        None,
+        None,
+        None,
+    )
 
 
 def test_csd_memory_file_and_record(tmp_path):
@@ -319,3 +329,49 @@ def test_csd_memory_file_and_record(tmp_path):
     state = csd.init_state("q", "?", [1])
     state["memory"] = {"1,2": 3, "7,8": 1}  # pairs learnt online while decoding this item
     assert csd.result(state)["memory_pairs"] == 2
+
+
+# ---- the speculative rules' numeric helpers ---------------------------------------------------------------
+def test_softmax_is_normalised_shift_invariant_and_safe_for_large_logits():
+    import numpy as np
+
+    from srd_worker.methods.speculative_rules import softmax
+
+    p = softmax(np.array([1000.0, 999.0, -np.inf], dtype=np.float32))  # float32 logits, huge values
+    assert p.dtype == np.float64 and p.sum() == pytest.approx(1.0) and p[2] == 0.0
+    assert p[0] / p[1] == pytest.approx(np.e)
+    assert np.allclose(softmax(np.array([1.0, 2.0, 3.0])), softmax(np.array([11.0, 12.0, 13.0])))
+
+
+def test_prob_entropy_in_nats_ignores_zeros_and_renormalises():
+    import math
+
+    import numpy as np
+
+    from srd_worker.methods.speculative_rules import prob_entropy
+
+    assert prob_entropy(np.array([0.5, 0.5, 0.0])) == pytest.approx(math.log(2))
+    assert prob_entropy(np.array([2.0, 2.0, 4.0], dtype=np.float32)) == pytest.approx(
+        -(0.25 * math.log(0.25) * 2 + 0.5 * math.log(0.5))
+    )
+    assert prob_entropy(np.array([1.0, 0.0])) == 0.0
+
+
+def test_result_objects_serialise_every_field():
+    import dataclasses
+    import json
+
+    from srd_worker.reports.coupled import compare
+    from srd_worker.reports.kcurves import k_curve
+    from srd_worker.reports.stats import bootstrap_ci, paired
+
+    objs = [
+        bootstrap_ci([1, 0, 1]),
+        paired([1, 0, 1], [0, 0, 1]),
+        compare([{"item_id": "a", "extra": {"R_max": 0.5}}], [{"item_id": "a", "extra": {"R_max": 0.4}}]),
+        k_curve([{"candidates": [{"correct": True}, {"correct": False}]}])[0],
+    ]
+    for obj in objs:
+        d = obj.to_dict()
+        assert d == dataclasses.asdict(obj) and set(d) == {f.name for f in dataclasses.fields(obj)}
+        json.dumps(d)

@@ -82,9 +82,10 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         "## Runs",
         "",
     ]
+    reward_by_run = {s.run_id: s.reward or "none" for s in summaries}
     by_reward: dict[str, list[RunSummary]] = {}
     for s in summaries:
-        by_reward.setdefault(s.reward or "none", []).append(s)
+        by_reward.setdefault(reward_by_run[s.run_id], []).append(s)
     for reward, reward_runs in by_reward.items():
         if len(by_reward) > 1:  # one table per reward: their mean rewards are on different scales
             md += [f"### Reward `{reward}`", ""]
@@ -111,8 +112,8 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         ]
 
     plots = []
-    reward_of = {g.label: next((s.reward or "none" for s in summaries if s.run_id in g.run_ids), "none")
-                 for g in pooled}  # fmt: skip
+    # a pooled point's reward: its runs differ only in seed (config_key), so its first run's
+    reward_of = {g.label: reward_by_run.get(g.run_ids[0], "none") for g in pooled}
     # a mean-reward plane holds one reward model's scale only; accuracy is comparable across rewards
     groups = sorted(
         {

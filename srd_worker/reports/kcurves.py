@@ -174,11 +174,11 @@ def k_curve(
             return sum(values) / len(values) if values else None
 
         per_problem = {"pass_at_k": pk, "majority": maj, "best_of": bok, "weighted_majority": wmaj}
-        intervals = {
-            attr: (ci.low, ci.high)
-            for attr, values in per_problem.items()
-            if values and (ci := bootstrap_ci(values, seed=seed))
-        }
+        intervals = {}
+        for attr, values in per_problem.items():
+            if values:
+                ci = bootstrap_ci(values, seed=seed)
+                intervals[attr] = (ci.low, ci.high)
         out.append(
             KPoint(
                 k=k,

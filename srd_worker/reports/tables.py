@@ -50,6 +50,13 @@ def _interval(ci: Any, digits: int = 3) -> str:
     return f"[{ci.low:.{digits}f}, {ci.high:.{digits}f}]"
 
 
+def _pct_interval(ci: Any) -> str:
+    """``[low, high]%`` of an accuracy's ``stats.Interval`` in percent (n/a when there is none)."""
+    if ci is None or ci.low is None or ci.high is None:
+        return "n/a"
+    return f"[{100 * ci.low:.1f}, {100 * ci.high:.1f}]%"
+
+
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -75,12 +82,6 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
     rows = []
     for s in summaries:
         acc = "n/a" if s.accuracy is None else f"{pct(s.accuracy)} ({s.correct}/{s.graded})"
-        acc_ci = s.accuracy_ci
-        acc_ci_text = (
-            "n/a"
-            if acc_ci is None or acc_ci.low is None or acc_ci.high is None
-            else f"[{100 * acc_ci.low:.1f}, {100 * acc_ci.high:.1f}]%"
-        )
         rows.append(
             [
                 s.run_id,
@@ -100,7 +101,7 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
                 "n/a" if s.wall_s is None else f"{s.wall_s:.1f} s",
                 s.problems,
                 s.seeds,
-                acc_ci_text,
+                _pct_interval(s.accuracy_ci),
                 _interval(s.tokens_ci, 1),
             ]
         )

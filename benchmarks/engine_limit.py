@@ -17,7 +17,12 @@ Engine configurations (``--configs``, comma-separated; all by default):
 - ``transformers-invariant``: the default transformers engine (``batch_invariant`` True, prefix KV
   reuse on);
 - ``transformers-padded``: one padded batch per call (``batch_invariant`` False), KV reuse on;
-- ``transformers-deterministic``: batch-invariant, KV reuse off (every round re-feeds its prefix).
+- ``transformers-deterministic``: batch-invariant, KV reuse off (every round re-feeds its prefix): srdq's
+  ``--deterministic`` mode;
+- the CPU defaults: ``transformers-{invariant,padded}-{bfloat16,float32}`` (a dtype of their own instead
+  of ``--dtype``), ``transformers-invariant-1-thread``, ``transformers-padded-float32-{1-thread,2-threads}``
+  (torch threads of their own instead of ``--threads``), ``vllm-float32``. Their table goes to its own
+  section with ``--section engine-limit-cpu-defaults``.
 
 The parent runs ``--reps`` repetitions, each starting one child per configuration, in an order that
 rotates from one repetition to the next (the child also rotates the order of its workloads), and
@@ -58,6 +63,7 @@ from benchmarks._requests import round_requests  # noqa: E402
 # configuration: (engine name for build_engine / prepare_run, Settings fields)
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "vllm": ("vllm", {"vllm_enforce_eager": False}),
+    "vllm-float32": ("vllm", {"vllm_enforce_eager": False, "dtype": "float32"}),
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
     "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
     "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
@@ -66,10 +72,19 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-invariant-bfloat16": ("transformers", {"batch_invariant": True, "kv_reuse": True, "dtype": "bfloat16"}),
     "transformers-invariant-float32": ("transformers", {"batch_invariant": True, "kv_reuse": True, "dtype": "float32"}),
     "transformers-invariant-1-thread": ("transformers", {"batch_invariant": True, "kv_reuse": True, "threads": 1}),
+    # the same CPU defaults measured on the padded mode
+    "transformers-padded-bfloat16": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "bfloat16"}),
+    "transformers-padded-float32": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32"}),
+    "transformers-padded-float32-1-thread": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 1}),
+    "transformers-padded-float32-2-threads": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 2}),
 }  # fmt: skip
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
 WORKLOADS = ("raw", "best_of_n", "chunked", "srd")
 RESULT = "ENGINE_LIMIT_RESULT "  # the child's one line of results on stdout starts with this
+
+
+def is_vllm(config: str) -> bool:
+    return CONFIGS[config][0] == "vllm"
 
 
 def workload_label(workload: str, chunk_tokens: int) -> str:
@@ -204,6 +219,8 @@ def child(config: str, args: argparse.Namespace) -> None:
         "startup_s": startup_s,
         "batch": len(reqs),
         "invariant_rows": settings.invariant_rows,
+        "dtype": str(settings.dtype),
+        "threads": child_threads(config, args) if engine_name == "transformers" else None,
         "versions": versions,
         "results": results,
     }
@@ -227,6 +244,13 @@ def run_child(python: str, config: str, rep: int, args: argparse.Namespace) -> d
             f"the {config} child failed (exit code {proc.returncode}); its stdout ended:\n{tail}"
         )
     return json.loads(lines[-1][len(RESULT) :])
+
+
+def config_label(sample: dict[str, Any]) -> str:
+    """The configuration's name with the dtype and torch threads its child ran with."""
+    threads = sample.get("threads")
+    extra = f", {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+    return f"{sample['config']} ({sample['dtype']}{extra})"
 
 
 def spread(values: list[float], digits: int = 1) -> str:
@@ -257,17 +281,19 @@ def report(
         libs if len(by_versions) == 1 else f"{', '.join(cs)}: {libs}" for libs, cs in by_versions.items()
     )
     lines = [
-        "### The engine limit on this machine",
+        "### The engine limit on this machine"
+        if args.section == "engine-limit"
+        else "### The transformers engine's CPU defaults",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({os.cpu_count()} cores, "
-        f"{platform.platform()}; {versions}), model {args.model} ({args.dtype}), {args.items} GSM8K problems × n={args.n} = batch "
+        f"{platform.platform()}; {versions}), model {args.model}, {args.items} GSM8K problems × n={args.n} = batch "
         f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
         f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "
-        "rotating over repetitions, workload order rotating inside each process); transformers: "
-        f"{args.threads} thread(s), invariant_rows {one['invariant_rows']}"
+        "rotating over repetitions, workload order rotating inside each process); each engine's dtype and "
+        f"torch threads beside its name; batch-invariant modes: invariant_rows {one['invariant_rows']}"
         + (
             f"; vLLM: torch.compile, KV cache {args.kv_cache_gb:g} GiB, prefix caching on"
-            if "vllm" in samples
+            if any(is_vllm(c) for c in samples)
             else ""
         )
         + ". Not timed, in every process: one warm-up generate call and one small runner run; KV stores "
@@ -289,7 +315,7 @@ def report(
             best = [g["tokens_per_s"] / r for g, r in zip(got, raw_tps[fastest], strict=True)]
             passes = [g["per_pass"] for g in got if g["per_pass"] is not None]
             lines.append(
-                f"| {c} | {workload_label(w, args.chunk_tokens)} | "
+                f"| {config_label(samples[c][0])} | {workload_label(w, args.chunk_tokens)} | "
                 f"{statistics.median(g['tokens'] for g in got):,.0f} | {spread(tps)} | "
                 f"{'—' if w == 'raw' else spread(own, 2)} | {spread(best, 2)} | "
                 f"{f'{statistics.median(passes):.2f}' if passes else '—'} |"
@@ -306,9 +332,9 @@ def report(
         "",
         "Engine start-up (load, median): "
         + ", ".join(f"{c} {statistics.median(s['startup_s'] for s in samples[c]):.0f} s" for c in configs)
-        + (". vLLM counts no forward passes (—)." if "vllm" in samples else "."),
+        + (". vLLM counts no forward passes (—)." if any(is_vllm(c) for c in samples) else "."),
     ]
-    if args.model == "tiny-random-llama" and "vllm" in samples:
+    if args.model == "tiny-random-llama" and any(is_vllm(c) for c in samples):
         lines.append(
             "tiny-random-llama: vLLM loads a wider copy (hidden size 256, `tiny_model_dir`) than the "
             "transformers engine's, so their raw figures are not comparable."
@@ -327,25 +353,39 @@ def parent(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     unknown = set(configs) - set(CONFIGS)
     if not configs or unknown:
         ap.error(f"--configs: one or more of {', '.join(CONFIGS)} (unknown: {', '.join(sorted(unknown))})")
-    pythons = {c: args.vllm_python if c == "vllm" else args.python for c in configs}
-    if "vllm" in configs and not Path(args.vllm_python).exists():
+    pythons = {c: args.vllm_python if is_vllm(c) else args.python for c in configs}
+    if any(is_vllm(c) for c in configs) and not Path(args.vllm_python).exists():
         print(
             f"skipping vllm: no interpreter at {args.vllm_python} (make .venv-vllm/.installed, or "
             "--vllm-python PATH)",
             file=sys.stderr,
         )
-        configs.remove("vllm")
+        configs = [c for c in configs if not is_vllm(c)]
         if not configs:
             raise SystemExit("nothing left to measure")
     samples: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    failed: dict[str, str] = {}  # a configuration whose child failed is dropped, the others go on
     for rep in range(args.reps):
         k = rep % len(configs)
         for c in configs[k:] + configs[:k]:
-            samples[c].append(run_child(pythons[c], c, rep, args))
+            if c in failed:
+                continue
+            try:
+                samples[c].append(run_child(pythons[c], c, rep, args))
+            except SystemExit as exc:
+                print(str(exc), file=sys.stderr, flush=True)
+                failed[c] = str(exc).splitlines()[0]
+                samples.pop(c)
+    if not samples:
+        raise SystemExit("every configuration failed")
     text = report(args, samples, pythons)
+    if failed:
+        text += "\n\nNot measured (the child failed): " + "; ".join(
+            f"{c}: {why}" for c, why in failed.items()
+        )
     print(text)
     if not args.no_write:
-        replace_section(ROOT / "docs" / "PERFORMANCE.md", "engine-limit", text)
+        replace_section(ROOT / "docs" / "PERFORMANCE.md", args.section, text)
 
 
 def main() -> None:
@@ -372,6 +412,12 @@ def main() -> None:
         help="interpreter of the vllm child",
     )
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
+    ap.add_argument(
+        "--section",
+        default="engine-limit",
+        help="the marked section of docs/PERFORMANCE.md the table replaces (engine-limit: the engines side "
+        "by side; engine-limit-cpu-defaults: dtype and threads of the transformers engine)",
+    )
     ap.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()

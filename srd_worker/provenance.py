@@ -1,7 +1,7 @@
 """What a run really ran with: engine name and version, the model's and the reward model's revisions, and
 for the ``openai`` engine the server's URL and the model it reports; for the transformers engine its
 ``mode`` (``kv-reuse (<MB> MB)`` or ``deterministic``, ``SRDQ_KV_REUSE``), since reusing cached prefixes
-changes results in the last bits (README, *What a resumed run reproduces*).
+changes results in the last bits (README, *Engine modes*).
 
 Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
 after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
@@ -34,6 +34,8 @@ import threading
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from srd_worker.settings import resolve_dtype
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
@@ -199,16 +201,19 @@ def engine_config(engine_name: str, settings: Settings, *, resolve_device: bool 
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism. The openai engine's
     server decides its own. Named by the run id (``RunSpec.engine_config``, with the device as configured:
-    ``auto`` on a fleet means each worker's own) and recorded with every runtime record (the device
-    resolved)."""
+    ``auto`` on a fleet means each worker's own, and so does dtype ``auto``) and recorded with every
+    runtime record (the transformers engine's device and dtype resolved)."""
     if engine_name == "transformers":
         device = str(settings.device)
         if device == "auto" and resolve_device:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = str(settings.dtype)
+        if resolve_device and device != "auto":
+            dtype = resolve_dtype(dtype, device)  # auto: what this device computes in
         config: dict[str, Any] = {
-            "dtype": str(settings.dtype),
+            "dtype": dtype,
             "device": device,
             "batch_invariant": bool(settings.batch_invariant),
             "kv_reuse": bool(settings.kv_reuse),

@@ -7,9 +7,14 @@ Every field can be set with an ``SRDQ_``-prefixed environment variable (``SRDQ_D
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from srd_worker.errors import ConfigError
+
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 
 
 def _default_cache_dir() -> Path:
@@ -39,14 +44,19 @@ class Settings(BaseSettings):
     device: str = Field(
         "auto", description="torch device for the transformers engine: auto, cpu, cuda, cuda:N."
     )
-    dtype: str = Field(
-        "bfloat16", description="Model dtype for the transformers engine: bfloat16, float16, float32."
+    dtype: Dtype = Field(
+        "auto",
+        description="Model dtype (transformers engine, HF reward models, vLLM): auto, bfloat16, float16, "
+        "float32. auto: float32 on a CPU, bfloat16 on a GPU (see resolve_dtype); a CPU without native bf16 "
+        "arithmetic computes bf16 slower than float32 (docs/PERFORMANCE.md, engine limit).",
     )
     batch_invariant: bool = Field(
-        True,
-        description="Transformers engine: a seeded request's tokens do not depend on the rest of the batch: "
-        "requests of equal prompt length run as their own unpadded batch, in forward passes of exactly "
-        "invariant_rows rows; false: one padded batch.",
+        False,
+        description="Transformers engine: true: a seeded request's tokens do not depend on the rest of the "
+        "batch: requests of equal prompt length run as their own unpadded batch, in forward passes of "
+        "exactly invariant_rows rows (about 0.35x the padded mode's tokens/s on a CPU, docs/PERFORMANCE.md); "
+        "false (default): one padded batch per call, so a request's float rounding, and with it a sampled "
+        "token now and then, depends on what it is batched with (the shard's other items).",
     )
     invariant_rows: int = Field(
         4,
@@ -60,8 +70,17 @@ class Settings(BaseSettings):
         description="Transformers engine: keep each sequence's KV cache after a generate call (a "
         "content-addressed prefix store) and feed only the new tokens when a later request extends or "
         "shares a prefix of it (SRD's rounds and edits, chunked rounds). Next-token distributions agree "
-        "with a full re-feed up to float rounding; false = the deterministic mode (every prompt re-fed), "
-        "in which a resumed run is byte-identical to an uninterrupted one.",
+        "with a full re-feed up to float rounding, so a resumed run equals an uninterrupted one in "
+        "distribution; false: every prompt re-fed, and a resumed run is byte-identical to an "
+        "uninterrupted one of the same shards (see deterministic for one independent of them).",
+    )
+    deterministic: bool = Field(
+        False,
+        description="Transformers engine: the deterministic mode (`srdq run --deterministic`): sets "
+        "batch_invariant on and kv_reuse off, whatever they say, so a seeded request's tokens depend "
+        "neither on its batch nor on a KV cache: a resumed run is byte-identical to an uninterrupted one, "
+        "results do not depend on --shard-size or --limit, and coupled methods (SRD and its rejection-"
+        "sampling ablation) share their drafts exactly. Slower: see docs/PERFORMANCE.md (engine limit).",
     )
     kv_reuse_mb: float = Field(
         1024.0,
@@ -152,7 +171,41 @@ class Settings(BaseSettings):
         3600, description="Redis visibility timeout; a task slice must end far below it (see slice_rounds)."
     )
 
+    @model_validator(mode="after")
+    def _deterministic_mode(self) -> Settings:
+        # one switch for the two knobs the run id names (engine_config records batch_invariant and
+        # kv_reuse, so a run made with the switch and one made with the two knobs share their id)
+        if self.deterministic:
+            self.batch_invariant = True
+            self.kv_reuse = False
+        return self
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The dtype ``auto`` stands for on ``device`` (already resolved: cpu, cuda, cuda:N, mps, ...):
+    bfloat16 on a GPU, float32 on a CPU, where bf16 is emulated on most processors (no native bf16
+    arithmetic) and measured slower than float32 (docs/PERFORMANCE.md, the engine limit). Any other
+    value is returned as it is."""
+    if dtype != "auto":
+        return dtype
+    return "float32" if str(device).startswith("cpu") else "bfloat16"
+
 
 def get_settings() -> Settings:
-    """Build settings from the environment (call at the edge, pass the object down)."""
-    return Settings()
+    """Build settings from the environment (call at the edge, pass the object down). A value that does
+    not validate is a ``ConfigError`` naming its ``SRDQ_`` variable, not a pydantic traceback."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        raise ConfigError(settings_error(exc)) from None
+
+
+def settings_error(exc: ValidationError) -> str:
+    """One line per invalid setting: its environment variable, the value given and what is wrong."""
+    lines = []
+    for err in exc.errors():
+        name = "SRDQ_" + "_".join(str(part) for part in err["loc"]).upper()
+        # a key, a secret or a URL (which may hold a password) is named, never echoed
+        shown = "" if any(w in name for w in ("KEY", "SECRET", "URL")) else f"={err.get('input')!r}"
+        lines.append(f"invalid setting {name}{shown}: {err['msg']}")
+    return "; ".join(lines)

@@ -28,6 +28,7 @@ from typing import Any
 from srd_worker.engines.packaged import export_gguf, export_packaged, locate_parts, packaged_model
 from srd_worker.errors import ModelLoadError
 from srd_worker.paths import TESTBED_ARTIFACTS_DIR
+from srd_worker.settings import resolve_dtype
 
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny-random-llama"
@@ -150,10 +151,12 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_model(name: str, *, cache_dir: Path, dtype: str = "bfloat16", device: str = "cpu"):
-    """Load (model, tokenizer) for ``name``; see the module docstring for the accepted names."""
+def load_model(name: str, *, cache_dir: Path, dtype: str = "auto", device: str = "cpu"):
+    """Load (model, tokenizer) for ``name``; see the module docstring for the accepted names. ``dtype``
+    ``auto`` is float32 on a CPU and bfloat16 on a GPU (``settings.resolve_dtype``)."""
     import torch
 
+    dtype = resolve_dtype(dtype, device)
     quiet_transformers()
 
     if name == TINY_MODEL:

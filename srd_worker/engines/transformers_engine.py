@@ -8,8 +8,9 @@ What it does:
   number from that generator, so a request's draws never depend on which other requests share the batch;
 - rows that finish are dropped from the batch and the cache, so long and short requests mix cheaply
   (except with fixed rows, below);
-- batch invariance (``batch_invariant=True``, the default): a seeded request gets the same tokens
-  whatever else is in the batch. Two things would otherwise leak in. (1) Left padding to the longest row
+- batch invariance (``batch_invariant=True``, the constructor's default; srdq's settings default to the
+  faster padded batch and turn this on in the deterministic mode, ``Settings.deterministic``): a seeded
+  request gets the same tokens whatever else is in the batch. Two things would otherwise leak in. (1) Left padding to the longest row
   changes the length of the attention reductions, and so the float rounding of every logit: requests are
   grouped by prompt length and each group runs unpadded. (2) The CPU matrix kernels switch algorithm with
   the number of rows (SmolLM2 in bf16: 1–3 rows give the same logits, 4 or more differ in the last bits),
@@ -36,7 +37,7 @@ What it does:
   its real cache columns. The cached keys and values were computed in other forward passes (other
   shapes) than a full re-feed would use, so the next-token distributions agree up to float rounding,
   not bit for bit: ``kv_reuse=False`` (the ``deterministic`` mode) re-feeds every prompt and is what
-  makes a resumed run byte-identical (README, *What a resumed run reproduces*).
+  makes a resumed run byte-identical (README, *Engine modes*).
 
 What it leaves out: speculative decoding (``engines/speculative.py`` is a separate harness), beam search.
 """

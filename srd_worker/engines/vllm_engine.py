@@ -71,6 +71,7 @@ from srd_worker.engines.base import (
 )
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
+from srd_worker.settings import resolve_dtype
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
@@ -95,6 +96,13 @@ def vllm_on_cpu() -> bool:
         import torch
 
         return not torch.cuda.is_available()
+
+
+def vllm_dtype(dtype: str, on_cpu: bool) -> str:
+    """The dtype vLLM is given: ``auto`` resolved as for the transformers engine (float32 on a CPU,
+    bfloat16 on a GPU; ``settings.resolve_dtype``), never vLLM's own ``auto`` (the model config's
+    dtype), so a run's dtype does not depend on the checkpoint."""
+    return resolve_dtype(dtype, "cpu" if on_cpu else "cuda")
 
 
 def memory_kwargs(settings: Settings, on_cpu: bool) -> dict[str, Any]:
@@ -420,7 +428,7 @@ class VLLMEngine:
         kwargs = dict(
             model=path,
             tokenizer=path,
-            dtype=settings.dtype,
+            dtype=vllm_dtype(settings.dtype, on_cpu),
             enable_prefix_caching=True,
             tensor_parallel_size=int(settings.tensor_parallel_size),
             seed=0,

@@ -17,6 +17,7 @@ from typing import Any
 
 from srd_worker.errors import RewardError
 from srd_worker.rewards.batching import pack_batches
+from srd_worker.settings import resolve_dtype
 
 
 def resolve_device(device: str) -> str:
@@ -93,7 +94,10 @@ def load_head_model(
     quiet_transformers()
     try:
         model, info = auto_cls.from_pretrained(
-            path, num_labels=num_labels, dtype=torch_dtype(dtype), output_loading_info=True
+            path,
+            num_labels=num_labels,
+            dtype=torch_dtype(resolve_dtype(dtype, str(device)) if isinstance(dtype, str) else dtype),
+            output_loading_info=True,
         )
     except (OSError, ValueError) as exc:
         raise RewardError(f"cannot load reward model '{path}': {exc}") from exc

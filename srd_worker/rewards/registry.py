@@ -32,6 +32,7 @@ from srd_worker.errors import ConfigError
 from srd_worker.paths import TESTBED_ARTIFACTS_DIR
 from srd_worker.plugins import Entry, Registry
 from srd_worker.rewards.base import RewardModel
+from srd_worker.settings import resolve_dtype
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
@@ -138,7 +139,7 @@ def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
     return VLLMReward(
         model,
         gpu_memory_utilization=share,
-        dtype=settings.dtype,
+        dtype=resolve_dtype(settings.dtype, "cuda"),  # vllm-rm runs beside the generator on a GPU
         tensor_parallel_size=settings.tensor_parallel_size,
     )
 

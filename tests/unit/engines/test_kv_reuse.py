@@ -2,7 +2,7 @@
 random Llama in float32: a continuation fed from the store sees the same next-token distribution as a
 full re-feed (up to float rounding), an edit-like request is served by cropping a stored sequence, the
 LRU budget evicts without changing answers, SRD really reuses, and what a resumed run reproduces in each
-mode (README, *What a resumed run reproduces*): byte-identical records in the deterministic mode
+mode (README, *Engine modes*): byte-identical records in the deterministic mode
 (``tests/unit/test_whole_budget.py``, here for SRD), the same per-token distributions with reuse."""
 
 from __future__ import annotations

@@ -1,0 +1,132 @@
+"""Settings: what dtype ``auto`` stands for on each device, and one clear line (no pydantic traceback,
+nothing written) for a ``SRDQ_*`` value that does not validate."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from srd_worker.errors import ConfigError
+from srd_worker.provenance import engine_config
+from srd_worker.settings import Settings, get_settings, resolve_dtype, settings_error
+from tests.cli import ROOT, run_srdq, srdq_env
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device", "expected"),
+    [
+        ("auto", "cpu", "float32"),
+        ("auto", "cuda", "bfloat16"),
+        ("auto", "cuda:1", "bfloat16"),
+        ("bfloat16", "cpu", "bfloat16"),  # an explicit dtype is never changed
+        ("float16", "cuda", "float16"),
+        ("float32", "cuda", "float32"),
+    ],
+)
+def test_auto_dtype_is_float32_on_a_cpu_and_bfloat16_on_a_gpu(dtype, device, expected) -> None:
+    assert resolve_dtype(dtype, device) == expected
+
+
+def test_the_default_dtype_is_auto_and_the_run_id_keeps_it_unresolved() -> None:
+    settings = Settings(device="cpu")
+    assert settings.dtype == "auto"
+    # the spec (run id) names what was configured; the runtime record what the device computed in
+    assert engine_config("transformers", settings, resolve_device=False)["dtype"] == "auto"
+    assert engine_config("transformers", settings)["dtype"] == "float32"
+    # device auto stays unresolved in the spec, and so does its dtype
+    assert engine_config("transformers", Settings(device="auto"), resolve_device=False)["dtype"] == "auto"
+
+
+def test_an_unknown_dtype_is_refused_when_settings_are_built(monkeypatch) -> None:
+    monkeypatch.setenv("SRDQ_DTYPE", "float64")
+    with pytest.raises(ConfigError, match=r"^invalid setting SRDQ_DTYPE='float64': Input should be 'auto'"):
+        get_settings()
+
+
+def test_every_invalid_setting_is_named_and_secrets_are_not_echoed(monkeypatch) -> None:
+    monkeypatch.setenv("SRDQ_INVARIANT_ROWS", "-3")
+    monkeypatch.setenv("SRDQ_LEASE_TTL_S", "soon")
+    monkeypatch.setenv("SRDQ_S3_ENDPOINT_URL", "[1, 2]")
+    with pytest.raises(ConfigError) as info:
+        get_settings()
+    message = str(info.value)
+    assert "SRDQ_INVARIANT_ROWS='-3': Input should be greater than or equal to 0" in message
+    assert "SRDQ_LEASE_TTL_S='soon'" in message
+    assert "\n" not in message and "pydantic" not in message.lower()
+
+
+def test_a_settings_error_names_a_url_or_key_without_its_value() -> None:
+    class Fake(BaseModel):  # the same field names as Settings, of a type the values fail
+        database_url: int
+        aws_secret_access_key: int
+        slice_rounds: int
+
+    with pytest.raises(ValidationError) as info:
+        Fake(database_url="postgresql://u:hunter2@h/db", aws_secret_access_key="hunter2", slice_rounds="x")
+    message = settings_error(info.value)
+    assert "SRDQ_DATABASE_URL: " in message and "SRDQ_AWS_SECRET_ACCESS_KEY: " in message
+    assert "SRDQ_SLICE_ROUNDS='x': " in message
+    assert "hunter2" not in message
+
+
+@pytest.mark.parametrize(
+    ("var", "value"), [("SRDQ_DTYPE", "float64"), ("SRDQ_INVARIANT_ROWS", "-3"), ("SRDQ_KV_REUSE", "maybe")]
+)
+def test_srdq_run_with_a_bad_setting_prints_one_line_and_writes_nothing(tmp_path, var, value) -> None:
+    out = tmp_path / "out"
+    proc = run_srdq(
+        "run",
+        str(ROOT / "examples" / "gsm8k_sample.jsonl"),
+        "--model",
+        "tiny-random-llama",
+        "--limit",
+        "1",
+        "--out",
+        str(out),
+        env=srdq_env(**{var: value}),
+    )
+    assert proc.returncode == 1, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"Error: invalid setting {var}="), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_the_default_is_the_fast_padded_mode_and_deterministic_sets_both_knobs() -> None:
+    default = Settings()
+    assert (default.batch_invariant, default.kv_reuse, default.dtype) == (False, True, "auto")
+    det = Settings(deterministic=True, batch_invariant=False, kv_reuse=True)  # the switch wins
+    assert (det.batch_invariant, det.kv_reuse) == (True, False)
+    assert engine_config("transformers", det, resolve_device=False) == engine_config(
+        "transformers", Settings(batch_invariant=True, kv_reuse=False), resolve_device=False
+    )
+
+
+def _dry_run_id(*extra: str, **env: str) -> str:
+    proc = run_srdq(
+        "submit",
+        "dataset",
+        str(ROOT / "examples" / "gsm8k_sample.jsonl"),
+        "--method",
+        "sampling",
+        "--model",
+        "tiny-random-llama",
+        "--limit",
+        "2",
+        "--dry-run",
+        *extra,
+        env=srdq_env(**env),
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split(":", 1)[0]
+
+
+def test_deterministic_flag_names_its_mode_in_the_run_id() -> None:
+    fast = _dry_run_id()
+    det = _dry_run_id("--deterministic")
+    assert fast.startswith("run-") and det.startswith("run-") and det != fast
+    # the flag, its variable and the two knobs it sets are one mode, so one run id
+    assert _dry_run_id(SRDQ_DETERMINISTIC="true") == det
+    assert _dry_run_id(SRDQ_BATCH_INVARIANT="true", SRDQ_KV_REUSE="false") == det

@@ -274,6 +274,17 @@ def test_easd_keeps_x_when_the_target_had_no_other_mass_and_goes_on():
     assert (v.accepted, v.token, v.counts, rng.left) == (1, 2, {}, [])
 
 
+def test_easd_full_penalty_resamples_from_a_tiny_leftover_and_never_emits_x():
+    # β = 1 removes x = 0 entirely; the target left only 1e-170 elsewhere (token 1): the resample is
+    # renormalised first (1e-170 / 1e-170 = 1), so it emits token 1 at any u, never x
+    flat = np.zeros((2, 4))
+    step = _step([0], [[0.5, 0.5, 0.0, 0.0]], [[1.0, 1e-170, 0.0, 0.0]] * 2, q_logits=flat[:1], p_logits=flat)
+    rule = EASDRule(tau_q=0.0, tau_p=0.0, top_n=2, overlap=1.0, beta=1.0, entropy_source="raw")
+    for u in (0.0, 0.5, 0.99):
+        v = rule.verify(0, step, Uniforms(0.5, u))
+        assert (v.accepted, v.token, v.counts) == (0, 1, {"easd_rejected": 1})
+
+
 def test_easd_fires_on_the_chosen_entropies_at_their_thresholds():
     flat, peaked = np.zeros(4), np.array([10.0, 0.0, 0.0, 0.0])
     one_hot, uniform = np.eye(4)[0], np.full(4, 0.25)

@@ -22,7 +22,15 @@ from srd_worker.engines.base import GenerationRequest, SamplingParams, SpecStep
 from srd_worker.errors import CapabilityError, ConfigError
 from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
-from srd_worker.methods.speculative_rules import CSDRule, EASDRule, LosslessRule, draw
+from srd_worker.methods.speculative_rules import (
+    CSDRule,
+    EASDRule,
+    LosslessRule,
+    draw,
+    entropy,
+    residual,
+    top_n_overlap,
+)
 
 DELTA = 1e-6
 
@@ -106,6 +114,288 @@ def test_csd_rule_counts_and_rescues():
     assert (v2.accepted, v2.counts["rescued"], online[0]["2,1"]) == (1, 1, 2)  # 1 + 2 ≥ 3, gap ≥ ln 0.5
     closed = CSDRule(offline={"2,1": 99}, online=[{}], lam=0, tau=2.0, update_before_test=True)
     assert closed.verify(0, step, None).accepted == 0  # the gate: −0.1 < ln 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# The rules' exact decisions, with the uniforms placed by hand (docs/ALGORITHMS.md §4.1, §5.2, §6.3)
+
+
+class Uniforms:
+    """Stands in for the request's numpy Generator: hands out the given uniforms in order, so a test puts u
+    exactly where it wants (on an interval's edge, on the acceptance ratio); ``left`` shows none was spare."""
+
+    def __init__(self, *us: float) -> None:
+        self.left = list(us)
+
+    def random(self) -> float:
+        return self.left.pop(0)
+
+
+def _step(tokens, q, p, *, greedy=False, q_logits=None, p_logits=None) -> SpecStep:
+    q, p = np.asarray(q, dtype=np.float64), np.asarray(p, dtype=np.float64)
+    return SpecStep(
+        list(tokens),
+        q,
+        p,
+        np.log(q + 1e-30) if q_logits is None else np.asarray(q_logits, dtype=np.float64),
+        np.log(p + 1e-30) if p_logits is None else np.asarray(p_logits, dtype=np.float64),
+        greedy,
+    )
+
+
+def test_draw_gives_each_token_the_half_open_interval_of_its_mass():
+    probs = np.array([0.25, 0.25, 0.5])
+    # token k owns [cdf_{k-1}, cdf_k): an edge belongs to the token that starts there
+    assert [draw(probs, Uniforms(u)) for u in (0.0, 0.24, 0.25, 0.49, 0.5, 0.99)] == [0, 0, 1, 1, 2, 2]
+    assert draw(np.array([0.0, 1.0]), Uniforms(0.0)) == 1  # u = 0 never lands on a zero-mass token
+    assert draw(np.array([1.0, 3.0]), Uniforms(0.3)) == 1  # unnormalised: u is scaled by the total, 1.2
+    # the running sum is float64: a float32 vector's tiny entry keeps its own interval [1, 1 + 1e-8)
+    # (a float32 sum would give 1 + 1e-8 = 1, an empty interval); u = 0.5 · (2 + 1e-8) falls inside it
+    assert draw(np.array([1.0, 1e-8, 1.0], dtype=np.float32), Uniforms(0.5)) == 1
+
+
+def test_residual_is_the_normalised_positive_part_and_falls_back_to_p():
+    # max(0, p − q) = [0.25, 0.125, 0], mass 0.375
+    r = residual(np.array([0.5, 0.25, 0.25]), np.array([0.25, 0.125, 0.625]))
+    assert r.tolist() == pytest.approx([2 / 3, 1 / 3, 0.0])
+    # no positive part (p == q): p itself, normalised like any residual, and no 0 / 0
+    same = np.array([1.0, 3.0])
+    assert residual(same, same).tolist() == [0.25, 0.75]
+
+
+def test_entropy_of_softmax_logits_in_nats():
+    assert entropy(np.array([0.0, 0.0, -np.inf])) == pytest.approx(math.log(2))  # a −inf logit adds 0
+    assert entropy(np.array([1000.0, 1000.0], dtype=np.float32)) == pytest.approx(math.log(2))  # no overflow
+    # p = (1, e) / (1 + e): H = −Σ p ln p = ln(1 + e) − e / (1 + e)
+    assert entropy(np.array([0.0, 1.0])) == pytest.approx(math.log(1 + math.e) - math.e / (1 + math.e))
+
+
+def test_top_n_overlap_counts_shared_ids_and_breaks_ties_by_the_lower_id():
+    a, b = np.array([4.0, 3.0, 2.0, 1.0]), np.array([4.0, 3.0, 1.0, 2.0])
+    assert top_n_overlap(a, b, 2) == 1.0  # {0, 1} and {0, 1}
+    assert top_n_overlap(a, b, 3) == pytest.approx(2 / 3)  # {0, 1, 2} and {0, 1, 3}
+    assert top_n_overlap(a, -a, 2) == 0.0  # the top of one is the bottom of the other
+    assert top_n_overlap(a, b, 10) == 1.0  # N capped at the vocabulary size
+    # 32 tokens share the top score: the top 5 are the five lowest ids among them (0, 2, 4, 6, 8), the
+    # same set as a tie-free ranking in id order (an unstable sort picks other tied ids here)
+    tied = np.array([1.0, 0.0] * 32)
+    ranked = tied - 1e-3 * np.arange(64)
+    assert top_n_overlap(tied, ranked, 5) == 1.0
+    assert top_n_overlap(ranked, tied, 5) == 1.0
+
+
+# Two drafted tokens over a vocabulary of 3. Position 0: x = 0, p/q = 0.25/0.5 = 0.5. Position 1: x = 1,
+# p/q = 0.125/0.5 = 0.25, residual max(0, p − q) = [0.25, 0, 0.125] → [2/3, 0, 1/3]. Bonus p = [.25, .25, .5]
+# (cdf 0.25, 0.5, 1). Every value is a binary fraction, so each ratio is exact and u can sit on it.
+LOSSLESS_Q = [[0.5, 0.25, 0.25], [0.125, 0.5, 0.375]]
+LOSSLESS_P = [[0.25, 0.375, 0.375], [0.375, 0.125, 0.5], [0.25, 0.25, 0.5]]
+LOSSLESS_CASES = {
+    # u below both ratios: keep both; the bonus is drawn from p (u = 0.125 → token 0, not its argmax 2)
+    "both kept": ([0, 1], LOSSLESS_Q, LOSSLESS_P, (0.375, 0.125, 0.125), (2, 0)),
+    # u equal to the ratio rejects (accept iff u < p/q); the residual draw u = 0.5 → token 0
+    "u on the ratio": ([0, 1], LOSSLESS_Q, LOSSLESS_P, (0.375, 0.25, 0.5), (1, 0)),
+    # p(x) = 0 is rejected even at u = 0; residual [0, .5, .5], u = 0.5 → token 2
+    "p(x) = 0": ([0], [[0.5, 0.25, 0.25]], [[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]], (0.0, 0.5), (0, 2)),
+    # q(x) = 0 (ratio ∞) is kept at any u; bonus u = 0.125 → token 0
+    "q(x) = 0": ([0], [[0.0, 0.5, 0.5]], [[0.5, 0.25, 0.25], LOSSLESS_P[2]], (0.99, 0.125), (1, 0)),
+}
+LOSSLESS_RULES = {
+    "lossless": LosslessRule,
+    "easd that never fires": lambda: EASDRule(
+        tau_q=math.inf, tau_p=math.inf, top_n=2, overlap=0.0, beta=1.0, entropy_source="raw"
+    ),
+    "csd that never rescues": lambda: CSDRule(
+        offline={}, online=[{}], lam=99, tau=0.0, update_before_test=True
+    ),
+}
+
+
+@pytest.mark.parametrize("case", LOSSLESS_CASES)
+@pytest.mark.parametrize("name", LOSSLESS_RULES)
+def test_stochastic_rows_follow_the_lossless_test_exactly(name, case):
+    tokens, q, p, us, expected = LOSSLESS_CASES[case]
+    rng = Uniforms(*us)
+    v = LOSSLESS_RULES[name]().verify(0, _step(tokens, q, p), rng)
+    assert (v.accepted, v.token) == expected
+    assert rng.left == []  # one uniform per tested token and one for the emitted draw
+    counts = {}
+    if name.startswith("csd"):
+        counts = {"rescued": 0, "rejected": 1} if v.accepted < len(tokens) else {"rescued": 0}
+    assert v.counts == counts
+
+
+def test_easd_greedy_verdicts():
+    p = np.eye(3)[[1, 2, 2]]  # target argmax 1, 2; bonus 2
+    z = np.log(p + 1e-9)
+    quiet = EASDRule(tau_q=math.inf, tau_p=math.inf, top_n=2, overlap=0.0, beta=1.0, entropy_source="raw")
+    v = quiet.verify(0, _step([1, 0], p[:2], p, greedy=True, q_logits=z[:2], p_logits=z), None)
+    assert (v.accepted, v.token, v.counts) == (1, 2, {})  # mismatch at 1: the target's argmax
+    v = quiet.verify(0, _step([1, 2], p[:2], p, greedy=True, q_logits=z[:2], p_logits=z), None)
+    assert (v.accepted, v.token, v.counts) == (2, 2, {})  # all kept: the bonus argmax
+    # Firing (τ = 0, top-2 {1, 2} on both sides) on x = 1 with raw target logits [0, 2, 1]: β = 1 removes x
+    # and the argmax of the rest is 2; β = 0.5 leaves x ahead (e²/2 ≈ 3.69 > e ≈ 2.72 in softmax's
+    # numerators), so x is kept and the next position is tested (a mismatch there: argmax 0).
+    z_fire = np.array([[0.0, 2.0, 1.0], [5.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    p_fire = np.eye(3)[[1, 0, 0]]
+    step = _step([1, 2], p_fire[:2], p_fire, greedy=True, q_logits=z_fire[:2], p_logits=z_fire)
+
+    def fire(beta: float) -> EASDRule:
+        return EASDRule(tau_q=0.0, tau_p=0.0, top_n=2, overlap=0.5, beta=beta, entropy_source="raw")
+
+    v = fire(1.0).verify(0, step, None)
+    assert (v.accepted, v.token, v.counts) == (0, 2, {"easd_rejected": 1})
+    v = fire(0.5).verify(0, step, None)
+    assert (v.accepted, v.token, v.counts) == (1, 0, {})
+
+
+def test_easd_stochastic_penalty_resamples_from_the_processed_target():
+    # x = 0 passes the lossless test (p/q = 1); the raw logits are flat (H = ln 4 ≥ 0, top-2 {0, 1} on both
+    # sides) so the penalty fires. The processed p = [.5, .5, 0, 0] (say after top-k) with β = 0.5 gives
+    # [.25, .5, 0, 0] → [1/3, 2/3, 0, 0]: u = 0.25 → token 0, u = 0.4 → token 1. (The flat raw softmax would
+    # give [1/7, 2/7, 2/7, 2/7]; setting p(x) to 1 − β instead of scaling it, [.5, .5] → u = 0.4 → 0.)
+    flat = np.zeros((2, 4))
+    step = _step([0], [[0.5, 0.25, 0.25, 0.0]], [[0.5, 0.5, 0.0, 0.0]] * 2, q_logits=flat[:1], p_logits=flat)
+    rule = EASDRule(tau_q=0.0, tau_p=0.0, top_n=2, overlap=1.0, beta=0.5, entropy_source="raw")
+    for u, token in ((0.25, 0), (0.4, 1)):
+        rng = Uniforms(0.9, u)
+        v = rule.verify(0, step, rng)
+        assert (v.accepted, v.token, v.counts, rng.left) == (0, token, {"easd_rejected": 1}, [])
+
+
+def test_easd_keeps_x_when_the_target_had_no_other_mass_and_goes_on():
+    # Position 0: p = one-hot on x = 0 (p/q = 2, kept); the penalty fires with β = 1 and leaves no mass, so
+    # x stays and position 1 is tested: p(x = 1) = 0 → rejected, residual [0, 0, 1, 0] → token 2.
+    flat = np.zeros((3, 4))
+    q = [[0.5, 0.5, 0.0, 0.0]] * 2
+    p = [[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0], [0.25] * 4]
+    rule = EASDRule(tau_q=0.0, tau_p=0.0, top_n=2, overlap=1.0, beta=1.0, entropy_source="raw")
+    rng = Uniforms(0.5, 0.5, 0.5)
+    v = rule.verify(0, _step([0, 1], q, p, q_logits=flat[:2], p_logits=flat), rng)
+    assert (v.accepted, v.token, v.counts, rng.left) == (1, 2, {}, [])
+
+
+def test_easd_full_penalty_resamples_from_a_tiny_leftover_and_never_emits_x():
+    # β = 1 removes x = 0 entirely; the target left only 1e-170 elsewhere (token 1): the resample is
+    # renormalised first (1e-170 / 1e-170 = 1), so it emits token 1 at any u, never x
+    flat = np.zeros((2, 4))
+    step = _step([0], [[0.5, 0.5, 0.0, 0.0]], [[1.0, 1e-170, 0.0, 0.0]] * 2, q_logits=flat[:1], p_logits=flat)
+    rule = EASDRule(tau_q=0.0, tau_p=0.0, top_n=2, overlap=1.0, beta=1.0, entropy_source="raw")
+    for u in (0.0, 0.5, 0.99):
+        v = rule.verify(0, step, Uniforms(0.5, u))
+        assert (v.accepted, v.token, v.counts) == (0, 1, {"easd_rejected": 1})
+
+
+def test_easd_fires_on_the_chosen_entropies_at_their_thresholds():
+    flat, peaked = np.zeros(4), np.array([10.0, 0.0, 0.0, 0.0])
+    one_hot, uniform = np.eye(4)[0], np.full(4, 0.25)
+
+    def rule(source: str, tau_q: float = 1.0, tau_p: float = 1.0) -> EASDRule:
+        return EASDRule(tau_q=tau_q, tau_p=tau_p, top_n=2, overlap=1.0, beta=1.0, entropy_source=source)
+
+    # raw logits flat (H = ln 4 ≈ 1.39 ≥ 1) but the processed distributions one-hot (H = 0), and the reverse
+    raw_high = _step([0], [one_hot], [one_hot] * 2, q_logits=[flat], p_logits=[flat] * 2)
+    processed_high = _step([0], [uniform], [uniform] * 2, q_logits=[peaked], p_logits=[peaked] * 2)
+    assert rule("raw").fires(raw_high, 0) and not rule("processed").fires(raw_high, 0)
+    assert rule("processed").fires(processed_high, 0) and not rule("raw").fires(processed_high, 0)
+    # entropy exactly at a threshold fires (H ≥ τ): two equal logits, H = −2 · ½ ln ½ = ln 2 exactly
+    two = _step([0], [[0.5, 0.5]], [[0.5, 0.5]] * 2, q_logits=[[0.0, 0.0]], p_logits=[[0.0, 0.0]] * 2)
+    ln2 = math.log(2)
+    assert rule("raw", tau_q=ln2, tau_p=0.0).fires(two, 0) and rule("raw", tau_q=0.0, tau_p=ln2).fires(two, 0)
+    above = math.nextafter(ln2, math.inf)
+    assert not rule("raw", tau_q=above, tau_p=0.0).fires(two, 0)
+    assert not rule("raw", tau_q=0.0, tau_p=above).fires(two, 0)
+
+
+def test_csd_greedy_verdicts_and_counts():
+    # target logits per position: argmax 0, 2, 1; bonus argmax 2
+    z = np.array([[2.0, 1.5, 0.0], [0.0, 1.5, 2.0], [0.0, 2.0, 0.0], [0.0, 1.0, 2.0]])
+    p = np.eye(3)[[0, 2, 1, 2]]
+
+    def step(tokens: list[int]) -> SpecStep:
+        return SpecStep(list(tokens), np.eye(3)[tokens], p, np.zeros((3, 3)), z, True)
+
+    def rule(online: list) -> CSDRule:
+        # every pair below is frequent enough; ln 0.5 ≈ −0.69 is the gate
+        offline = {"1,0": 5, "1,2": 5, "0,1": 5}
+        return CSDRule(offline=offline, online=online, lam=3, tau=0.5, update_before_test=True)
+
+    online: list[dict[str, int]] = [{}]
+    # 1 vs 0 (gap −0.5) and 1 vs 2 (gap −0.5) rescued; 0 vs 1 (gap −2 < ln 0.5) refused by the gate
+    v = rule(online).verify(0, step([1, 1, 0]), None)
+    assert (v.accepted, v.token, v.counts) == (2, 1, {"rescued": 2, "rejected": 1})
+    assert online == [{"1,0": 1, "1,2": 1, "0,1": 1}]
+    v = rule([{}]).verify(0, step([0, 0, 1]), None)  # a match, then 0 vs 2: rare (count 1), refused
+    assert (v.accepted, v.token, v.counts) == (1, 2, {"rescued": 0, "rejected": 1})
+    v = rule([{}]).verify(0, step([0, 2, 1]), None)  # all match: the bonus argmax
+    assert (v.accepted, v.token, v.counts) == (3, 2, {"rescued": 0})
+
+
+@pytest.mark.parametrize("update_before_test, lam", [(True, 2), (False, 1)])
+def test_csd_memory_counts_each_mismatch_once_before_or_after_the_test(update_before_test, lam):
+    # x = 1 against t* = 0 with the gate open (τ = 0), no offline count: only the row's own count decides.
+    # Counted before the test, the first mismatch sees 1 < λ = 2; counted after, it sees 0 < λ = 1: both
+    # reject it, and both rescue the second one (2 ≥ 2, 1 ≥ 1).
+    step = SpecStep(
+        [1], np.eye(2)[[1]], np.eye(2)[[0, 0]], np.zeros((1, 2)), np.array([[1.0, 0.0]] * 2), True
+    )
+    online: list[dict[str, int]] = [{}, {}]
+    rule = CSDRule(offline={}, online=online, lam=lam, tau=0.0, update_before_test=update_before_test)
+    v = rule.verify(1, step, None)
+    assert (v.accepted, v.token, v.counts) == (0, 0, {"rescued": 0, "rejected": 1})
+    v = rule.verify(1, step, None)
+    assert (v.accepted, v.token, v.counts) == (1, 0, {"rescued": 1})
+    assert online == [{}, {"1,0": 2}]  # row 1's own memory, one count per mismatch
+
+
+def test_csd_gate_admits_a_gap_equal_to_ln_tau():
+    # a tie in the target's logits: argmax picks 0, the draft says 1, gap 0 = ln 1
+    step = SpecStep(
+        [1], np.eye(2)[[1]], np.eye(2)[[0, 1]], np.zeros((1, 2)), np.array([[1.0, 1.0], [0.0, 1.0]]), True
+    )
+    rule = CSDRule(offline={"1,0": 1}, online=[{}], lam=1, tau=1.0, update_before_test=False)
+    v = rule.verify(0, step, None)
+    assert (v.accepted, v.token, v.counts) == (1, 1, {"rescued": 1})
+
+
+# Stochastic CSD: x = 1 at both positions, rejected by the lossless test at u = 0.75 (p/q = 0.5, then 0.25);
+# the target's processed argmax is t* = 2 at both, and the raw gap z(1) − z(2) is −0.5 ≥ ln 0.5 unless
+# position 1's logits say −3. The offline memory knows (1, 2) five times (λ = 3).
+CSD_Q = [[0.25, 0.5, 0.25], [0.125, 0.5, 0.375]]
+CSD_P = [[0.25, 0.25, 0.5], [0.375, 0.125, 0.5], [0.25, 0.25, 0.5]]
+
+
+def _csd_stochastic(online: list) -> CSDRule:
+    return CSDRule(offline={"1,2": 5, "2,2": 5}, online=online, lam=3, tau=0.5, update_before_test=False)
+
+
+def test_csd_stochastic_rescues_rejected_tokens_then_draws_the_bonus_from_p():
+    z = [[-5.0, -0.5, 0.0]] * 3
+    online: list[dict[str, int]] = [{}]
+    rng = Uniforms(0.75, 0.75, 0.125)
+    v = _csd_stochastic(online).verify(0, _step([1, 1], CSD_Q, CSD_P, p_logits=z), rng)
+    assert (v.accepted, v.token, v.counts, rng.left) == (2, 0, {"rescued": 2}, [])  # bonus u = .125 → 0
+    assert online == [{"1,2": 2}]
+
+
+def test_csd_stochastic_refused_rescue_emits_the_residual_draw():
+    z = [[-5.0, -0.5, 0.0], [-5.0, -3.0, 0.0], [0.0, 0.0, 0.0]]
+    online: list[dict[str, int]] = [{}]
+    rng = Uniforms(0.75, 0.75, 0.5)
+    v = _csd_stochastic(online).verify(0, _step([1, 1], CSD_Q, CSD_P, p_logits=z), rng)
+    # position 1: gap −3 < ln 0.5; residual max(0, p − q) = [.25, 0, .125] → [2/3, 0, 1/3], u = 0.5 → 0
+    assert (v.accepted, v.token, v.counts, rng.left) == (1, 0, {"rescued": 1, "rejected": 1}, [])
+    assert online == [{"1,2": 2}]  # the refused mismatch is counted too
+
+
+def test_csd_stochastic_never_rescues_the_targets_own_argmax():
+    # x = 2 is t* itself (p/q = 0.5, rejected at u = 0.75): no rescue is tried, even though the memory
+    # (a probe entry (2, 2)) and the gate (gap 0) would pass it; residual [.25, .25, 0] → [.5, .5, 0], u = .25 → 0
+    online: list[dict[str, int]] = [{}]
+    rng = Uniforms(0.75, 0.25)
+    step = _step([2], [[0.0, 0.0, 1.0]], CSD_P[:2], p_logits=np.zeros((2, 3)))
+    v = _csd_stochastic(online).verify(0, step, rng)
+    assert (v.accepted, v.token, v.counts, rng.left) == (0, 0, {"rescued": 0, "rejected": 1}, [])
+    assert online == [{}]
 
 
 # ---------------------------------------------------------------------------------------------------

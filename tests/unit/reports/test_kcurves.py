@@ -220,3 +220,18 @@ def test_k_curve_passes_its_seed_to_the_votes_and_the_intervals(monkeypatch):
     assert point.ci["weighted_majority"] == (ci.low, ci.high)
     # the default seed is 0 (the report builder calls k_curve without one); seed 3 gives other numbers
     assert k_curve(recs, [4]) == k_curve(recs, [4], seed=0) != [point]
+
+
+def test_pass_at_k_equals_counting_subsets():
+    # every k-subset of n candidates of which the first c are right: the share holding a right one
+    for n in range(1, 7):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(range(n), k))
+                share = sum(1 for s in subsets if min(s) < c) / len(subsets)
+                assert pass_at_k(n, c, k) == pytest.approx(share), (n, c, k)
+    # n - c == k: exactly one k-subset misses every right answer, 1 - 1/C(5, 2)
+    assert pass_at_k(5, 3, 2) == pytest.approx(0.9)
+    for bad_k in (0, -1, 6):
+        with pytest.raises(ValueError):
+            pass_at_k(5, 2, bad_k)

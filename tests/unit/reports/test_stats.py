@@ -221,3 +221,11 @@ def test_to_dict_gives_every_field():
     d = paired([1, 0], [1, 1]).to_dict()
     assert (d["pairs"], d["wins"], d["ties"], d["losses"], d["mean_a"], d["mean_b"]) == (2, 0, 1, 1, 0.5, 1.0)
     assert d["mcnemar_p"] == 1.0 and d["diff"]["mean"] == -0.5 and d["diff"]["problems"] == 2
+
+
+def test_paired_default_seed_is_zero():
+    # ten problems of distinct differences: the percentile ends depend on the resample, so on the seed
+    a = [0.1 * i for i in range(10)]
+    b = [0.07 * i * i % 1 for i in range(10)]
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    assert paired(a, b).diff == bootstrap_ci(diffs, seed=0) != bootstrap_ci(diffs, seed=1)

@@ -235,3 +235,16 @@ def test_pass_at_k_equals_counting_subsets():
     for bad_k in (0, -1, 6):
         with pytest.raises(ValueError):
             pass_at_k(5, 2, bad_k)
+
+
+def test_k_curve_without_every_reward_has_no_reward_metrics():
+    # one unscored candidate is enough: Best-of-k and the weighted vote need every candidate scored
+    recs = [
+        {"candidates": [cand("1", True, 0.5), cand("2", False, None)]},
+        {"candidates": [cand("1", True, 0.2)] * 2},
+    ]
+    for p in k_curve(recs):
+        assert p.best_of is None and p.weighted_majority is None
+        assert set(p.ci) == {"pass_at_k", "majority"}
+    # k=1: (1/2 + 1) / 2 for both metrics that remain
+    assert k_curve(recs)[0].majority == pytest.approx(0.75) == k_curve(recs)[0].pass_at_k

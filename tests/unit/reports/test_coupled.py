@@ -223,3 +223,22 @@ def test_paired_records_auto_metric_needs_grades_on_both_sides_and_passes_its_se
     assert res == paired([0.1 * i for i in range(6)], [0.05 * i for i in range(6)], seed=0)
     _, seeded = paired_records(a, b, seed=5)
     assert seeded == paired([0.1 * i for i in range(6)], [0.05 * i for i in range(6)], seed=5)
+
+
+def test_a_difference_of_exactly_tie_tol_is_a_tie():
+    # 0.75 - 0.5 = 0.25 = tie_tol exactly (binary fractions): neither "a > b + tol" nor "b > a + tol"
+    c = compare(
+        [rec("a", 0.75), rec("b", 0.5), rec("c", 1.0)],
+        [rec("a", 0.5), rec("b", 0.75), rec("c", 0.5)],
+        tie_tol=0.25,
+    )
+    assert (c.wins, c.ties, c.losses) == (1, 2, 0)
+
+
+def test_comparison_to_dict_gives_every_field():
+    c = compare([rec("a", 0.75, 2, 1, 0.25, 0.5), rec("b", 0.5)], [rec("a", 0.5), rec("b", 0.5)])
+    d = c.to_dict()
+    assert d["items"] == 2 and (d["wins"], d["ties"], d["losses"]) == (1, 1, 0)
+    assert d["delta_n"] == pytest.approx(0.125) and d["refinements"] == 2 and d["refinements_improved"] == 0.5
+    assert (d["reward_before_refine"], d["reward_after_refine"]) == (0.25, 0.5)
+    assert d["delta_n_ci"] == c.delta_n_ci and d["mean_rmax_srd"] == pytest.approx(0.625)

@@ -115,3 +115,117 @@ def test_interval_text_needs_both_ends():
     assert Interval(0.5, None, None, 1, 1).text() == "0.500"
     assert Interval(0.5, 0.4, None, 2, 1).text() == "0.500" == Interval(0.5, None, 0.6, 2, 1).text()
     assert Interval(0.5, 0.4, 0.6, 2, 1).text(digits=2) == "0.50 [0.40, 0.60]"
+
+
+# ---- independent references: a loop-by-loop two-stage bootstrap and the binomial test from its pmf -------
+def _reference_interval(matrix, *, level, n_boot, seed):
+    """The module doc's scheme written out cell by cell: the same seeded draws (problems first, then
+    each drawn problem's seed columns), a replicate's mean over its present cells, replicates with no
+    present cell dropped, and numpy's own quantile of the rest."""
+    m = np.array([[np.nan if v is None else float(v) for v in row] for row in matrix], dtype=float)
+    m = m[[not np.all(np.isnan(row)) for row in m]]
+    p, s = m.shape
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(p, size=(n_boot, p))
+    cols = rng.integers(s, size=(n_boot, p, s))
+    reps = []
+    for r in range(n_boot):
+        present = [
+            m[rows[r, j], cols[r, j, t]]
+            for j in range(p)
+            for t in range(s)
+            if not math.isnan(m[rows[r, j], cols[r, j, t]])
+        ]
+        if present:
+            reps.append(sum(present) / len(present))
+    alpha = (1 - level) / 2
+    low, high = np.quantile(reps, [alpha, 1 - alpha])
+    return float(low), float(high), len(reps)
+
+
+def test_bootstrap_matches_a_cell_by_cell_reference_with_missing_cells():
+    from srd_worker.reports.stats import Interval
+
+    # problem 2 has one present cell of two, problem 4 none (left out): replicates with few or no present
+    # cells occur, so the mean over present cells and the dropping of empty replicates both matter
+    data = [[1.0, 0.0], [None, 0.5], [1.0, 1.0], [None, None], [0.0, 0.25]]
+    low, high, kept = _reference_interval(data, level=0.8, n_boot=300, seed=11)
+    got = bootstrap_ci(data, level=0.8, n_boot=300, seed=11)
+    mean = (1.0 + 0.0 + 0.5 + 1.0 + 1.0 + 0.0 + 0.25) / 7
+    assert got == Interval(pytest.approx(mean), pytest.approx(low), pytest.approx(high), 4, 2, 0.8)
+    # a sparse matrix (each problem one present cell of three): replicates with one present cell, and
+    # with none (dropped), are common, so counting the present cells is what the interval rests on
+    sparse = [[1.0, None, None], [None, 0.0, None], [None, None, 0.5]]
+    low, high, kept = _reference_interval(sparse, level=0.8, n_boot=400, seed=5)
+    assert kept < 400
+    got = bootstrap_ci(sparse, level=0.8, n_boot=400, seed=5)
+    assert got == Interval(pytest.approx(0.5), pytest.approx(low), pytest.approx(high), 3, 3, 0.8)
+    # the default seed is 0 (reports, the coupled comparison and the testbed call it without one)
+    low0, high0, _ = _reference_interval(data, level=0.95, n_boot=2000, seed=0)
+    default = bootstrap_ci(data)
+    assert (default.low, default.high, default.level) == (pytest.approx(low0), pytest.approx(high0), 0.95)
+
+
+def test_bootstrap_of_one_problem_with_a_missing_seed_never_leaves_its_values():
+    from srd_worker.reports.stats import Interval
+
+    # one problem, cells 1 and missing: a replicate draws column 0 and/or 1; every present cell is 1, so
+    # every replicate with a present cell is 1 and those without one (both draws column 1) are dropped
+    assert bootstrap_ci([[1.0, None]], n_boot=200) == Interval(1.0, 1.0, 1.0, 1, 2, 0.95)
+    assert bootstrap_ci([[0.5, None], [0.5, 0.5]], n_boot=200) == Interval(0.5, 0.5, 0.5, 2, 2, 0.95)
+
+
+def test_bootstrap_degenerate_intervals_keep_their_shape_and_level():
+    from srd_worker.reports.stats import Interval
+
+    assert bootstrap_ci([]) == Interval(None, None, None, 0, 0, 0.95)
+    assert bootstrap_ci([], level=0.9) == Interval(None, None, None, 0, 0, 0.9)
+    assert bootstrap_ci([[None, None, None]], level=0.9) == Interval(None, None, None, 0, 3, 0.9)
+    assert bootstrap_ci([0.25], level=0.8) == Interval(0.25, None, None, 1, 1, 0.8)
+    assert bootstrap_ci([[None], [0.25], [None]], level=0.8) == Interval(0.25, None, None, 1, 1, 0.8)
+
+
+def test_as_matrix_of_nothing_is_one_empty_seed_column():
+    # an empty run is a 1-D sequence: zero problems, one seed column (paired() reports its seeds from it)
+    assert as_matrix([]).shape == (0, 1)
+    assert paired([], []).seeds == 1
+    assert as_matrix([[0, 1, None]]).tolist()[0][:2] == [0.0, 1.0]
+
+
+def _binom_two_sided(b, c):
+    """scipy's two-sided binomial test at p = 1/2, from the pmf: the probability of every outcome no more
+    likely than the observed one (exact fractions; scipy is not installed here)."""
+    from fractions import Fraction
+
+    n = b + c
+    pmf = [Fraction(math.comb(n, i), 2**n) for i in range(n + 1)]
+    return float(min(Fraction(1), sum(q for q in pmf if q <= pmf[b])))
+
+
+@pytest.mark.parametrize("b,c", [(0, 0), (1, 0), (0, 1), (1, 1), (4, 1), (7, 3), (3, 9), (12, 12), (20, 5)])
+def test_mcnemar_equals_the_binomial_test(b, c):
+    assert mcnemar_exact(b, c) == pytest.approx(_binom_two_sided(b, c))
+
+
+def test_paired_difference_of_exactly_tol_is_a_tie():
+    # 0.75 - 0.5 = 0.25 = tol exactly (binary fractions): "a > b + tol" fails both ways, so a tie
+    p = paired([0.75, 0.5, 1.0], [0.5, 0.75, 0.5], tol=0.25)
+    assert (p.wins, p.ties, p.losses) == (1, 2, 0)
+
+
+def test_to_dict_gives_every_field():
+    from srd_worker.reports.stats import Interval
+
+    iv = Interval(0.5, 0.25, 0.75, 4, 2, 0.9)
+    assert iv.to_dict() == {"mean": 0.5, "low": 0.25, "high": 0.75, "problems": 4, "seeds": 2, "level": 0.9}
+    d = paired([1, 0], [1, 1]).to_dict()
+    assert (d["pairs"], d["wins"], d["ties"], d["losses"], d["mean_a"], d["mean_b"]) == (2, 0, 1, 1, 0.5, 1.0)
+    assert d["mcnemar_p"] == 1.0 and d["diff"]["mean"] == -0.5 and d["diff"]["problems"] == 2
+
+
+def test_paired_default_seed_is_zero():
+    # ten problems of distinct differences: the percentile ends depend on the resample, so on the seed
+    a = [0.1 * i for i in range(10)]
+    b = [0.07 * i * i % 1 for i in range(10)]
+    diffs = [x - y for x, y in zip(a, b, strict=True)]
+    assert paired(a, b).diff == bootstrap_ci(diffs, seed=0) != bootstrap_ci(diffs, seed=1)

@@ -85,6 +85,29 @@ def test_argmax_first_ties():
     assert argmax_first([1.0]) == 0
 
 
+def test_best_of_n_record_by_hand():
+    bon = build_method("best_of_n", {"n": 3})
+    state = bon.init_state("q4", "2 + 2?", [9, 8])
+    assert (state["item_id"], state["question"], state["prompt_ids"]) == ("q4", "2 + 2?", [9, 8])
+    assert len(state["candidates"]) == 3
+    for i, (reward, finish) in enumerate([(0.2, "eos"), (0.7, "length"), (0.7, "stop")]):
+        state["candidates"][i].update(tokens=[1] * (i + 1), text=f"answer {i}", finish=finish, reward=reward)
+    rec = bon.result(state)
+    # 0.7 twice: the lower index (1) answers, with its own text and finish reason
+    assert (rec["chosen"], rec["response"], rec["reward"], rec["finish_reason"]) == (
+        1,
+        "answer 1",
+        0.7,
+        "length",
+    )
+    assert rec["rewards"] == [0.2, 0.7, 0.7]
+    assert [(c["id"], c["n_tokens"], c["finish"]) for c in rec["candidates"]] == [
+        (0, 1, "eos"),
+        (1, 2, "length"),
+        (2, 3, "stop"),
+    ]
+
+
 def test_self_consistency_runs(tiny_engine):
     sc = build_method("self_consistency", {"n": 3, "max_new_tokens": 12, "chunk_tokens": 12})
     for s in run_to_end(sc, tiny_engine, None):

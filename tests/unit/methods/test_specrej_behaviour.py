@@ -92,10 +92,18 @@ def test_finished_survivor_is_archived_once_and_stays_an_answer(tiny_engine):
     m.step([state], ctx)
     assert [c["id"] for c in state["candidates"]] == [0, 1]
     assert [e["id"] for e in state["finished"]] == [0]
+    assert state["round"] == 1 and state["finished"][0]["round"] == 0  # archived with the round it finished
+    steps = 1
     for _ in range(20):
         if m.done(state):
             break
         m.step([state], ctx)
+        steps += 1
+        assert state["round"] == steps  # one decision per step
     res = m.result(state)
     assert res["finished_ids"].count(0) == 1
     assert res["chosen"] == 0 and res["reward"] == 0.95
+    # candidate 1 (5 tokens, drafted 5 a round) reaches the 40-token cap in round 6 at the latest: more
+    # than one decision, and every later finisher is archived with a round after candidate 0's
+    assert steps >= 2 and res["rounds"] == steps
+    assert all(0 < e["round"] < steps for e in state["finished"][1:])

@@ -14,6 +14,7 @@ from srd_worker.methods.srd import (
     DISCARD,
     KEEP,
     REFINE,
+    ROUTE_EPS,
     checkpoint_positions,
     efficiency_gain,
     find_boundary,
@@ -154,6 +155,58 @@ def test_efficiency_gain():
 def test_keep_count_uses_pythons_round():
     assert [keep_count(0.5, n) for n in (1, 2, 3, 5, 10)] == [1, 1, 2, 2, 5]
     assert keep_count(0.9, 3) == 1
+
+
+def test_route_tolerance_edges_are_inclusive_for_keep_and_exclusive_for_refine():
+    # KEEP iff u >= θ_high - ε (the edge itself keeps); REFINE iff u > θ_low + ε (the edge itself discards)
+    assert route(0.5 - ROUTE_EPS, 0.5, 0.3) == KEEP
+    assert route(0.3 + ROUTE_EPS, 0.5, 0.3) == DISCARD
+    assert route(math.nextafter(0.3 + ROUTE_EPS, 1.0), 0.5, 0.3) == REFINE
+
+
+def test_routing_counts_with_thresholds_above_one_has_no_keep_tier():
+    # The closed form's guards (keep_bound < 0, discard rank ≥ 0) cover θ > 1, where route keeps nothing.
+    # n = 1: u = 1 < θ_high = 1.5 and 1 > θ_low = 0.5 → REFINE
+    assert routing_counts(1, 1.5, 0.5) == (0, 1, 0) == counts(tiers([7.0], 1.5, 0.5))
+    # n = 3: u = 1, 0.5, 0; θ_high = 2 keeps none; θ_low = 0 refines u = 1 and 0.5, discards u = 0
+    assert routing_counts(3, 2.0, 0.0) == (0, 2, 1) == counts(tiers([3.0, 2.0, 1.0], 2.0, 0.0))
+    # θ_low = 1: no u exceeds it, all three are discarded
+    assert routing_counts(3, 2.0, 1.0) == (0, 0, 3) == counts(tiers([3.0, 2.0, 1.0], 2.0, 1.0))
+    assert routing_counts(0, 0.5, 0.3) == (0, 0, 0)
+
+
+def test_nan_ranks_below_every_finite_score():
+    # NaN ranks last even below a negative reward (not as if it scored 0.0)
+    assert rank_order([math.nan, -1.0]) == [1, 0]
+    assert ranks([math.nan, -1.0, 2.0]) == [2, 1, 0]
+
+
+def test_checkpoint_positions_of_a_one_token_response():
+    # length 1 < m: the end itself is the only checkpoint (the length > 0 guard only excludes length 0)
+    assert checkpoint_positions(10, 1) == [1]
+
+
+# a drop ending exactly at the tail start (60 → 70, tail = 100 - 30 = 70) and one inside the tail (80 → 90)
+TAIL_EDGE = {10: 1.0, 20: 2.0, 30: 3.0, 40: 4.0, 50: 4.5, 60: 5.0, 70: 4.0, 80: 5.0, 90: 4.0, 100: 5.0}
+
+
+def test_tail_search_ignores_a_drop_ending_at_the_tail_start():
+    # search="tail" reads only pairs (a, b) with b > length - L_max: the 60 → 70 drop is not one of them,
+    # so the 80 → 90 drop decides j* = 80; the whole-trajectory reading takes 60 → 70 and caps to 70
+    assert find_boundary(TAIL_EDGE, 10, 100, 30, search="tail") == 80
+    assert resolve_boundary(TAIL_EDGE, 10, 100, 30, search="tail") == (80, [])
+    assert find_boundary(TAIL_EDGE, 10, 100, 30) == 70
+
+
+def test_lazy_boundary_decided_by_a_known_drop_at_the_tail_start():
+    # tail = 70; the drop 70 → 80 is known, 10..60 are not: whatever they hold, the earliest drop lies at
+    # or before 70, so j* = max(drop, 70) = 70 without asking for any missing checkpoint
+    assert resolve_boundary({70: 5.0, 80: 4.0}, 10, 100, 30) == (70, [])
+    for filled in (
+        {j: float(j) for j in range(10, 101, 10)} | {70: 5.0, 80: 4.0},
+        full(10, 100, [9] + [1] * 9),
+    ):
+        assert find_boundary(filled, 10, 100, 30) == 70
 
 
 # -- properties ---------------------------------------------------------------------------------------

@@ -302,3 +302,87 @@ def test_params_validation():
         p.max_new_tokens,
     ) == (10, 0.5, 0.3, 10, 100, 30, 2, 0.8, 0.9, 50, 1.0, 500)
     assert {"srd", "rejection_sampling", "speculative_rejection"} <= set(METHODS)
+
+
+# ---- rejection sampling's SRD configuration and record, by hand (mutation testing: docs/MUTANTS.md) ----
+RS_REFINE_FIELDS = {
+    "policy",
+    "refine_outcomes",
+    "refine_improved",
+    "refine_exhausted",
+    "reward_before_refine",
+    "reward_after_refine",
+}
+
+
+def test_rejection_sampling_is_srd_without_editor_with_its_own_draft_settings():
+    from srd_worker.methods.rejection_sampling import RejectionSamplingParams
+    from srd_worker.methods.routing import RankRouter
+    from srd_worker.methods.srd_loop import SRDParams
+
+    # every value differs from SRDParams' defaults, so a setting that is not passed on shows
+    given = {
+        "n": 7,
+        "theta": 0.25,
+        "temperature": 0.6,
+        "top_p": 0.85,
+        "top_k": 17,
+        "max_new_tokens": 40,
+        "chunk_tokens": 8,
+        "archive_all": True,
+        "rank_unfinished_only": True,
+    }
+    method = build_method("rejection_sampling", given)
+    assert method.params == RejectionSamplingParams(**given)  # the runner reads keep_candidates there
+    # §1.8: θ_low = θ_high = θ, no editor (n_refine = 0), lazy scoring, Algorithm B
+    expected = SRDParams(
+        n=7,
+        theta_high=0.25,
+        theta_low=0.25,
+        n_refine=0,
+        temperature=0.6,
+        top_p=0.85,
+        top_k=17,
+        max_new_tokens=40,
+        chunk_tokens=8,
+        archive_all=True,
+        rank_unfinished_only=True,
+        checkpoint_scoring="lazy",
+        form="incremental",
+    )
+    assert method.cfg == expected and method.loop.cfg == expected
+    assert method.loop.router == RankRouter(0.25, 0.25)
+
+
+def test_rejection_sampling_theta_bounds_are_inclusive():
+    from srd_worker.errors import ConfigError
+
+    for theta in (0.0, 1.0):  # both ends of [0, 1] are valid thresholds on u
+        assert build_method("rejection_sampling", {"theta": theta}).cfg.theta_high == theta
+    for theta in (-0.1, 1.5):
+        with pytest.raises(ConfigError, match="theta must be in"):
+            build_method("rejection_sampling", {"theta": theta})
+    # Speculative Rejection: α = 0 (reject nothing) is allowed, α < 0 is not
+    assert build_method("speculative_rejection", {"alpha": 0.0}).params.alpha == 0.0
+    with pytest.raises(ConfigError, match="alpha"):
+        build_method("speculative_rejection", {"alpha": -0.1})
+
+
+def test_rejection_sampling_record_names_its_rule_and_drops_the_refinement_fields():
+    rank = build_method("rejection_sampling", {"n": 2, "theta": 0.25})
+    state = rank.init_state("q1", "what?", [1, 2])
+    assert (state["item_id"], state["question"], len(state["candidates"])) == ("q1", "what?", 2)
+    rec = rank.result(state)
+    # the loop's record, less SRD's refinement fields, plus the rule: the rank variant reports θ
+    assert set(rec) == (set(rank.loop.result(state)) - RS_REFINE_FIELDS) | {"variant", "threshold"}
+    assert (rec["variant"], rec["threshold"]) == ("rank", 0.25)
+    absolute = build_method("rejection_sampling", {"n": 2, "variant": "absolute", "threshold": 0.7})
+    rec = absolute.result(absolute.init_state("q1", "what?", [1, 2]))
+    assert (rec["variant"], rec["threshold"]) == ("absolute", 0.7)  # the raw reward threshold, not θ
+    assert not RS_REFINE_FIELDS & set(rec)
+
+
+def test_srd_state_keeps_the_question():
+    state = build_method("srd", {"n": 3}).init_state("q2", "how many?", [5])
+    assert (state["item_id"], state["question"], state["prompt_ids"]) == ("q2", "how many?", [5])
+    assert [c["id"] for c in state["candidates"]] == [0, 1, 2]

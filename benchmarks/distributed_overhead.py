@@ -9,7 +9,9 @@ Side by side in one run, on a tiny model so the fixed costs are not hidden under
    From the worker's JSON log (``rounds_started``, ``shard_leased``, ``shard_finished``) it reports the
    latency from ``submit`` returning, and from the run being stored, to the first round's start; the
    worker's setup per slice (lease → first round); the gap between one shard's end and the next one's
-   lease; and the per-shard fixed cost, (fleet − embedded) ÷ shards.
+   lease; each side's time outside the method's steps (wall time minus the rounds' model and reward
+   time; the worker logs it as ``compute_seconds``), the per-shard fixed cost ((fleet − embedded) of
+   that ÷ shards), and fleet ÷ embedded wall time, measured and at equal compute.
 2. Checkpoint write time as a share of round time, for SQLite (embedded) and PostgreSQL (service).
 
     nice -n 5 scripts/with-services .venv/bin/python benchmarks/distributed_overhead.py [--model testbed]
@@ -221,39 +223,61 @@ def main() -> None:
             "transformers", args.model, applied_settings(settings, prepared_for(1).spec.engine_config)
         )
 
-        def embedded(seed: int) -> float:
+        def embedded(seed: int) -> tuple[float, float]:
+            """Wall time of `run_local` on the run's shards, and its time in the method's steps."""
             prepared = prepared_for(seed)
+            compute = [0.0]
+
+            def on_round(rep: Any) -> None:
+                compute[0] += rep.round_seconds - rep.checkpoint_seconds
+
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                run_local(prepared, out_dir=tmp, settings=settings, engine=engine)
-                return time.perf_counter() - t0
+                run_local(prepared, out_dir=tmp, settings=settings, engine=engine, on_round=on_round)
+                return time.perf_counter() - t0, compute[0]
 
         embedded(seed=1)  # warm-up of the in-process side alike
-        fleet_runs, embedded_s = [], []
+        fleet_runs, embedded_runs = [], []
         for rep in range(args.reps):
-            fleet_runs.append(fleet(seed=100 + rep))
-            embedded_s.append(embedded(seed=100 + rep))
+            # the order alternates, so a load that drifts during the run favours neither side
+            if rep % 2:
+                embedded_runs.append(embedded(seed=100 + rep))
+                fleet_runs.append(fleet(seed=100 + rep))
+            else:
+                fleet_runs.append(fleet(seed=100 + rep))
+                embedded_runs.append(embedded(seed=100 + rep))
 
         events = _events(log_path)
         first_round_from_return, first_round_from_store, setup, gaps = [], [], [], []
         for run in fleet_runs:
             mine = [e for e in events if e.get("run_id") == run["run_id"]]
+            finished = [e for e in mine if e["event"] == "shard_finished"]
             # the run is done in the transaction that stores its last shard's results; the worker logs
             # `shard_finished` right after that commit
-            run["done"] = max(_ts(e["ts"]) for e in mine if e["event"] == "shard_finished")
+            run["done"] = max(_ts(e["ts"]) for e in finished)
+            run["compute"] = sum(float(e["compute_seconds"]) for e in finished)
             starts = [_ts(e["ts"]) for e in mine if e["event"] == "rounds_started"]
             first_round_from_return.append(min(starts) - run["returned"])
             first_round_from_store.append(min(starts) - run["stored"])
             setup += [float(e["seconds"]) for e in mine if e["event"] == "rounds_started"]
             # one worker, shards back to back: a shard's end → the next shard's lease
-            ends = [_ts(e["ts"]) for e in mine if e["event"] == "shard_finished"]
+            ends = [_ts(e["ts"]) for e in finished]
             leases = [_ts(e["ts"]) for e in mine if e["event"] == "shard_leased"]
             gaps += [lease - end for end, lease in zip(ends, leases[1:], strict=False)]
         submit_s = [r["returned"] - r["start"] for r in fleet_runs]
         fleet_cli = [r["done"] - r["start"] for r in fleet_runs]
         fleet_stored = [r["done"] - r["stored"] for r in fleet_runs]
+        embedded_s = [wall for wall, _ in embedded_runs]
         emb = _median(embedded_s)
-        per_shard = [(f - e) / n_shards for f, e in zip(fleet_stored, embedded_s, strict=True)]
+        # everything but the method's steps (model and reward calls): the part a fleet can add to
+        fleet_fixed = [r["done"] - r["stored"] - r["compute"] for r in fleet_runs]
+        fleet_cli_fixed = [r["done"] - r["start"] - r["compute"] for r in fleet_runs]
+        emb_fixed = [wall - compute for wall, compute in embedded_runs]
+        per_shard = [(f - e) / n_shards for f, e in zip(fleet_fixed, emb_fixed, strict=True)]
+        # the same compute on both sides (the embedded run's): the ratio the fixed costs alone make, free of
+        # the load's noise on the rounds themselves
+        at_equal = [(c + f) / w for (w, c), f in zip(embedded_runs, fleet_fixed, strict=True)]
+        at_equal_cli = [(c + f) / w for (w, c), f in zip(embedded_runs, fleet_cli_fixed, strict=True)]
 
         # checkpoint cost per round, one shard run in-process on each store
         prepared = prepared_for(2)
@@ -299,9 +323,11 @@ def main() -> None:
             "warm worker (engine built by a warm-up run), PostgreSQL and Redis on loopback; fleet and embedded "
             f"runs alternated, {args.reps} of each, medians (load average at the end {load:.1f} on 2 cores).",
             "",
-            f"**Fleet ÷ embedded wall time, same shards = {_median(fleet_stored) / emb:.3f}** (run stored → "
-            f"every shard done: {_median(fleet_stored):.2f} s; embedded `run_local`, engine loaded: {emb:.2f} s); "
-            f"**including the `srdq submit` command = {_median(fleet_cli) / emb:.3f}** ({_median(fleet_cli):.2f} s)",
+            f"**Fleet ÷ embedded wall time, same shards, at equal compute = {_median(at_equal):.3f}**; "
+            f"**including the `srdq submit` command = {_median(at_equal_cli):.3f}**. As measured (the rounds' "
+            f"own time varies with the machine's load): {_median(fleet_stored) / emb:.3f} (run stored → every "
+            f"shard done: {_median(fleet_stored):.2f} s; embedded `run_local`, engine loaded: {emb:.2f} s), "
+            f"{_median(fleet_cli) / emb:.3f} from the start of `srdq submit` ({_median(fleet_cli):.2f} s).",
             "",
             "| fixed cost | median | min | max |",
             "|---|---:|---:|---:|",
@@ -311,7 +337,9 @@ def main() -> None:
             ("run stored (`run.created_at`) → first round starts (s)", first_round_from_store),
             ("worker: lease → first round, per shard (s)", setup),
             ("worker: a shard's end → the next shard's lease (s)", gaps),
-            ("per shard: (fleet − embedded) ÷ shards (s)", per_shard),
+            ("fleet, outside the method's steps: run stored → done, per run (s)", fleet_fixed),
+            ("embedded, outside the method's steps, per run (s)", emb_fixed),
+            ("per shard: (fleet − embedded) outside the method's steps ÷ shards (s)", per_shard),
             ("`srdq submit` command, process start → exit (s)", submit_s),
         ):
             rows.append(f"| {label} | {_median(xs):.3f} | {min(xs):.3f} | {max(xs):.3f} |")

@@ -386,6 +386,9 @@ def process_shard(
             "event": "shard_finished" if outcome.finished else "slice_ended",
             "rounds": outcome.rounds,
             "seconds": round(time.perf_counter() - started, 3),
+            # the slice's time in the method's steps (model and reward), checkpoint writes excluded:
+            # seconds − compute_seconds is what the fleet adds around the rounds
+            "compute_seconds": round(outcome.round_seconds - outcome.checkpoint_seconds, 3),
             **(outcome.counts() if outcome.finished else {}),
         },
     )

@@ -35,6 +35,7 @@ EVENT_FIELDS = (
     "tokens",
     "rounds",
     "seconds",
+    "compute_seconds",
     "tokens_per_s",
     "worker",
     "error",

@@ -31,10 +31,12 @@ import hashlib
 import json
 import logging
 import threading
+import weakref
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from srd_worker.encoding import sorted_json
 from srd_worker.settings import resolve_dtype
 
 if TYPE_CHECKING:
@@ -195,6 +197,8 @@ def reward_revision(reward: str | None, *, cache_dir: Path | None = None) -> dic
 
 
 _RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
+#: Per database engine: the (run id, record) pairs this process has committed to ``run.versions``.
+_RECORDED: weakref.WeakKeyDictionary[Any, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
 def engine_config(engine_name: str, settings: Settings, *, resolve_device: bool = True) -> dict[str, Any]:
@@ -287,8 +291,13 @@ def record_runtime(
 
     try:
         record = runtime_record(spec, engine, settings=settings)
+        key = (run_id, sorted_json(record))
+        done = _RECORDED.setdefault(db, set())
+        if key in done:  # this process stored it already: no transaction (and no run-row lock) per slice
+            return record
         with session_scope(db) as session:
             crud.record_runtime(session=session, run_id=run_id, record=record)
+        done.add(key)
         return record
     except Exception as exc:  # noqa: BLE001
         log.warning("could not record the runtime of %s: %s", run_id, exc)

@@ -170,9 +170,12 @@ def run_shard(
     max_rounds: int | None = None,
     max_seconds: float | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
+    on_slice_start: Callable[[int], None] | None = None,
 ) -> ShardOutcome:
     """Run (or resume) a shard until every item is done, or until ``max_rounds`` rounds or
-    ``max_seconds`` seconds have passed in this call (checked between rounds), whichever comes first."""
+    ``max_seconds`` seconds have passed in this call (checked between rounds), whichever comes first.
+    ``on_slice_start(round)`` is called once, just before the first round this call runs (not at all
+    when nothing is left to run), with the checkpointed round it starts from."""
     checkpoints = store.load_checkpoints()
     states: list[dict[str, Any]] = []
     for item in items:
@@ -199,6 +202,8 @@ def run_shard(
             return outcome
         if max_seconds is not None and rounds_this_call and time.perf_counter() - started >= max_seconds:
             return outcome
+        if on_slice_start is not None and not rounds_this_call:
+            on_slice_start(shard_round)
         t0 = time.perf_counter()
         tokens_before = _gen_tokens(active)
         isolation.step(method, active, ctx)

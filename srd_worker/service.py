@@ -313,6 +313,19 @@ def process_shard(
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
             store = SqlShardStore(db, run_id, shard_index, lease=lease)
+
+            def slice_started(from_round: int) -> None:
+                # the fleet's fixed cost, visible per slice: lease → first round (engine build, wiring)
+                log.info(
+                    "rounds started",
+                    extra={
+                        **event,
+                        "event": "rounds_started",
+                        "rounds": from_round,
+                        "seconds": round(time.perf_counter() - started, 3),
+                    },
+                )
+
             outcome = run_shard(
                 items=items,
                 positions=positions,
@@ -324,6 +337,7 @@ def process_shard(
                 store=store,
                 max_rounds=cfg.slice_rounds,
                 max_seconds=cfg.slice_seconds,
+                on_slice_start=slice_started,
             )
     except leases.LeaseLost as exc:
         log.warning("%s", exc, extra={**event, "event": "lease_lost", "error": str(exc)})
@@ -372,6 +386,9 @@ def process_shard(
             "event": "shard_finished" if outcome.finished else "slice_ended",
             "rounds": outcome.rounds,
             "seconds": round(time.perf_counter() - started, 3),
+            # the slice's time in the method's steps (model and reward), checkpoint writes excluded:
+            # seconds − compute_seconds is what the fleet adds around the rounds
+            "compute_seconds": round(outcome.round_seconds - outcome.checkpoint_seconds, 3),
             **(outcome.counts() if outcome.finished else {}),
         },
     )

@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
 from benchmarks._requests import round_requests  # noqa: E402
+from srd_worker.settings import cpu_has_native_bf16  # noqa: E402
 
 # configuration: (engine name for build_engine / prepare_run, Settings fields)
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -246,6 +247,17 @@ def run_child(python: str, config: str, rep: int, args: argparse.Namespace) -> d
     return json.loads(lines[-1][len(RESULT) :])
 
 
+def cpu_model() -> str:
+    """The processor's model name (/proc/cpuinfo), or what platform says where there is none."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown model"
+
+
 def config_label(sample: dict[str, Any]) -> str:
     """The configuration's name with the dtype and torch threads its child ran with."""
     threads = sample.get("threads")
@@ -285,7 +297,8 @@ def report(
         if args.section == "engine-limit"
         else "### The transformers engine's CPU defaults",
         "",
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({os.cpu_count()} cores, "
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
+        f"{'yes' if cpu_has_native_bf16() else 'no'}; {os.cpu_count()} cores, "
         f"{platform.platform()}; {versions}), model {args.model}, {args.items} GSM8K problems × n={args.n} = batch "
         f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
         f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "

@@ -263,6 +263,10 @@ def runtime_record(spec: Any, engine: Any, *, settings: Settings | None = None) 
     mode = getattr(engine, "mode", None)
     if isinstance(mode, str):  # the transformers engine: kv-reuse or deterministic (changes results)
         record["engine"]["mode"] = mode
+        import torch
+
+        # speed, not results, in the kernels measured (docs/PERFORMANCE.md, CPU defaults): recorded only
+        record["engine"]["torch_threads"] = torch.get_num_threads()
     if settings is not None and name == spec.engine:
         try:
             record["engine"]["config"] = engine_config(name, settings)

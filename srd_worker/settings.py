@@ -6,6 +6,7 @@ Every field can be set with an ``SRDQ_``-prefixed environment variable (``SRDQ_D
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -47,8 +48,8 @@ class Settings(BaseSettings):
     dtype: Dtype = Field(
         "auto",
         description="Model dtype (transformers engine, HF reward models, vLLM): auto, bfloat16, float16, "
-        "float32. auto: float32 on a CPU, bfloat16 on a GPU (see resolve_dtype); a CPU without native bf16 "
-        "arithmetic computes bf16 slower than float32 (docs/PERFORMANCE.md, engine limit).",
+        "float32. auto: bfloat16 on a GPU and on a CPU with native bf16 arithmetic (AVX512-BF16, AMX, ARM "
+        "BF16), float32 on other CPUs, which emulate bf16 slower than float32 (see resolve_dtype).",
     )
     batch_invariant: bool = Field(
         False,
@@ -181,14 +182,37 @@ class Settings(BaseSettings):
         return self
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """The dtype ``auto`` stands for on ``device`` (already resolved: cpu, cuda, cuda:N, mps, ...):
-    bfloat16 on a GPU, float32 on a CPU, where bf16 is emulated on most processors (no native bf16
-    arithmetic) and measured slower than float32 (docs/PERFORMANCE.md, the engine limit). Any other
-    value is returned as it is."""
+#: /proc/cpuinfo flags of a CPU that computes bf16 natively: x86 AVX512-BF16 or AMX, ARM's BF16 extension
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
+
+@functools.cache
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """True when the CPU's flags (x86 ``flags``, ARM ``Features`` in /proc/cpuinfo) name native bf16
+    arithmetic; False where they do not or cannot be read (another OS): float32 is the safe choice there."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() in ("flags", "features") and NATIVE_BF16_FLAGS & set(value.split()):
+            return True
+    return False
+
+
+def resolve_dtype(dtype: str, device: str, *, native_bf16: bool | None = None) -> str:
+    """The dtype ``auto`` stands for on ``device`` (already resolved: cpu, cuda, cuda:N, mps, ...): bfloat16
+    on a GPU and on a CPU that computes bf16 natively (AVX512-BF16 / AMX, ARM BF16), float32 on any other
+    CPU, which emulates bf16 and runs it slower than float32 (both measured: docs/PERFORMANCE.md, *The
+    transformers engine's CPU defaults*). ``native_bf16`` overrides the CPU probe (tests). Any other value
+    is returned as it is."""
     if dtype != "auto":
         return dtype
-    return "float32" if str(device).startswith("cpu") else "bfloat16"
+    if not str(device).startswith("cpu"):
+        return "bfloat16"
+    native = cpu_has_native_bf16() if native_bf16 is None else native_bf16
+    return "bfloat16" if native else "float32"
 
 
 def get_settings() -> Settings:

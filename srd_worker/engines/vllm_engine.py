@@ -71,7 +71,6 @@ from srd_worker.engines.base import (
 )
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
-from srd_worker.settings import resolve_dtype
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
@@ -98,11 +97,11 @@ def vllm_on_cpu() -> bool:
         return not torch.cuda.is_available()
 
 
-def vllm_dtype(dtype: str, on_cpu: bool) -> str:
-    """The dtype vLLM is given: ``auto`` resolved as for the transformers engine (float32 on a CPU,
-    bfloat16 on a GPU; ``settings.resolve_dtype``), never vLLM's own ``auto`` (the model config's
-    dtype), so a run's dtype does not depend on the checkpoint."""
-    return resolve_dtype(dtype, "cpu" if on_cpu else "cuda")
+def vllm_dtype(dtype: str) -> str:
+    """The dtype vLLM is given: ``auto`` is bfloat16 on GPUs and on vLLM's CPU build alike (its CPU
+    kernels are written for bf16, and it was measured so: docs/PERFORMANCE.md), never vLLM's own
+    ``auto`` (the model config's dtype), so a run's dtype does not depend on the checkpoint."""
+    return "bfloat16" if dtype == "auto" else dtype
 
 
 def memory_kwargs(settings: Settings, on_cpu: bool) -> dict[str, Any]:
@@ -428,7 +427,7 @@ class VLLMEngine:
         kwargs = dict(
             model=path,
             tokenizer=path,
-            dtype=vllm_dtype(settings.dtype, on_cpu),
+            dtype=vllm_dtype(settings.dtype),
             enable_prefix_caching=True,
             tensor_parallel_size=int(settings.tensor_parallel_size),
             seed=0,

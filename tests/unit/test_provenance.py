@@ -115,6 +115,9 @@ def test_runs_record_engine_and_revisions_in_manifest_and_report(tmp_path, tiny_
             (record,) = crud.get_run(session=session, run_id=run_id).versions["runtime"]
         assert record["engine"]["name"] == "transformers" and record["engine"]["torch"]
         assert record["engine"]["mode"] == "deterministic"  # the fixture's engine re-feeds every prompt
+        import torch
+
+        assert record["engine"]["torch_threads"] == torch.get_num_threads() >= 1
         assert record["model"] == {
             "name": "tiny-random-llama",
             "revision": model_revision("tiny-random-llama"),

@@ -6,27 +6,52 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from srd_worker.engines.vllm_engine import vllm_dtype
 from srd_worker.errors import ConfigError
 from srd_worker.provenance import engine_config
-from srd_worker.settings import Settings, get_settings, resolve_dtype, settings_error
+from srd_worker.settings import Settings, cpu_has_native_bf16, get_settings, resolve_dtype, settings_error
 from tests.cli import ROOT, run_srdq, srdq_env
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.mark.parametrize(
-    ("dtype", "device", "expected"),
+    ("dtype", "device", "native", "expected"),
     [
-        ("auto", "cpu", "float32"),
-        ("auto", "cuda", "bfloat16"),
-        ("auto", "cuda:1", "bfloat16"),
-        ("bfloat16", "cpu", "bfloat16"),  # an explicit dtype is never changed
-        ("float16", "cuda", "float16"),
-        ("float32", "cuda", "float32"),
+        ("auto", "cpu", False, "float32"),  # bf16 emulated: slower than float32
+        ("auto", "cpu", True, "bfloat16"),  # AVX512-BF16 / AMX / ARM BF16
+        ("auto", "cuda", False, "bfloat16"),
+        ("auto", "cuda:1", True, "bfloat16"),
+        ("bfloat16", "cpu", False, "bfloat16"),  # an explicit dtype is never changed
+        ("float16", "cuda", True, "float16"),
+        ("float32", "cpu", True, "float32"),
     ],
 )
-def test_auto_dtype_is_float32_on_a_cpu_and_bfloat16_on_a_gpu(dtype, device, expected) -> None:
-    assert resolve_dtype(dtype, device) == expected
+def test_auto_dtype_follows_the_device_and_the_cpus_bf16(dtype, device, native, expected) -> None:
+    assert resolve_dtype(dtype, device, native_bf16=native) == expected
+
+
+@pytest.mark.parametrize(
+    ("line", "native"),
+    [
+        ("flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile", True),  # Intel Sapphire Rapids
+        ("flags\t\t: fpu sse2 avx2 amx_bf16", True),
+        ("flags\t\t: fpu sse2 avx2 avx512f avx512_vnni", False),  # AVX-512 without BF16
+        ("flags\t\t: fpu sse2 avx2 fma", False),  # AMD EPYC (Zen 2/3)
+        ("Features\t: fp asimd sve bf16 i8mm", True),  # Graviton 3
+        ("Features\t: fp asimd crc32", False),
+        ("model name\t: bf16 in a name is not a flag", False),
+    ],
+)
+def test_native_bf16_is_read_from_the_cpus_flags(tmp_path, line, native) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\n{line}\n", encoding="utf-8")
+    assert cpu_has_native_bf16(str(cpuinfo)) is native
+    assert cpu_has_native_bf16(str(tmp_path / "missing")) is False  # no /proc: float32, the safe choice
+
+
+def test_vllm_auto_dtype_is_bfloat16() -> None:
+    assert vllm_dtype("auto") == "bfloat16" and vllm_dtype("float32") == "float32"
 
 
 def test_the_default_dtype_is_auto_and_the_run_id_keeps_it_unresolved() -> None:
@@ -34,7 +59,7 @@ def test_the_default_dtype_is_auto_and_the_run_id_keeps_it_unresolved() -> None:
     assert settings.dtype == "auto"
     # the spec (run id) names what was configured; the runtime record what the device computed in
     assert engine_config("transformers", settings, resolve_device=False)["dtype"] == "auto"
-    assert engine_config("transformers", settings)["dtype"] == "float32"
+    assert engine_config("transformers", settings)["dtype"] == resolve_dtype("auto", "cpu")
     # device auto stays unresolved in the spec, and so does its dtype
     assert engine_config("transformers", Settings(device="auto"), resolve_device=False)["dtype"] == "auto"
 

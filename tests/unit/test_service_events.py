@@ -16,9 +16,10 @@ from sqlalchemy import event
 from srd_worker.provenance import record_runtime
 from srd_worker.service import EngineCache, SliceConfig, process_shard, submit
 from srd_worker.settings import Settings
-from srd_worker.spec import RunSpec, prepare_run
+from srd_worker.spec import RunSpec
 from srd_worker.store import crud
-from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
+from srd_worker.store.db import make_engine, session_scope
+from tests.service_cases import migrated_sqlite, tiny_sampling_run
 
 
 class LoadedCache(EngineCache):
@@ -37,16 +38,8 @@ def _events(caplog, name: str) -> list[logging.LogRecord]:
 
 
 def test_each_slice_reports_its_setup_and_its_compute(tmp_path, datasets_dir, tiny_engine, caplog):
-    prepared = prepare_run(
-        dataset=datasets_dir / "gsm8k_test.jsonl",
-        method="sampling",
-        params={"max_new_tokens": 6, "chunk_tokens": 2},
-        model="tiny-random-llama",
-        reward=None,
-        limit=2,
-    )
-    url = sqlite_url(tmp_path / "fleet.db")
-    upgrade(url)
+    prepared = tiny_sampling_run(datasets_dir, max_new_tokens=6, chunk_tokens=2)
+    url = migrated_sqlite(tmp_path)
     db = make_engine(url)
     caplog.set_level(logging.INFO, logger="srdq.service")
     try:
@@ -72,16 +65,8 @@ def test_each_slice_reports_its_setup_and_its_compute(tmp_path, datasets_dir, ti
 
 
 def test_the_runtime_record_is_stored_once_and_not_rewritten_per_slice(tmp_path, datasets_dir, tiny_engine):
-    prepared = prepare_run(
-        dataset=datasets_dir / "gsm8k_test.jsonl",
-        method="sampling",
-        params={"max_new_tokens": 2},
-        model="tiny-random-llama",
-        reward=None,
-        limit=2,
-    )
-    url = sqlite_url(tmp_path / "fleet.db")
-    upgrade(url)
+    prepared = tiny_sampling_run(datasets_dir, max_new_tokens=2)
+    url = migrated_sqlite(tmp_path)
     db = make_engine(url)
     other = make_engine(url)  # another process's view of the same database
     statements: list[str] = []

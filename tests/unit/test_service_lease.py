@@ -13,9 +13,9 @@ from typing import Any
 
 from srd_worker.service import EngineCache, SliceConfig, process_shard, submit
 from srd_worker.settings import Settings
-from srd_worker.spec import prepare_run
 from srd_worker.store import crud, leases
-from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
+from srd_worker.store.db import make_engine, session_scope
+from tests.service_cases import migrated_sqlite, tiny_sampling_run
 
 TTL_S = 0.6
 
@@ -39,16 +39,8 @@ class SlowBuildCache(EngineCache):
 
 
 def test_the_lease_is_renewed_while_the_engine_is_built(tmp_path, datasets_dir, tiny_engine):
-    prepared = prepare_run(
-        dataset=datasets_dir / "gsm8k_test.jsonl",
-        method="sampling",
-        params={"max_new_tokens": 3},
-        model="tiny-random-llama",
-        reward=None,
-        limit=2,
-    )
-    url = sqlite_url(tmp_path / "fleet.db")
-    upgrade(url)
+    prepared = tiny_sampling_run(datasets_dir, max_new_tokens=3)
+    url = migrated_sqlite(tmp_path)
     db = make_engine(url)
     try:
         run_id = submit(prepared, db=db, enqueue=lambda r, i: None).run_id

@@ -111,7 +111,8 @@ def test_rerun_with_settings_that_change_results_is_a_new_run(tmp_path, gsm8k_sm
     (results,) = out.glob("run-*/results.jsonl")
     first = results.read_bytes()
     ids = {results.parent.name}
-    for env in ({"SRDQ_DTYPE": "bfloat16"}, {"SRDQ_BATCH_INVARIANT": "false"}, {"SRDQ_KV_REUSE": "true"}):
+    # each differs from srdq()'s environment (float32, the padded default, KV reuse off)
+    for env in ({"SRDQ_DTYPE": "bfloat16"}, {"SRDQ_BATCH_INVARIANT": "true"}, {"SRDQ_KV_REUSE": "true"}):
         again = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out), env=env)
         assert again.returncode == 0, again.stderr
         assert "to go" in again.stderr  # generated, not re-reported

@@ -14,6 +14,15 @@ from tests.cli import ROOT, run_srdq, srdq_env
 
 pytestmark = pytest.mark.unit
 
+#: the engine settings whose defaults these tests read (tests/vllm/conftest.py sets some for the suite)
+ENGINE_VARS = ("SRDQ_DTYPE", "SRDQ_DEVICE", "SRDQ_BATCH_INVARIANT", "SRDQ_KV_REUSE", "SRDQ_DETERMINISTIC")
+
+
+@pytest.fixture
+def no_engine_env(monkeypatch):
+    for var in ENGINE_VARS:
+        monkeypatch.delenv(var, raising=False)
+
 
 @pytest.mark.parametrize(
     ("dtype", "device", "native", "expected"),
@@ -54,7 +63,7 @@ def test_vllm_auto_dtype_is_bfloat16() -> None:
     assert vllm_dtype("auto") == "bfloat16" and vllm_dtype("float32") == "float32"
 
 
-def test_the_default_dtype_is_auto_and_the_run_id_keeps_it_unresolved() -> None:
+def test_the_default_dtype_is_auto_and_the_run_id_keeps_it_unresolved(no_engine_env) -> None:
     settings = Settings(device="cpu")
     assert settings.dtype == "auto"
     # the spec (run id) names what was configured; the runtime record what the device computed in
@@ -119,7 +128,7 @@ def test_srdq_run_with_a_bad_setting_prints_one_line_and_writes_nothing(tmp_path
     assert not out.exists()
 
 
-def test_the_default_is_the_fast_padded_mode_and_deterministic_sets_both_knobs() -> None:
+def test_the_default_is_the_fast_padded_mode_and_deterministic_sets_both_knobs(no_engine_env) -> None:
     default = Settings()
     assert (default.batch_invariant, default.kv_reuse, default.dtype) == (False, True, "auto")
     det = Settings(deterministic=True, batch_invariant=False, kv_reuse=True)  # the switch wins
@@ -148,7 +157,7 @@ def _dry_run_id(*extra: str, **env: str) -> str:
     return proc.stdout.split(":", 1)[0]
 
 
-def test_deterministic_flag_names_its_mode_in_the_run_id() -> None:
+def test_deterministic_flag_names_its_mode_in_the_run_id(no_engine_env) -> None:
     fast = _dry_run_id()
     det = _dry_run_id("--deterministic")
     assert fast.startswith("run-") and det.startswith("run-") and det != fast

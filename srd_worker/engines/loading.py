@@ -153,7 +153,8 @@ def quiet_transformers() -> None:
 
 def load_model(name: str, *, cache_dir: Path, dtype: str = "auto", device: str = "cpu"):
     """Load (model, tokenizer) for ``name``; see the module docstring for the accepted names. ``dtype``
-    ``auto`` is float32 on a CPU and bfloat16 on a GPU (``settings.resolve_dtype``)."""
+    ``auto`` is resolved for ``device`` by ``settings.resolve_dtype`` (bfloat16 on a GPU or a CPU with
+    native bf16, float32 on other CPUs)."""
     import torch
 
     dtype = resolve_dtype(dtype, device)

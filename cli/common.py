@@ -28,8 +28,25 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except SrdqError as exc:
             raise click.ClickException(str(exc)) from exc
+        except ImportError as exc:  # an optional part (torch, matplotlib, vLLM) missing: say which extra
+            from srd_worker.extras import hint_for
+
+            hint = hint_for(exc)
+            if hint is None:
+                raise
+            raise click.ClickException(hint) from exc
 
     return wrapper
+
+
+def require_extra(extra: str, what: str) -> None:
+    """``srd_worker.extras.require`` as a clean CLI error (exit 1, nothing written)."""
+    from srd_worker.extras import require
+
+    try:
+        require(extra, what)
+    except SrdqError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")

@@ -25,6 +25,7 @@ from srdq_cli.common import (
     friendly_errors,
     log_options,
     open_db,
+    require_extra,
 )
 from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
 
@@ -264,6 +265,7 @@ def run(
     Example: srdq run --sweep sweep.yaml --out sweep-out/
     """
     configure_logging(log_level, log_format)
+    require_extra("worker", "srdq run")  # before anything is written: the client install has no torch
     if sweep_file is not None:
         from srdq_cli.sweep_cli import run_sweep
 
@@ -468,6 +470,8 @@ def worker(
     import os
 
     from srd_worker.settings import get_settings
+
+    require_extra("worker", "srdq worker")
 
     os.environ["SRDQ_LOG_FORMAT"] = log_format  # the Celery processes (and --gpus children) read it
 

@@ -59,8 +59,15 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "dataset"
 
 
-def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: datetime | None = None) -> Report:
-    """Write ``report.md`` and one PNG per (task, metric) into ``out_dir``; return their paths."""
+def build_report(
+    runs: Sequence[RunRecords], out_dir: str | Path, *, now: datetime | None = None, plots: bool | None = None
+) -> Report:
+    """Write ``report.md`` and one PNG per (task, metric) into ``out_dir``; return their paths. ``plots``
+    None = draw them when matplotlib (the ``plots`` extra) is installed; without it the report keeps
+    every table and says the figures were skipped."""
+    from srd_worker.extras import install_line, installed
+
+    draw = installed("plots") if plots is None else plots
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summaries = [summarise(r) for r in runs]
@@ -111,7 +118,13 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
             "",
         ]
 
-    plots = []
+    pngs: list[Path] = []
+    if not draw:
+        md += [
+            f"*Plots skipped: matplotlib (srdq's `plots` extra) is not installed here; "
+            f"`{install_line('plots')}` and rerun `srdq report` to draw them. Every table is below.*",
+            "",
+        ]
     # a pooled point's reward: its runs differ only in seed (config_key), so its first run's
     reward_of = {g.label: reward_by_run.get(g.run_ids[0], "none") for g in pooled}
     # a mean-reward plane holds one reward model's scale only; accuracy is comparable across rewards
@@ -136,18 +149,18 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         rewards = ", ".join(sorted({s.reward or "no reward" for s in names}))
         items = ", ".join(str(i) for i in sorted({s.items for s in names}))
         subtitle = f"model {models} · reward {rewards} · {items} problems"
-        path = plot_frontier(
-            group,
-            out / f"{metric}_vs_tokens_{_slug(dataset)}{'_' + _slug(reward_key) if reward_key else ''}.png",
-            title=f"{label}: {what.lower()} vs generated tokens",
-            subtitle=subtitle,
-        )
-        plots.append(path)
+        md += [f"## {label}: {what.lower()} vs generated tokens", ""]
+        if draw:
+            path = plot_frontier(
+                group,
+                out
+                / f"{metric}_vs_tokens_{_slug(dataset)}{'_' + _slug(reward_key) if reward_key else ''}.png",
+                title=f"{label}: {what.lower()} vs generated tokens",
+                subtitle=subtitle,
+            )
+            pngs.append(path)
+            md += [f"![{label} {what.lower()} vs mean generated tokens]({path.name})", ""]
         md += [
-            f"## {label}: {what.lower()} vs generated tokens",
-            "",
-            f"![{label} {what.lower()} vs mean generated tokens]({path.name})",
-            "",
             f"One series per method, one point per configuration (budget N; runs that differ only in "
             f"their seed are pooled); error bars are 95% bootstrap intervals over problems and seeds; "
             f"{subtitle}.",
@@ -185,15 +198,14 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
         if not rows:
             continue
         curves += 1
-        path = plot_kcurve(
-            rows, out / f"kcurve_{_slug(run.run_id)}.png", title=f"{run.run_id} ({run.method})"
-        )
-        plots.append(path)
+        md += [f"### `{run.run_id}` ({run.method}, n={min(has)}, {rows[0].problems} problems)", ""]
+        if draw:
+            path = plot_kcurve(
+                rows, out / f"kcurve_{_slug(run.run_id)}.png", title=f"{run.run_id} ({run.method})"
+            )
+            pngs.append(path)
+            md += [f"![k-curve of {run.run_id}]({path.name})", ""]
         md += [
-            f"### `{run.run_id}` ({run.method}, n={min(has)}, {rows[0].problems} problems)",
-            "",
-            f"![k-curve of {run.run_id}]({path.name})",
-            "",
             markdown_table(
                 ["k", *(name for name, _ in KCURVE_METRICS), "votes"],
                 [
@@ -257,4 +269,4 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
 
     path = out / "report.md"
     path.write_text("\n".join(md), encoding="utf-8")
-    return Report(markdown=path, plots=plots, summaries=summaries)
+    return Report(markdown=path, plots=pngs, summaries=summaries)

@@ -35,7 +35,6 @@ from srd_worker.methods.pool import (
     new_candidate,
     pool_entries,
 )
-from srd_worker.methods.speculative_rules import CSDRule, EASDRule, LosslessRule
 
 #: Harness counters summed per item (``SpeculativeGeneration.stats``) and rule counters.
 COUNTERS = ("iterations", "drafted", "accepted", "draft_forward_passes", "target_forward_passes")
@@ -88,6 +87,10 @@ class SpeculativeSampling(Method[SpecState, SpecParamsT]):
         return state
 
     def rule(self, states: Sequence[SpecState]) -> VerifyRule:
+        # the rules are numpy math: imported when a run verifies, not by every `srdq` command that lists
+        # the methods (numpy costs about 0.2 s of each command's start)
+        from srd_worker.methods.speculative_rules import LosslessRule
+
         return LosslessRule()
 
     def step(self, states: list[SpecState], ctx: StepContext) -> list[SpecState]:
@@ -214,6 +217,8 @@ class EASD(SpeculativeSampling[EASDParams]):
     def rule(self, states: Sequence[SpecState]) -> VerifyRule:
         p: EASDParams = self.params
         assert p.tau_q is not None and p.tau_p is not None  # validate() refuses missing thresholds
+        from srd_worker.methods.speculative_rules import EASDRule
+
         return EASDRule(
             tau_q=float(p.tau_q),
             tau_p=float(p.tau_p),
@@ -288,6 +293,8 @@ class CSD(SpeculativeSampling[CSDParams]):
 
     def rule(self, states: Sequence[SpecState]) -> VerifyRule:
         p: CSDParams = self.params
+        from srd_worker.methods.speculative_rules import CSDRule
+
         return CSDRule(
             offline=self.offline_memory(),
             online=[s["memory"] for s in states],

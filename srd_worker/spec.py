@@ -67,6 +67,18 @@ class RunSpec(BaseModel):
         return "run-" + self.config_hash()[:12]
 
 
+def dataset_sha256(path: str | Path) -> str:
+    """sha256 of a dataset: a file's bytes; for a folder (a ``save_to_disk`` dataset) the sha256 of its
+    files' relative names and sha256s, in name order (the same bytes give the same digest anywhere)."""
+    p = Path(path)
+    if not p.is_dir():
+        return file_sha256(p)
+    h = hashlib.sha256()
+    for file in sorted(f for f in p.rglob("*") if f.is_file()):
+        h.update(f"{file.relative_to(p).as_posix()}\0{file_sha256(file)}\n".encode())
+    return h.hexdigest()
+
+
 def file_sha256(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -224,7 +236,7 @@ def _prepared(
 
     if not len(items):
         raise DatasetError("no rows to run", path=str(dataset))
-    sha256 = file_sha256(path)
+    sha256 = dataset_sha256(path)
     if builtin is not None and sha256 != builtin.sha256:
         raise DatasetError(
             f"built-in dataset {builtin.name!r} does not match its recorded sha256 (reinstall srdq)",

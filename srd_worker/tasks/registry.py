@@ -1,13 +1,14 @@
 """Task registry: names to task classes, dataset auto-detection, and one-call loading.
 
 Follows the ``--task`` choices of the CLI: ``gsm8k``, ``math500``, ``gpqa``, ``hotpotqa``, ``alpaca_eval``,
-``generic`` or ``auto``. Auto-detection looks only at the first row's fields (JSONL: first non-blank line;
+``openai_batch``, ``generic`` or ``auto``. Auto-detection looks only at the first row's fields (JSONL: first non-blank line;
 CSV: header and first record; Parquet: first row):
 
 - ``problem`` + ``answer``: MATH-500; ``question`` + ``answer`` with a ``####`` final-answer line: GSM8K;
 - ``Question`` + ``Correct Answer`` + ``Incorrect Answer 1``: GPQA (the authors' CSV columns);
 - ``question`` + ``context`` + ``answer`` (or ``supporting_facts`` / ``supporting_titles``): HotpotQA;
 - ``instruction`` (with no ``input``, i.e. not an Alpaca *training* row): AlpacaEval;
+- ``custom_id`` + ``body``: an OpenAI batch-API request file (``openai_batch``);
 - PRM800K step labels: refused with a message saying what the file is (see ``prm800k.py``);
 - any ``--field`` mapping: the generic task.
 
@@ -40,8 +41,9 @@ from srd_worker.tasks.generic import GenericTask
 from srd_worker.tasks.gpqa import CORRECT, INCORRECT, QUESTION, GPQATask
 from srd_worker.tasks.gsm8k import GSM8KTask
 from srd_worker.tasks.hotpotqa import HotpotQATask
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, file_format, read_jsonl, read_rows
+from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, file_format, is_gzip, read_jsonl, read_rows
 from srd_worker.tasks.math500 import Math500Task
+from srd_worker.tasks.openai_batch import OpenAIBatchTask, is_openai_batch_row
 from srd_worker.tasks.prm800k import is_prm800k_row
 from srd_worker.tasks.task_file import is_task_file, parse_task_file, task_files
 
@@ -85,6 +87,10 @@ TASKS: Registry[TaskEntry] = Registry(
         _builtin(HotpotQATask, "multi-hop questions over given passages; exact match (F1 in the metrics)"),
         _builtin(
             AlpacaEvalTask, "open-ended instructions with no gold answer (ungraded; export for a judge)"
+        ),
+        _builtin(
+            OpenAIBatchTask,
+            "OpenAI batch-API requests (custom_id, body.messages or body.prompt); ungraded, custom_id kept",
         ),
         TaskEntry(
             name="generic",
@@ -146,7 +152,9 @@ def _defined(definition: dict[str, Any], fields: Mapping[str, str] | None, max_r
 def _first_row(path: str | Path, max_row_bytes: int) -> dict[str, Any]:
     """The first row, read without loading the whole JSONL file when the file is sound."""
     fmt = file_format(path)
-    if fmt != "jsonl":  # streamed: only the header and first record (Parquet: first batch) are read
+    if fmt != "jsonl" or is_gzip(
+        path
+    ):  # streamed: only the header and first record (Parquet: first batch) are read
         for _at, row in read_rows(path, max_row_bytes=max_row_bytes, fmt=fmt, stream=True):
             return row
     try:
@@ -180,6 +188,8 @@ def detect_task(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES)
             "it is not a task; use srd_worker.tasks.prm800k.load_prm800k to check reward models with it, "
             "or math500 for the MATH problems"
         )
+    if is_openai_batch_row(row):
+        return "openai_batch"
     if QUESTION in row and CORRECT in row and INCORRECT[0] in row:
         return "gpqa"
     if "problem" in row and "answer" in row:

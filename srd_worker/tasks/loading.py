@@ -128,7 +128,7 @@ def _lines(fh: Any, where: str, max_row_bytes: int, *, keep_cr: bool = False) ->
         raw = raw.removesuffix(b"\r")
         if not ended and len(raw) > max_row_bytes:
             size = len(raw)
-            for more in iter(lambda at=lineno: _readline(fh, where, at), b""):  # measure the rest of the line
+            for more in iter(partial(_readline, fh, where, lineno), b""):  # measure the rest of the line
                 size += len(more.removesuffix(b"\n").removesuffix(b"\r"))
                 if more.endswith(b"\n"):
                     break

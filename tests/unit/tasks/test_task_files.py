@@ -264,3 +264,18 @@ def test_stop_strings_end_generation_and_are_refused_by_token_level_methods(
             build_method("speculative_sampling", {"draft_model": "tiny-random-llama"}),
             DefinedTask(parse_task_file(tmp_path / "stop.yaml")),
         )
+
+
+def test_a_sweep_names_a_task_file_beside_it(tmp_path: Path) -> None:
+    from srd_worker.sweep import plan_sweep
+
+    _write(tmp_path, "capitals.yaml", CAPITALS)
+    _data(tmp_path, ROWS)
+    sweep = _write(
+        tmp_path,
+        "sweep.yaml",
+        "dataset: data.jsonl\ntask: capitals.yaml\nmodel: m\nmethods:\n  - method: sampling\n",
+    )
+    points = plan_sweep(sweep).prepared
+    assert [p.spec.task for p in points] == ["capitals"]
+    assert points[0].spec.task_def["answer"] == "capital"

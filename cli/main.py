@@ -79,8 +79,18 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             default="auto",
             show_default=True,
             envvar="SRDQ_TASK",
-            help="Dataset adapter (gsm8k, math500, gpqa, hotpotqa, alpaca_eval, generic); auto recognises "
-            "the built-in datasets by their fields.",
+            help="Dataset adapter (gsm8k, math500, gpqa, hotpotqa, alpaca_eval, openai_batch, generic), a task "
+            "file (PATH.yaml) or the name of a task file in --include-path; auto recognises the built-in "
+            "datasets by their fields.",
+        ),
+        click.option(
+            "--include-path",
+            "include_paths",
+            multiple=True,
+            type=click.Path(file_okay=False),
+            metavar="DIR",
+            help="Folder of task files (*.yaml): each registers its task under its `name` for --task; "
+            "repeatable (see `srdq tasks`).",
         ),
         click.option(
             "--field",
@@ -206,6 +216,7 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
         limit=options["limit"],
         shard_size=options["shard_size"],
         fields=_fields(options.get("field_pairs", ())),
+        include_paths=tuple(options.get("include_paths", ())),
         max_row_bytes=_max_row_bytes(),
         engine=options.get("engine", "transformers"),
         stream=stream,
@@ -249,6 +260,7 @@ def run(
     out_dir: str,
     shard_size: int,
     field_pairs: tuple[str, ...] = (),
+    include_paths: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
     sweep_file: str | None = None,
@@ -395,6 +407,7 @@ def submit_dataset(
     dry_run: bool,
     new: bool,
     field_pairs: tuple[str, ...] = (),
+    include_paths: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
     sweep_file: str | None = None,
@@ -842,7 +855,7 @@ from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
 from srdq_cli.testbed_cli import register as _register_testbed  # noqa: E402
 
 _register_results(cli)  # export, report, sync
-_register_tasks(cli)  # regrade
+_register_tasks(cli)  # tasks, regrade
 _register_datasets(cli)  # datasets
 _register_models(cli)  # models
 _register_testbed(cli)  # testbed build

@@ -1,6 +1,8 @@
-"""``srdq regrade``: re-grade a run's stored responses with the current graders (no generation).
+"""``srdq tasks`` (the tasks ``--task`` can name: built-in and task files) and ``srdq regrade`` (re-grade
+a run's stored responses with the current graders, no generation).
 
-A thin shell over ``srd_worker.regrade``; registered on the ``srdq`` group by ``cli/main.py``.
+Thin shells over ``srd_worker.tasks.registry`` and ``srd_worker.regrade``; registered on the ``srdq``
+group by ``cli/main.py``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,44 @@ from pathlib import Path
 
 import click
 from srdq_cli.common import db_option, friendly_errors, open_db
+
+
+@click.command("tasks")
+@click.option(
+    "--include-path",
+    "include_paths",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Also list the task files (*.yaml) in DIR; repeatable.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@friendly_errors
+def tasks_command(include_paths: tuple[str, ...], as_json: bool) -> None:
+    """List the tasks --task can name: the built-in ones and the task files in each --include-path DIR
+    (a bad task file is refused with its file, line and key).
+
+    Example: srdq tasks --include-path my_tasks/
+    """
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    from srd_worker.tasks.registry import list_tasks
+
+    rows = list_tasks(include_paths)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title="tasks", title_justify="left")
+    for col in ("task", "fields", "what it is", "file"):
+        table.add_column(col)
+    for row in rows:
+        fields = ", ".join(row["fields"]) or "--field prompt=COLUMN"
+        table.add_row(
+            escape(row["name"]), escape(fields), escape(row["summary"]), escape(row["file"] or "built-in")
+        )
+    Console(highlight=False).print(table)
 
 
 @click.command("regrade")
@@ -73,5 +113,6 @@ def _rewrite_local_results(engine, out: Path, run_id: str) -> None:  # noqa: ANN
 
 
 def register(cli: click.Group) -> None:
-    """Add ``regrade`` to the ``srdq`` command group."""
+    """Add ``tasks`` and ``regrade`` to the ``srdq`` command group."""
+    cli.add_command(tasks_command)
     cli.add_command(regrade_command)

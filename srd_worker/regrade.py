@@ -34,7 +34,9 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
             for row in crud.list_items(session=session, run_id=run_id)
         }
         results = queries.results_by_position(session=session, run_id=run_id)
-    task = task or get_task(spec["task"], fields=spec.get("fields") or {})
+    task = task or get_task(
+        spec["task"], fields=spec.get("fields") or {}, definition=spec.get("task_def") or None
+    )
     report, updates = regrade_results(task, run_id, items, results)
     with session_scope(engine) as session:
         crud.update_result_records(session=session, records=updates)

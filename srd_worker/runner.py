@@ -73,7 +73,11 @@ class ShardOutcome:
 
 def _prompt_state(method: Method, task: Task, engine: Engine, item: Item) -> dict[str, Any]:
     """A fresh state, or an error state when the prompt cannot fit the model's context."""
-    prompt_ids = engine.tokenizer.chat_prompt_ids(task.messages(item))
+    build = getattr(task, "prompt_ids", None)  # a task that builds its own prompt (a task file's template)
+    if build is not None:
+        prompt_ids = build(engine.tokenizer, item)
+    else:
+        prompt_ids = engine.tokenizer.chat_prompt_ids(task.messages(item))
     if len(prompt_ids) >= engine.max_context:
         return {
             "item_id": item.id,
@@ -132,6 +136,9 @@ def build_record(
         "candidates": None,
         "timing": state.get("timing"),
     }
+    record_fields = getattr(task, "record_fields", None)  # e.g. an OpenAI batch row's custom_id
+    if record_fields is not None:
+        record.update(record_fields(item))
     if record["error"]:
         if state.get("fault"):  # isolated by srd_worker.isolation: round, kind, traceback
             record["extra"]["fault"] = state["fault"]
@@ -186,7 +193,9 @@ def run_shard(
     shard_round = max((r for r, _ in checkpoints.values()), default=0)
     if checkpoints:
         log.info("resuming from checkpointed round %d (%d items checkpointed)", shard_round, len(checkpoints))
-    ctx = StepContext(engine, reward, run_seed, extract_answer=task.extract_answer)
+    ctx = StepContext(
+        engine, reward, run_seed, extract_answer=task.extract_answer, stop=getattr(task, "stop", ())
+    )
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)
     isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)

@@ -37,6 +37,11 @@ class RunSpec(BaseModel):
     fields: dict[str, str] = Field(
         default_factory=dict, description="generic task's --field KEY=COLUMN mapping"
     )
+    task_def: dict[str, Any] = Field(
+        default_factory=dict,
+        description="a task file's definition (tasks.task_file), so every worker builds the same task "
+        "without the file; empty for the built-in tasks",
+    )
     method: str
     params: dict[str, Any] = Field(description="method parameters after validation, defaults filled in")
     model: str = Field(description="policy model name or path")
@@ -52,14 +57,26 @@ class RunSpec(BaseModel):
     )
 
     def config_hash(self) -> str:
-        # fields and engine_config enter the hash only when set: the ids of specs without them stay
-        empty = {k for k in ("fields", "engine_config") if not getattr(self, k)}
+        # fields, task_def and engine_config enter the hash only when set: the ids of specs without them stay
+        empty = {k for k in ("fields", "task_def", "engine_config") if not getattr(self, k)}
         body = self.model_dump(exclude={"dataset"} | empty)
         text = sorted_json(body, compact=False, ascii=True, allow_nan=True)  # the format old run ids hashed
         return hashlib.sha256(text.encode()).hexdigest()
 
     def run_id(self) -> str:
         return "run-" + self.config_hash()[:12]
+
+
+def dataset_sha256(path: str | Path) -> str:
+    """sha256 of a dataset: a file's bytes; for a folder (a ``save_to_disk`` dataset) the sha256 of its
+    files' relative names and sha256s, in name order (the same bytes give the same digest anywhere)."""
+    p = Path(path)
+    if not p.is_dir():
+        return file_sha256(p)
+    h = hashlib.sha256()
+    for file in sorted(f for f in p.rglob("*") if f.is_file()):
+        h.update(f"{file.relative_to(p).as_posix()}\0{file_sha256(file)}\n".encode())
+    return h.hexdigest()
 
 
 def file_sha256(path: str | Path) -> str:
@@ -112,6 +129,7 @@ def prepare_run(
     stream: bool = False,
     spool: ItemSpool | None = None,
     settings: Settings | None = None,
+    include_paths: tuple[str, ...] | list[str] = (),
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
     is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
@@ -122,13 +140,14 @@ def prepare_run(
     ``srdq submit dataset``); the caller closes it (``PreparedRun.close``). ``spool`` reuses one already
     made from the same dataset, task, fields and limit (the points of a sweep) instead of spooling again.
     The engine settings that change results are read from ``settings`` (default: the SRDQ_* environment)
-    into ``RunSpec.engine_config``, so the run id names them."""
+    into ``RunSpec.engine_config``, so the run id names them. ``task`` may be a task file (``*.yaml``) or
+    the name of one in ``include_paths``; its definition goes into ``RunSpec.task_def``."""
     from srd_worker.datasets import builtin_dataset, resolve_dataset
     from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
-    from srd_worker.tasks.registry import load_items, resolve_task
+    from srd_worker.tasks.registry import resolve_task
     from srd_worker.tasks.spool import spool_items
-    from srd_worker.wiring import check_spec
+    from srd_worker.wiring import check_spec, check_task
 
     built = build_method(method, params)  # unknown method / parameter fails before the dataset is read
     if reward is not None:
@@ -148,10 +167,17 @@ def prepare_run(
     row_bytes = max_row_bytes or DEFAULT_MAX_ROW_BYTES
     items: list[Item] | ItemSpool
     if stream:
-        task_obj = resolve_task(path, task, fields=fields, max_row_bytes=row_bytes)
+        task_obj = resolve_task(
+            path, task, fields=fields, max_row_bytes=row_bytes, include_paths=include_paths
+        )
+        check_task(built, task_obj)
         items = spool or spool_items(task_obj, path, limit=limit, max_row_bytes=row_bytes)
     else:
-        task_obj, items = load_items(path, task, fields=fields, max_row_bytes=row_bytes)
+        task_obj = resolve_task(
+            path, task, fields=fields, max_row_bytes=row_bytes, include_paths=include_paths
+        )
+        check_task(built, task_obj)
+        items = task_obj.load(path)
         if limit is not None:
             items = items[:limit]
     try:
@@ -206,9 +232,11 @@ def _prepared(
     fields: dict[str, str] | None,
     settings: Settings | None = None,
 ) -> PreparedRun:
+    from srd_worker.tasks.registry import task_definition
+
     if not len(items):
         raise DatasetError("no rows to run", path=str(dataset))
-    sha256 = file_sha256(path)
+    sha256 = dataset_sha256(path)
     if builtin is not None and sha256 != builtin.sha256:
         raise DatasetError(
             f"built-in dataset {builtin.name!r} does not match its recorded sha256 (reinstall srdq)",
@@ -222,6 +250,7 @@ def _prepared(
         dataset_sha256=sha256,
         task=task_obj.name,
         fields=dict(fields or {}),
+        task_def=task_definition(task_obj) or {},
         method=method,
         params=built.params.to_dict(),
         model=model,

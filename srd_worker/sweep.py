@@ -2,7 +2,7 @@
 × parameters × seeds (``srdq run --sweep FILE``, ``srdq submit dataset --sweep FILE``).
 
     dataset: gsm8k              # a file path or a built-in dataset name
-    task: auto                  # optional (default auto)
+    task: auto                  # optional (default auto); a task file: path relative to this file
     model: tiny-random-llama
     reward: arithmetic          # optional (null: no reward model)
     engine: transformers        # optional
@@ -178,17 +178,22 @@ def prepare_sweep(
     settings: Settings | None = None,
 ) -> tuple[str, list[Any]]:
     """(sweep id, one ``spec.PreparedRun`` per point), every point validated before anything is written.
-    A relative dataset path is taken from ``base_dir`` when it exists there. An invalid point raises one
+    A relative dataset path (or task file path) is taken from ``base_dir`` when it exists there. An invalid point raises one
     ``ConfigError`` naming its index, method and parameters. ``default_shard_size`` applies when the file
     gives no ``shard_size`` (both ``srdq submit`` and ``srdq run``: 16; none: one shard). With ``stream`` (``srdq submit``)
     the dataset is spooled to disk once and every point shares that spool (``spec.prepare_run``);
     close the points with ``close_prepared``. ``settings`` (default: the SRDQ_* environment) give the engine
     configuration each point's run id names (``RunSpec.engine_config``)."""
     from srd_worker.spec import prepare_run
+    from srd_worker.tasks.task_file import is_task_file
 
     dataset: str | Path = sweep.dataset
     if base_dir is not None and not Path(dataset).is_absolute() and (Path(base_dir) / dataset).exists():
         dataset = Path(base_dir) / dataset
+    task = sweep.task  # a task file (*.yaml) is found the way the dataset is: beside the sweep file first
+    if base_dir is not None and is_task_file(task) and not Path(task).is_absolute():
+        if (Path(base_dir) / task).is_file():
+            task = str(Path(base_dir) / task)
     prepared: list[Any] = []
     try:
         for i, run in enumerate(sweep.runs):
@@ -196,7 +201,7 @@ def prepare_sweep(
                 prepared.append(
                     prepare_run(
                         dataset=dataset,
-                        task=sweep.task,
+                        task=task,
                         method=run.method,
                         params=dict(run.params),
                         model=sweep.model,

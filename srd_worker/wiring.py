@@ -51,6 +51,18 @@ def check_spec(method: Method, *, engine: str, reward: str | None) -> None:
         check_draft_model(draft)
 
 
+def check_task(method: Method, task: Task) -> None:
+    """Refuse a task whose stop strings ``method`` would not honour (it does not sample through
+    ``StepContext.generate``: ``nabla_reasoner`` and the speculative family): ``ConfigError``."""
+    from srd_worker.errors import ConfigError
+
+    if getattr(task, "stop", ()) and not method.honours_stop:
+        raise ConfigError(
+            f"task {task.name!r} has stop strings, which method {method.name!r} does not apply (it decodes "
+            "token by token itself); remove `stop` from the task file or choose another method"
+        )
+
+
 def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bool = True) -> None:
     """Check that the models a spec names can be loaded (``engines.loading.probe_model``: a folder's
     config, weights and tokenizer, a built-in model's package, a cached hub id), for the policy and for
@@ -92,7 +104,8 @@ def wire(spec: Any, *, settings: Settings, engine: Engine | None = None) -> Wire
 
     method = build_method(spec.method, spec.params)
     check_spec(method, engine=spec.engine, reward=spec.reward)
-    task = get_task(spec.task, fields=spec.fields)
+    task = get_task(spec.task, fields=spec.fields, definition=getattr(spec, "task_def", None))
+    check_task(method, task)
     if engine is None:
         engine = build_engine(spec.engine, spec.model, settings)
     reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None

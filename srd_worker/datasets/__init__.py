@@ -11,8 +11,12 @@ task adapter that reads it (``tasks/registry.py``), record count, size, sha256, 
    ``gsm8k`` file shadows the built-in GSM8K);
 2. otherwise a built-in name resolves to the packaged file; a *directory* with a built-in name (say an
    ``--out gsm8k`` folder) does not shadow it, since a directory is never a dataset;
-3. otherwise an existing path (a directory) is returned for the reader to refuse with its own message;
-   a value that does not exist raises ``DatasetError``: ``FILE: file not found`` when it looks like a
+3. otherwise an existing path (a directory: a Hugging Face ``save_to_disk`` folder, or one the reader
+   refuses with its own message) is returned as is;
+4. ``hf:OWNER/NAME[/CONFIG][:SPLIT]``, or a bare ``OWNER/NAME[:SPLIT]`` that is no existing path and has no
+   file suffix, is a Hugging Face dataset already in the local hub cache (``datasets.hub``; never a
+   download; not cached: an error naming the id);
+5. a value that does not exist raises ``DatasetError``: ``FILE: file not found`` when it looks like a
    path (a separator or a suffix), else a message naming it and listing the built-in names.
 
 Left out: downloading (srdq never fetches data), versions of a dataset, and GPQA Diamond, whose authors
@@ -179,8 +183,12 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
     found`` for a path, the list of built-in names for a bare name), or when a built-in dataset's file is
     missing from the installation.
     """
+    from srd_worker.datasets.hub import PREFIX, parse_hub_id, resolve_hub_dataset
+
     value = str(name_or_path)
     path = Path(value)
+    if value.startswith(PREFIX) and not path.exists():
+        return resolve_hub_dataset(value)
     if value in GENERATED and not path.is_file():
         generated = GENERATED[value][0]
         if not generated.is_file():
@@ -193,6 +201,8 @@ def resolve_dataset(name_or_path: str | Path) -> Path:
     if path.is_file() or (path.exists() and entry is None):
         return path  # a directory that is not a built-in name: the reader says why it cannot be used
     if entry is None:
+        if not path.suffix and parse_hub_id(value) is not None:
+            return resolve_hub_dataset(value)  # OWNER/NAME: a hub dataset in the local cache
         if "/" in value or "\\" in value or path.suffix:
             raise DatasetError("file not found", path=value)  # clearly a path: the reader's own message
         raise DatasetError(

@@ -231,8 +231,11 @@ class StepContext:
         reward: RewardModel | None,
         run_seed: int,
         extract_answer: Callable[[str], str | None] | None = None,
+        stop: Sequence[str] = (),
     ) -> None:
         self.engine = engine
+        #: the task's stop strings, added to every request's own (``generate``)
+        self.stop = tuple(stop)
         self.reward = reward
         self.run_seed = run_seed
         self.extract_answer = extract_answer or (lambda text: None)
@@ -245,12 +248,19 @@ class StepContext:
             self.run_seed, state["item_id"], candidate, state["round"] if by_round else 0, kind
         )
 
+    def _params(self, call: GenCall) -> SamplingParams:
+        """The call's sampling params with the task's stop strings added (the call's own first)."""
+        if not self.stop:
+            return call.params
+        stop = tuple(dict.fromkeys((*call.params.stop, *self.stop)))
+        return dataclasses.replace(call.params, stop=stop)
+
     def generate(self, calls: Sequence[GenCall]) -> list[Generation]:
         """ONE engine batch for every call; tokens and time are charged to each call's item."""
         if not calls:
             return []
         t0 = time.perf_counter()
-        gens = self.engine.generate([GenerationRequest(tuple(c.prompt_ids), c.params) for c in calls])
+        gens = self.engine.generate([GenerationRequest(tuple(c.prompt_ids), self._params(c)) for c in calls])
         elapsed = time.perf_counter() - t0
         if len(gens) != len(calls):
             raise RuntimeError(f"engine returned {len(gens)} generations for {len(calls)} requests")
@@ -317,6 +327,8 @@ class Method(Generic[StateT, ParamsT]):
     #: the reward must have a differentiable score (gradient-based decoding: ∇-Reasoner)
     needs_differentiable_reward: ClassVar[bool] = False
     needs_capabilities: ClassVar[frozenset[str]] = frozenset({CAP_SAMPLING})
+    #: the method samples through ``StepContext.generate``, so a task's stop strings apply to it
+    honours_stop: ClassVar[bool] = True
 
     def __init__(self, params: ParamsT) -> None:
         self.params = params

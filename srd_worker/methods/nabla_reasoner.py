@@ -326,6 +326,7 @@ def sample_token(logits: Any, temperature: float, top_p: float, top_k: int, seed
 
 class NablaReasoner(Method[NablaState, NablaReasonerParams]):
     name = "nabla_reasoner"
+    honours_stop = False  # rollouts are decoded token by token, not through StepContext.generate
     Params = NablaReasonerParams
     summary = "∇-Reasoner: test-time gradient descent on token logits (DTO) with reward-checked rollouts"
     needs_reward = True

@@ -73,6 +73,7 @@ class SpeculativeSampling(Method[SpecState, SpecParamsT]):
     """Lossless speculative sampling (Leviathan et al. 2023; Chen et al. 2023); greedy at temperature 0."""
 
     name = "speculative_sampling"
+    honours_stop = False  # decodes token by token itself, not through StepContext.generate
     Params = SpeculativeParams
     summary = "draft model proposes γ tokens, the target verifies them (lossless accept–resample)"
     needs_capabilities: ClassVar[frozenset[str]] = frozenset({CAP_SAMPLING, CAP_FULL_LOGITS})

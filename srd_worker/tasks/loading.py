@@ -8,6 +8,13 @@ line (or Parquet row) and the field.
   starts (a quoted value may span several lines). Blank lines are skipped.
 - Parquet (read with pyarrow, imported only when needed): errors name the 1-based data row.
 
+- gzip: a JSON Lines or CSV file compressed with gzip (``.jsonl.gz``, ``.csv.gz``; recognised by its magic
+  bytes, the format by the suffix under ``.gz``) is read as it decompresses; line numbers are the
+  decompressed file's.
+- A Hugging Face ``datasets`` folder written by ``Dataset.save_to_disk`` (``state.json`` + Arrow stream
+  files, read with pyarrow; the ``datasets`` package is not needed): errors name the folder and the
+  1-based data row. A ``DatasetDict`` folder (``dataset_dict.json``) is refused naming its splits.
+
 A leading UTF-8 byte-order mark is tolerated in the text formats. Every row is checked against a size
 limit (JSONL/CSV: its bytes in the file; Parquet: the size of its values as JSON). ``read_rows`` picks the
 reader from the file suffix (``.csv``; ``.parquet``/``.pq``; anything else is JSON Lines unless it starts
@@ -19,15 +26,17 @@ bounded memory (``srdq submit dataset`` spools the items to disk, ``srd_worker.t
 ``read_*`` functions and ``Rows.items`` build lists for the embedded path. Errors come in file order
 (the first bad line is the one named).
 
-Left out: TSV and other delimiters, compressed files, JSON arrays, Hugging Face dataset folders and
-schema checks beyond "these fields are non-empty strings", which belong to each task.
+Left out: TSV and other delimiters, compressions other than gzip, gzipped Parquet, JSON arrays, and schema
+checks beyond "these fields are non-empty strings", which belong to each task.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -41,6 +50,9 @@ from srd_worker.tasks.base import Item
 DEFAULT_MAX_ROW_BYTES: int = 1_000_000
 
 _PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
+#: Errors a gzip stream raises on bad or truncated data (BadGzipFile is an OSError).
+_GZIP_ERRORS = (OSError, EOFError, zlib.error)
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -73,9 +85,21 @@ def _check_file(path: str | Path, kind: str) -> str:
     return where
 
 
+def is_gzip(path: str | Path) -> bool:
+    """True when the file at ``path`` starts with the gzip magic bytes."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == _GZIP_MAGIC
+    except OSError:
+        return False
+
+
 def _open_file(path: str | Path, kind: str) -> tuple[str, Any]:
+    """The file opened for binary reading; a gzip file (by its magic bytes) decompressed as it is read."""
     where = _check_file(path, kind)
     try:
+        if is_gzip(where):
+            return where, gzip.open(where, "rb")
         return where, open(where, "rb")  # noqa: SIM115 - closed by the generator that reads it
     except OSError as exc:
         raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
@@ -91,8 +115,8 @@ def _lines(fh: Any, where: str, max_row_bytes: int, *, keep_cr: bool = False) ->
     while True:
         try:
             raw = fh.readline(cap + (len(_BOM) if lineno == 0 else 0))
-        except OSError as exc:
-            raise DatasetError(f"cannot read file: {exc.strerror or exc}", path=where) from exc
+        except _GZIP_ERRORS as exc:
+            raise _read_error(exc, fh, where, lineno + 1) from exc
         if not raw:
             return
         lineno += 1
@@ -104,13 +128,26 @@ def _lines(fh: Any, where: str, max_row_bytes: int, *, keep_cr: bool = False) ->
         raw = raw.removesuffix(b"\r")
         if not ended and len(raw) > max_row_bytes:
             size = len(raw)
-            for more in iter(lambda: fh.readline(1 << 20), b""):  # measure the rest of the line
+            for more in iter(partial(_readline, fh, where, lineno), b""):  # measure the rest of the line
                 size += len(more.removesuffix(b"\n").removesuffix(b"\r"))
                 if more.endswith(b"\n"):
                     break
             _check_size(size, max_row_bytes, where, lineno)
         _check_size(len(raw), max_row_bytes, where, lineno)
         yield lineno, raw + b"\r" if keep_cr and cr else raw
+
+
+def _read_error(exc: BaseException, fh: Any, where: str, lineno: int) -> DatasetError:
+    if isinstance(fh, gzip.GzipFile):
+        return DatasetError(f"not a readable gzip file: {exc}", path=where, line=lineno)
+    return DatasetError(f"cannot read file: {getattr(exc, 'strerror', None) or exc}", path=where)
+
+
+def _readline(fh: Any, where: str, lineno: int) -> bytes:
+    try:
+        return bytes(fh.readline(1 << 20))
+    except _GZIP_ERRORS as exc:
+        raise _read_error(exc, fh, where, lineno) from exc
 
 
 def _decode_line(raw: bytes, where: str, lineno: int) -> str:
@@ -322,6 +359,65 @@ def _parquet_record(record: dict[str, Any], where: str, n: int, max_row_bytes: i
     return record
 
 
+def _arrow_files(where: str) -> list[Path]:
+    """The Arrow data files of a ``save_to_disk`` folder, in order (from its ``state.json``)."""
+    folder = Path(where)
+    if (folder / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in folder.iterdir() if (p / "state.json").is_file())
+        raise DatasetError(
+            f"is a Hugging Face DatasetDict folder: give one split's folder ({', '.join(splits) or 'no splits'})",
+            path=where,
+        )
+    try:
+        state = json.loads((folder / "state.json").read_text(encoding="utf-8"))
+        names = [entry["filename"] for entry in state["_data_files"]]
+    except FileNotFoundError as exc:
+        raise DatasetError(
+            "is a directory, not a dataset file or a Hugging Face save_to_disk folder (no state.json)",
+            path=where,
+        ) from exc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"unreadable state.json of a save_to_disk folder: {exc}", path=where) from exc
+    for name in names:
+        if not isinstance(name, str) or Path(name).name != name or not (folder / name).is_file():
+            raise DatasetError(f"state.json names a data file that is not there: {name}", path=where)
+    return [folder / name for name in names]
+
+
+def iter_arrow_folder(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a Hugging Face ``save_to_disk`` folder as ``(row_number, row)`` pairs (1-based over all its
+    Arrow files), one record batch in memory at a time, with pyarrow. ``DatasetError`` naming the folder
+    (and row) if it is not such a folder, a file is damaged, it has no rows, or a row is too large."""
+    where = str(path)
+    if not Path(where).exists():
+        raise DatasetError("folder not found", path=where)
+    files = _arrow_files(where)
+    import pyarrow as pa
+
+    n = 0
+    for file in files:
+        try:
+            with pa.memory_map(str(file)) as source:
+                try:
+                    reader: Any = pa.ipc.open_stream(source)
+                except pa.ArrowInvalid:
+                    reader = pa.ipc.open_file(source)
+                    batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                else:
+                    batches = iter(reader)
+                for batch in batches:
+                    for record in batch.to_pylist():
+                        n += 1
+                        yield n, _parquet_record(record, where, n, max_row_bytes)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise DatasetError(f"unreadable Arrow file {file.name}: {first}", path=where) from exc
+    if not n:
+        raise DatasetError("dataset is empty (no rows)", path=where)
+
+
 def read_parquet(
     path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES
 ) -> list[tuple[int, dict[str, Any]]]:
@@ -330,8 +426,14 @@ def read_parquet(
 
 
 def file_format(path: str | Path) -> str:
-    """``"csv"``, ``"parquet"`` or ``"jsonl"`` for ``path`` (suffix first; Parquet magic bytes otherwise)."""
-    suffix = Path(path).suffix.lower()
+    """``"csv"``, ``"parquet"``, ``"jsonl"`` or ``"arrow"`` (a ``save_to_disk`` folder) for ``path``: a
+    folder with ``state.json`` (or ``dataset_dict.json``) is ``arrow``; otherwise the suffix decides (under a ``.gz``), else the Parquet magic bytes."""
+    p = Path(path)
+    if p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()):
+        return "arrow"
+    suffix = p.suffix.lower()
+    if suffix == ".gz":
+        suffix = Path(p.stem).suffix.lower()
     if suffix == ".csv":
         return "csv"
     if suffix in (".parquet", ".pq"):
@@ -352,6 +454,14 @@ READERS: dict[str, Callable[..., Iterator[tuple[int, dict[str, Any]]]]] = {
     "jsonl": iter_jsonl,
     "csv": iter_csv,
     "parquet": iter_parquet,
+    "arrow": iter_arrow_folder,
+}
+#: What each format is called in messages.
+FORMAT_NAMES: dict[str, str] = {
+    "jsonl": "JSON Lines",
+    "csv": "CSV",
+    "parquet": "Parquet",
+    "arrow": "Hugging Face save_to_disk",
 }
 
 
@@ -373,8 +483,8 @@ class Rows:
 
     @property
     def unit(self) -> str:
-        """How positions are named in errors: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet)."""
-        return "row" if self.format == "parquet" else "line"
+        """How positions are named in errors: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet, Arrow)."""
+        return "row" if self.format in ("parquet", "arrow") else "line"
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
         return iter(self.__dict__["rows"]) if "rows" in self.__dict__ else self.source()
@@ -432,7 +542,10 @@ def read_rows(
     reader = READERS[fmt]
     rows = Rows(path=str(path), format=fmt, source=partial(reader, path, max_row_bytes=max_row_bytes))
     if stream:
-        _check_file(path, {"jsonl": "JSON Lines", "csv": "CSV", "parquet": "Parquet"}[fmt])
+        if fmt == "arrow":
+            _arrow_files(str(path))
+        else:
+            _check_file(path, FORMAT_NAMES[fmt])
     else:
         _ = rows.rows
     return rows

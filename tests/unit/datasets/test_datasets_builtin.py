@@ -144,6 +144,6 @@ def test_auto_on_an_unknown_csv_suggests_task_or_field(tmp_path: Path) -> None:
     with pytest.raises(
         ConfigError,
         match=r"mine\.csv.*fields: label, text\); pass --task with one of: gsm8k, "
-        r"math500, gpqa, hotpotqa, alpaca_eval, generic, or --field prompt=COLUMN",
+        r"math500, gpqa, hotpotqa, alpaca_eval, openai_batch, generic, or --field prompt=COLUMN",
     ):
         detect_task(path)

@@ -217,7 +217,8 @@ def test_specs_without_fields_keep_their_run_ids(tmp_path: Path) -> None:
     path = _write(tmp_path / "g.jsonl", [{"question": "1+1?", "answer": "#### 2"}])
     prepared = prepare_run(dataset=path, method="sampling", params={}, model="m", reward=None)
     assert prepared.spec.fields == {}
-    body = prepared.spec.model_dump(exclude={"dataset", "fields"})
+    assert prepared.spec.task_def == {}  # a built-in task: no task file definition either
+    body = prepared.spec.model_dump(exclude={"dataset", "fields", "task_def"})
     import hashlib
 
     assert (

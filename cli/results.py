@@ -9,7 +9,7 @@ SQLite file such as ``srdq-out/srdq.db``), by default ``SRDQ_DATABASE_URL``.
 from __future__ import annotations
 
 import click
-from srdq_cli.common import db_option, friendly_errors, open_db
+from srdq_cli.common import db_option, friendly_errors, open_db, track_option
 
 
 def _store(url: str | None):
@@ -91,9 +91,10 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     help="Also write report.html: the whole report as one self-contained page (plots embedded, no "
     "external URL) with a per-item view of every problem's candidates, rewards and routing.",
 )
+@track_option
 @db_option
 @friendly_errors
-def report(run_ids: tuple[str, ...], out_dir: str, html: bool, db: str | None) -> None:
+def report(run_ids: tuple[str, ...], out_dir: str, html: bool, track: str | None, db: str | None) -> None:
     """Write report.md and PNG plots for RUN_IDS: accuracy (or reward) vs generated tokens per method
     and budget, per-component time/calls (Table 2 layout), routing statistics (Table 6 layout) and a
     per-run summary. A SWEEP_ID stands for all its runs (runs differing only in seed are pooled).
@@ -101,12 +102,17 @@ def report(run_ids: tuple[str, ...], out_dir: str, html: bool, db: str | None) -
     Example: srdq report run-aaa run-bbb --out report/ --db srdq-out/srdq.db
 
     Example: srdq report sweep-0123456789ab --out report/ --db srdq-out --html
+
+    Example: srdq report run-aaa --out report/ --db srdq-out --track mlflow
     """
     from srd_worker.reports.builder import build_report
     from srd_worker.reports.html import build_html_report
     from srd_worker.reports.loading import load_report_runs
+    from srd_worker.settings import get_settings
     from srd_worker.sweep import expand_ids
+    from srd_worker.tracking import open_tracker, track_runs
 
+    open_tracker(track, get_settings(), out_dir=out_dir)  # a missing package or bad setting: before writing
     engine = open_db(db)
     try:
         runs = load_report_runs(engine, expand_ids(engine, list(run_ids)))
@@ -122,6 +128,8 @@ def report(run_ids: tuple[str, ...], out_dir: str, html: bool, db: str | None) -
         click.echo(str(path))
     if page is not None:
         click.echo(str(page))
+    for line in track_runs(track, runs, get_settings(), out_dir=out_dir):
+        click.echo(f"tracked: {line}")
 
 
 @click.command()

@@ -83,6 +83,13 @@ test: install
 		|| (echo "make test: installing Debian's docker-compose package (system-wide) for tests/unit/cli/test_compose.py; SRDQ_NO_APT=1 skips it" \
 			&& apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose >/dev/null) \
 		|| echo "docker-compose could not be installed: tests/unit/cli/test_compose.py will skip its compose check"
+	@# Chromium and its driver (Debian's packages) let the HTML report's browser test load the page in a real
+	@# headless browser instead of skipping; root + apt only, said before it happens, SRDQ_NO_APT=1 skips it
+	@( command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 ) || ! command -v apt-get >/dev/null 2>&1 \
+		|| [ "$$(id -u)" != 0 ] || [ -n "$${SRDQ_NO_APT:-}" ] \
+		|| (echo "make test: installing Debian's chromium and chromium-driver packages (system-wide) for tests/unit/reports/test_html.py; SRDQ_NO_APT=1 skips it" \
+			&& apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+		|| echo "chromium could not be installed: tests/unit/reports/test_html.py will skip its browser test"
 	$(MAKE) lint
 	@# the full run fuzzes with the longer hypothesis profile (500 examples; make test-fast keeps 50)
 	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) \

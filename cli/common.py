@@ -91,6 +91,17 @@ def configure_logging(level: str, fmt: str) -> None:
     setup_logging(level, fmt, secrets=settings_secrets(get_settings()))
 
 
+track_option = click.option(
+    "--track",
+    "track",
+    type=click.Choice(["none", "mlflow", "wandb"]),
+    default=None,
+    help="Log to experiment tracking (default: SRDQ_TRACKING, none): the spec, provenance, progress per "
+    "shard, the summary with its 95% intervals, the report's plots and pages and a per-item table. mlflow: "
+    "SRDQ_MLFLOW_TRACKING_URI (default OUT/mlruns); wandb: SRDQ_WANDB_PROJECT, offline by default. Needs "
+    "pip install 'srdq[tracking]'.",
+)
+
 db_option = click.option(
     "--db",
     default=None,

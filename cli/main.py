@@ -26,6 +26,7 @@ from srdq_cli.common import (
     log_options,
     open_db,
     require_extra,
+    track_option,
 )
 from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
 
@@ -241,6 +242,7 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
     help="Items per shard: each finished shard is checkpointed and its records appended to results.jsonl "
     "(the same default as `srdq submit dataset`).",
 )
+@track_option
 @sweep_option
 @log_options()
 @click.pass_context
@@ -266,6 +268,7 @@ def run(
     sweep_file: str | None = None,
     log_level: str = "WARNING",
     log_format: str = "text",
+    track: str | None = None,
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
@@ -292,6 +295,9 @@ def run(
     from srd_worker.status import RunMeter, format_duration
 
     prepared = _prepare(ctx.params)
+    from srd_worker.tracking import open_tracker
+
+    tracker = open_tracker(track, get_settings(), out_dir=out_dir)  # a missing package: before any write
     err = _console(stderr=True)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
@@ -336,7 +342,12 @@ def run(
     try:
         with progress:
             summary = run_local(
-                prepared, out_dir=out_dir, settings=get_settings(), on_start=on_start, on_round=on_round
+                prepared,
+                out_dir=out_dir,
+                settings=get_settings(),
+                on_start=on_start,
+                on_round=on_round,
+                tracker=tracker,
             )
     except KeyboardInterrupt:
         err.print(
@@ -347,6 +358,8 @@ def run(
     finally:
         signal.signal(signal.SIGTERM, previous)
     _print_summary(summary)
+    if tracker is not None:
+        click.echo(f"tracked: {tracker.where}")
 
 
 def _print_summary(summary: Any) -> None:

@@ -9,7 +9,7 @@ SQLite file such as ``srdq-out/srdq.db``), by default ``SRDQ_DATABASE_URL``.
 from __future__ import annotations
 
 import click
-from srdq_cli.common import db_option, friendly_errors, open_db
+from srdq_cli.common import db_option, friendly_errors, open_db, track_option
 
 
 def _store(url: str | None):
@@ -82,32 +82,54 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     "out_dir",
     required=True,
     type=click.Path(file_okay=False),
-    help="Folder for report.md and the PNG plots.",
+    help="Folder for report.md and the PNG plots (and report.html with --html).",
 )
+@click.option(
+    "--html",
+    "html",
+    is_flag=True,
+    help="Also write report.html: the whole report as one self-contained page (plots embedded, no "
+    "external URL) with a per-item view of every problem's candidates, rewards and routing.",
+)
+@track_option
 @db_option
 @friendly_errors
-def report(run_ids: tuple[str, ...], out_dir: str, db: str | None) -> None:
+def report(run_ids: tuple[str, ...], out_dir: str, html: bool, track: str | None, db: str | None) -> None:
     """Write report.md and PNG plots for RUN_IDS: accuracy (or reward) vs generated tokens per method
     and budget, per-component time/calls (Table 2 layout), routing statistics (Table 6 layout) and a
     per-run summary. A SWEEP_ID stands for all its runs (runs differing only in seed are pooled).
 
     Example: srdq report run-aaa run-bbb --out report/ --db srdq-out/srdq.db
 
-    Example: srdq report sweep-0123456789ab --out report/ --db srdq-out
+    Example: srdq report sweep-0123456789ab --out report/ --db srdq-out --html
+
+    Example: srdq report run-aaa --out report/ --db srdq-out --track mlflow
     """
     from srd_worker.reports.builder import build_report
+    from srd_worker.reports.html import build_html_report
     from srd_worker.reports.loading import load_report_runs
+    from srd_worker.settings import get_settings
     from srd_worker.sweep import expand_ids
+    from srd_worker.tracking import open_tracker, track_runs
 
+    open_tracker(track, get_settings(), out_dir=out_dir)  # a missing package or bad setting: before writing
     engine = open_db(db)
     try:
         runs = load_report_runs(engine, expand_ids(engine, list(run_ids)))
     finally:
         engine.dispose()
-    done = build_report(runs, out_dir)
+    page = None
+    if html:
+        done, page = build_html_report(runs, out_dir)
+    else:
+        done = build_report(runs, out_dir)
     click.echo(str(done.markdown))
     for path in done.plots:
         click.echo(str(path))
+    if page is not None:
+        click.echo(str(page))
+    for line in track_runs(track, runs, get_settings(), out_dir=out_dir):
+        click.echo(f"tracked: {line}")
 
 
 @click.command()

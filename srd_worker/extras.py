@@ -16,6 +16,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "worker": ("torch", "transformers", "gguf", "safetensors", "tokenizers", "huggingface_hub"),
     "plots": ("matplotlib",),
     "vllm": ("vllm", "psutil"),
+    "tracking": ("mlflow", "wandb"),
 }
 # the top-level module -> the extra that provides it
 _EXTRA_OF = {module: extra for extra, modules in EXTRAS.items() for module in modules}

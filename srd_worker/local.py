@@ -40,6 +40,7 @@ from srd_worker.wiring import check_spec, probe_sources, wire
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
+    from srd_worker.tracking import Tracker
 
 log = logging.getLogger("srdq.local")
 
@@ -202,6 +203,13 @@ def _mark_interrupted(db: Any, run_id: str) -> None:
         log.warning("could not mark run %s pending: %s", run_id, exc)
 
 
+def _run_records(db: Any, run_id: str) -> Any:
+    """The run as the report (and a tracker) sees it: spec, versions, records so far."""
+    from srd_worker.reports.loading import load_report_runs
+
+    return load_report_runs(db, [run_id])[0]
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -210,8 +218,11 @@ def run_local(
     engine: Any = None,
     on_start: Callable[[str, int, int], None] | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
+    tracker: Tracker | None = None,
 ) -> Summary:
-    """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results."""
+    """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results. A
+    ``tracker`` (``tracking.open_tracker``) gets the spec and provenance at the start, progress after each
+    shard and the summary, report and item table at the end."""
     from srd_worker.provenance import applied_settings
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
@@ -233,6 +244,7 @@ def run_local(
     upgrade(url)
     db = make_engine(url)
     built: list[Any] = []  # the engine this call built: closed on the way out, also on Ctrl-C
+    tracked = False  # the tracker got the whole run
     try:
         with session_scope(db) as session:
             run = crud.create_run(
@@ -261,6 +273,8 @@ def run_local(
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
+            if tracker is not None:
+                tracker.start(_run_records(db, run_id))
             by_key = {it.id: it for it in prepared.items}
             if on_start is not None:
                 on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
@@ -314,18 +328,45 @@ def run_local(
                     },
                 )
                 with session_scope(db) as session:  # the stored records, as the final write has them
-                    append_results(
-                        out / run_id,
-                        crud.load_results(session=session, run_id=run_id, shard_index=shard.index),
+                    shard_records = crud.load_results(session=session, run_id=run_id, shard_index=shard.index)
+                    append_results(out / run_id, shard_records)
+                if tracker is not None:
+                    tracker.shard(
+                        shard.index + 1,
+                        {
+                            "items_done": float(finished),
+                            "items_failed": float(sum(1 for r in shard_records if r.get("error"))),
+                            "gen_tokens": float(tokens),
+                            "shard_items": float(len(rows)),
+                            "shard_seconds": float(outcome.round_seconds),
+                            "shard_tokens_per_s": counts["tokens"] / outcome.round_seconds
+                            if outcome.round_seconds > 0
+                            else 0.0,
+                        },
                     )
             with session_scope(db) as session:
                 crud.set_run_status(session=session, run_id=run_id, status="done")
+        elif tracker is not None:  # a finished run re-reported: logged from its records
+            from srd_worker.tracking import shard_progress
+
+            done_run = _run_records(db, run_id)
+            tracker.start(done_run)
+            for step, metrics in shard_progress(done_run):
+                tracker.shard(step, metrics)
         with session_scope(db) as session:
             records = crud.load_results(session=session, run_id=run_id)
+        if tracker is not None:
+            tracker.finish(_run_records(db, run_id))
+            tracked = True
     except BaseException:  # Ctrl-C, SIGTERM, an error: the run is not left `running` in `srdq status`
         _mark_interrupted(db, run_id)
         raise
     finally:
+        if tracker is not None:
+            try:
+                tracker.close(ok=tracked)
+            except Exception as exc:  # noqa: BLE001 - never hide the run's own outcome
+                log.warning("could not close the %s tracking run: %s", tracker.kind, exc)
         db.dispose()
         close_all(built)
     if len(records) != len(prepared.items):

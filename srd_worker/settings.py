@@ -168,6 +168,26 @@ class Settings(BaseSettings):
         120.0, gt=0, description="A shard pending this long is re-enqueued by the reaper."
     )
     max_row_bytes: int = Field(1_000_000, ge=1, description="Largest dataset row accepted, in bytes.")
+    tracking: Literal["none", "mlflow", "wandb"] = Field(
+        "none",
+        description="Experiment tracking of `srdq run` and `srdq report` (their --track): none, mlflow or "
+        "wandb (the optional extra srdq[tracking]; srd_worker/tracking.py).",
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None,
+        description="MLflow tracking URI: a server (http://...), a database, or a file: store; default "
+        "MLFLOW_TRACKING_URI, else a file store in the command's output folder (OUT/mlruns).",
+    )
+    mlflow_experiment: str = Field("srdq", min_length=1, description="MLflow experiment runs are logged to.")
+    wandb_project: str = Field("srdq", min_length=1, description="W&B project runs are logged to.")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="W&B mode: offline (run files on disk, no network; `wandb sync` uploads them later) or "
+        "online (needs `wandb login`).",
+    )
+    wandb_dir: Path | None = Field(
+        None, description="Folder for W&B's run files (default: the command's output folder)."
+    )
     visibility_timeout_s: int = Field(
         3600, description="Redis visibility timeout; a task slice must end far below it (see slice_rounds)."
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -24,24 +24,86 @@ from srd_worker.reports.rows import (
     summarise,
 )
 from srd_worker.reports.tables import (
+    Table,
     budget_text,
-    component_table,
-    component_tokens_table,
-    failed_items_table,
-    markdown_table,
+    component_table_data,
+    component_tokens_table_data,
+    failed_items_table_data,
     pct_ci,
-    provenance_table,
-    routing_table,
-    summary_table,
+    provenance_table_data,
+    routing_table_data,
+    summary_table_data,
+)
+
+#: the notes under the report's tables (Markdown inline marks: `code`, *emphasis*), shared by report.md
+#: and report.html
+RUNS_NOTE = (
+    "Accuracy = correct / graded over items that did not fail, in percent with its 95% bootstrap "
+    "interval; failed items (with their error) are counted in *failed*. *pending* = items without a "
+    "result yet. Params lists what differs from the method's defaults (N is the budget `n`). *mean "
+    "reward* is on its reward model's own scale (runs scored by different rewards are in separate "
+    "tables). *compute* = the run's own engine, reward and router seconds summed over its items; "
+    "*elapsed* = submit to finish, which includes queue waits and, in a sweep, the runs before it."
+)
+FAILED_NOTE = (
+    "*fault* is `item` for an item whose engine or reward call failed on its own (found by "
+    "splitting its batch; the rest of its shard went on) and `oom` for one out of memory even "
+    "alone; empty for a prompt longer than the context or a grading failure. README: Failing items."
+)
+KCURVE_NOTE = (
+    "Each k is the expectation over k-subsets of the run's n seeded candidates (the first k are a "
+    "run at n=k): pass@k by the unbiased estimator of Chen et al. (2021), Best-of-k exactly, the "
+    "votes over every subset (*exact*) or 1000 seeded random subsets (*sampled*); "
+    "`srd_worker/reports/kcurves.py`."
+)
+NO_KCURVE_NOTE = (
+    "No non-adaptive run (sampling, best_of_n, self_consistency) here keeps graded candidates (n >= 2)."
+)
+COMPONENT_NOTE = (
+    "Mean per problem. Time in seconds (*Time* = all components); In tok = prompt/prefix tokens fed "
+    "to the policy model, Out tok = generated tokens; component cells are *time / invocations*."
+)
+COMPONENT_TOKENS_NOTE = (
+    "Tokens per component (mean input / output tokens per problem; the scorer's input is the "
+    "response tokens it scored):"
+)
+ROUTING_NOTE = (
+    "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "
+    "events; ρ̂ = refinements whose result went to KEEP / refinements; gain = 1 + ρ̂·p̂_M/p̂_H "
+    "(1.00 when p̂_M = 0; n/a when p̂_H = 0 or nothing was refined while p̂_M > 0)."
 )
 
 
 # -------------------------------------------------------------------------------------------- report
 @dataclass
+class Figure:
+    """One plot of the report with its heading, caption and the table of the numbers it draws."""
+
+    title: str
+    path: Path | None  # None: not drawn (matplotlib, the ``plots`` extra, is not installed)
+    alt: str
+    caption: str
+    table: Table
+
+
+@dataclass
 class Report:
+    """What ``build_report`` wrote (``markdown``, ``plots``) and the tables and figures it holds, as data
+    (``reports.html`` renders the same report as one self-contained page)."""
+
     markdown: Path
     plots: list[Path]
     summaries: list[RunSummary]
+    generated: str = ""
+    #: one summary table per reward model (the reward's name; None when all runs share one)
+    run_tables: list[tuple[str | None, Table]] = field(default_factory=list)
+    failed: Table | None = None
+    frontiers: list[Figure] = field(default_factory=list)
+    kcurves: list[Figure] = field(default_factory=list)
+    components: Table | None = None
+    component_tokens: Table | None = None
+    provenance: Table | None = None
+    routing: Table | None = None
 
 
 def _k(point: KPoint, attr: str) -> str:
@@ -93,30 +155,17 @@ def build_report(
     by_reward: dict[str, list[RunSummary]] = {}
     for s in summaries:
         by_reward.setdefault(reward_by_run[s.run_id], []).append(s)
+    done = Report(markdown=out / "report.md", plots=[], summaries=summaries, generated=stamp)
     for reward, reward_runs in by_reward.items():
+        table = summary_table_data(reward_runs)
         if len(by_reward) > 1:  # one table per reward: their mean rewards are on different scales
             md += [f"### Reward `{reward}`", ""]
-        md += [summary_table(reward_runs), ""]
-    md += [
-        "Accuracy = correct / graded over items that did not fail, in percent with its 95% bootstrap "
-        "interval; failed items (with their error) are counted in *failed*. *pending* = items without a "
-        "result yet. Params lists what differs from the method's defaults (N is the budget `n`). *mean "
-        "reward* is on its reward model's own scale (runs scored by different rewards are in separate "
-        "tables). *compute* = the run's own engine, reward and router seconds summed over its items; "
-        "*elapsed* = submit to finish, which includes queue waits and, in a sweep, the runs before it.",
-        "",
-    ]
-    if (failed_table := failed_items_table(runs)) is not None:
-        md += [
-            "## Failed items",
-            "",
-            failed_table,
-            "",
-            "*fault* is `item` for an item whose engine or reward call failed on its own (found by "
-            "splitting its batch; the rest of its shard went on) and `oom` for one out of memory even "
-            "alone; empty for a prompt longer than the context or a grading failure. README: Failing items.",
-            "",
-        ]
+        done.run_tables.append((reward if len(by_reward) > 1 else None, table))
+        md += [table.markdown(), ""]
+    md += [RUNS_NOTE, ""]
+    if (failed_table := failed_items_table_data(runs)) is not None:
+        done.failed = failed_table
+        md += ["## Failed items", "", failed_table.markdown(), "", FAILED_NOTE, ""]
 
     pngs: list[Path] = []
     if not draw:
@@ -149,7 +198,7 @@ def build_report(
         rewards = ", ".join(sorted({s.reward or "no reward" for s in names}))
         items = ", ".join(str(i) for i in sorted({s.items for s in names}))
         subtitle = f"model {models} · reward {rewards} · {items} problems"
-        md += [f"## {label}: {what.lower()} vs generated tokens", ""]
+        path = None
         if draw:
             path = plot_frontier(
                 group,
@@ -159,30 +208,32 @@ def build_report(
                 subtitle=subtitle,
             )
             pngs.append(path)
-            md += [f"![{label} {what.lower()} vs mean generated tokens]({path.name})", ""]
-        md += [
+        title = f"{label}: {what.lower()} vs generated tokens"
+        alt = f"{label} {what.lower()} vs mean generated tokens"
+        caption = (
             f"One series per method, one point per configuration (budget N; runs that differ only in "
             f"their seed are pooled); error bars are 95% bootstrap intervals over problems and seeds; "
-            f"{subtitle}.",
-            "",
-            markdown_table(
-                ["method", "N", "run", "seeds", "problems", "mean gen tokens", what.lower()],
+            f"{subtitle}."
+        )
+        table = Table(
+            ["method", "N", "run", "seeds", "problems", "mean gen tokens", what.lower()],
+            [
                 [
-                    [
-                        p.method,
-                        budget_text(p.budget),
-                        p.run_id,
-                        p.seeds,
-                        p.problems,
-                        ci_text(p.x, p.x_ci, 1),
-                        pct_ci(p.y, p.y_ci) if metric == "accuracy" else ci_text(p.y, p.y_ci, 3),
-                    ]
-                    for p in sorted(group, key=lambda p: (p.method, p.x))
-                ],
-                align="lrlrrrr",
-            ),
-            "",
-        ]
+                    p.method,
+                    budget_text(p.budget),
+                    p.run_id,
+                    p.seeds,
+                    p.problems,
+                    ci_text(p.x, p.x_ci, 1),
+                    pct_ci(p.y, p.y_ci) if metric == "accuracy" else ci_text(p.y, p.y_ci, 3),
+                ]
+                for p in sorted(group, key=lambda p: (p.method, p.x))
+            ],
+            align="lrlrrrr",
+        )
+        done.frontiers.append(Figure(title, path, alt, caption, table))
+        image = [f"![{alt}]({path.name})", ""] if path is not None else []
+        md += [f"## {title}", "", *image, caption, "", table.markdown(), ""]
     if not groups:
         md += ["No run has graded items or rewards yet: nothing to plot.", ""]
 
@@ -198,75 +249,57 @@ def build_report(
         if not rows:
             continue
         curves += 1
-        md += [f"### `{run.run_id}` ({run.method}, n={min(has)}, {rows[0].problems} problems)", ""]
+        path = None
         if draw:
             path = plot_kcurve(
                 rows, out / f"kcurve_{_slug(run.run_id)}.png", title=f"{run.run_id} ({run.method})"
             )
             pngs.append(path)
-            md += [f"![k-curve of {run.run_id}]({path.name})", ""]
-        md += [
-            markdown_table(
-                ["k", *(name for name, _ in KCURVE_METRICS), "votes"],
+        title = f"`{run.run_id}` ({run.method}, n={min(has)}, {rows[0].problems} problems)"
+        table = Table(
+            ["k", *(name for name, _ in KCURVE_METRICS), "votes"],
+            [
                 [
-                    [
-                        r.k,
-                        *(_k(r, attr) for _, attr in KCURVE_METRICS),
-                        "exact" if r.exact else "sampled",
-                    ]
-                    for r in rows
-                ],
-                align="rrrrrl",
-            ),
-            "",
-        ]
-    if curves:
-        md += [
-            "Each k is the expectation over k-subsets of the run's n seeded candidates (the first k are a "
-            "run at n=k): pass@k by the unbiased estimator of Chen et al. (2021), Best-of-k exactly, the "
-            "votes over every subset (*exact*) or 1000 seeded random subsets (*sampled*); "
-            "`srd_worker/reports/kcurves.py`.",
-            "",
-        ]
-    else:
-        md += [
-            "No non-adaptive run (sampling, best_of_n, self_consistency) here keeps graded candidates "
-            "(n >= 2).",
-            "",
-        ]
+                    r.k,
+                    *(_k(r, attr) for _, attr in KCURVE_METRICS),
+                    "exact" if r.exact else "sampled",
+                ]
+                for r in rows
+            ],
+            align="rrrrrl",
+        )
+        done.kcurves.append(Figure(title, path, f"k-curve of {run.run_id}", "", table))
+        image = [f"![k-curve of {run.run_id}]({path.name})", ""] if path is not None else []
+        md += [f"### {title}", "", *image, table.markdown(), ""]
+    md += [KCURVE_NOTE if curves else NO_KCURVE_NOTE, ""]
 
     md += ["## Compute per component (Table 2 layout)", ""]
     if comp_rows:
+        done.components = component_table_data(comp_rows)
+        done.component_tokens = component_tokens_table_data(comp_rows)
         md += [
-            component_table(comp_rows),
+            done.components.markdown(),
             "",
-            "Mean per problem. Time in seconds (*Time* = all components); In tok = prompt/prefix tokens fed "
-            "to the policy model, Out tok = generated tokens; component cells are *time / invocations*.",
+            COMPONENT_NOTE,
             "",
-            "Tokens per component (mean input / output tokens per problem; the scorer's input is the "
-            "response tokens it scored):",
+            COMPONENT_TOKENS_NOTE,
             "",
-            component_tokens_table(comp_rows),
+            done.component_tokens.markdown(),
             "",
         ]
     else:
         md += ["No compute ledger in these runs.", ""]
 
-    md += ["## Provenance (engine version, model and reward revisions)", "", provenance_table(runs), ""]
+    done.provenance = provenance_table_data(runs)
+    md += ["## Provenance (engine version, model and reward revisions)", "", done.provenance.markdown(), ""]
 
     md += ["## Routing statistics (Table 6 layout)", ""]
     if route_rows:
-        md += [
-            routing_table(route_rows),
-            "",
-            "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "
-            "events; ρ̂ = refinements whose result went to KEEP / refinements; gain = 1 + ρ̂·p̂_M/p̂_H "
-            "(1.00 when p̂_M = 0; n/a when p̂_H = 0 or nothing was refined while p̂_M > 0).",
-            "",
-        ]
+        done.routing = routing_table_data(route_rows)
+        md += [done.routing.markdown(), "", ROUTING_NOTE, ""]
     else:
         md += ["No run here records routing statistics (only SRD-family methods do).", ""]
 
-    path = out / "report.md"
-    path.write_text("\n".join(md), encoding="utf-8")
-    return Report(markdown=path, plots=pngs, summaries=summaries)
+    done.markdown.write_text("\n".join(md), encoding="utf-8")
+    done.plots = pngs
+    return done

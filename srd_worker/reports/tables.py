@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from srd_worker.methods.base import COMPONENTS
@@ -70,6 +71,18 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], align:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Table:
+    """A report table as data: ``markdown()`` renders it for ``report.md``, ``reports.html`` as HTML."""
+
+    headers: list[str]
+    rows: list[list[Any]]
+    align: str = ""  # one of l/r per column (default: l then r)
+
+    def markdown(self) -> str:
+        return markdown_table(self.headers, self.rows, self.align)
+
+
 def _params_text(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items())) or "defaults"
 
@@ -78,7 +91,7 @@ def budget_text(budget: int | None) -> str:
     return "–" if budget is None else str(budget)
 
 
-def summary_table(summaries: Sequence[RunSummary]) -> str:
+def summary_table_data(summaries: Sequence[RunSummary]) -> Table:
     rows = []
     for s in summaries:
         acc = "n/a" if s.accuracy is None else f"{pct(s.accuracy)} ({s.correct}/{s.graded})"
@@ -105,7 +118,7 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
                 _interval(s.tokens_ci, 1),
             ]
         )
-    return markdown_table(
+    return Table(
         [
             "run",
             "method",
@@ -132,7 +145,7 @@ def summary_table(summaries: Sequence[RunSummary]) -> str:
     )
 
 
-def component_table(rows: Sequence[ComponentRow]) -> str:
+def component_table_data(rows: Sequence[ComponentRow]) -> Table:
     body = []
     for r in rows:
         cells = [f"{_seconds(r.components[c].time_s)} / {r.components[c].calls:.1f}" for c in COMPONENTS]
@@ -148,14 +161,14 @@ def component_table(rows: Sequence[ComponentRow]) -> str:
                 *cells,
             ]
         )
-    return markdown_table(
+    return Table(
         ["run", "method", "N", "Acc", "Time", "In tok", "Out tok", "Drafter", "Scorer", "Editor", "Router"],
         body,
         align="llrrrrrrrrr",
     )
 
 
-def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
+def component_tokens_table_data(rows: Sequence[ComponentRow]) -> Table:
     body = [
         [
             r.run_id,
@@ -165,12 +178,10 @@ def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
         ]
         for r in rows
     ]
-    return markdown_table(
-        ["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body, align="llrrrrr"
-    )
+    return Table(["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body, align="llrrrrr")
 
 
-def routing_table(rows: Sequence[RoutingRow]) -> str:
+def routing_table_data(rows: Sequence[RoutingRow]) -> Table:
     body = [
         [
             r.run_id,
@@ -187,14 +198,14 @@ def routing_table(rows: Sequence[RoutingRow]) -> str:
         ]
         for r in rows
     ]
-    return markdown_table(
+    return Table(
         ["run", "method", "N", "p_H", "p_M", "p_L", "ρ̂", "gain", "routing events", "refinements", "items"],
         body,
         align="llrrrrrrrrr",
     )
 
 
-def provenance_table(runs: Sequence[Any]) -> str:
+def provenance_table_data(runs: Sequence[Any]) -> Table:
     """What each run ran with (``run.versions["runtime"]``, ``srd_worker.provenance``): one row per distinct
     record (a run whose workers differed has several). Runs recorded before srdq kept these say so."""
     from srd_worker.provenance import summary
@@ -216,14 +227,14 @@ def provenance_table(runs: Sequence[Any]) -> str:
                     r["server"] or "–",
                 ]
             )
-    return markdown_table(
+    return Table(
         ["run", "engine (version)", "model", "model revision", "reward", "reward revision", "server"],
         body,
         align="lllllll",
     )
 
 
-def failed_items_table(runs: Sequence[Any], limit: int = 20) -> str | None:
+def failed_items_table_data(runs: Sequence[Any], limit: int = 20) -> Table | None:
     """The items that failed (error rows: a prompt that does not fit, an item isolated by
     ``srd_worker.isolation``, a grading failure), at most ``limit`` per run, with the first line of
     their error; None when no item failed."""
@@ -247,4 +258,30 @@ def failed_items_table(runs: Sequence[Any], limit: int = 20) -> str | None:
             rows.append([run.run_id, f"… and {len(failed) - limit} more", "", "", "", "see `srdq export`"])
     if not rows:
         return None
-    return markdown_table(["run", "item", "position", "fault", "round", "error"], rows, align="llrlrl")
+    return Table(["run", "item", "position", "fault", "round", "error"], rows, align="llrlrl")
+
+
+# ------------------------------------------------------------------- the same tables as Markdown text
+def summary_table(summaries: Sequence[RunSummary]) -> str:
+    return summary_table_data(summaries).markdown()
+
+
+def component_table(rows: Sequence[ComponentRow]) -> str:
+    return component_table_data(rows).markdown()
+
+
+def component_tokens_table(rows: Sequence[ComponentRow]) -> str:
+    return component_tokens_table_data(rows).markdown()
+
+
+def routing_table(rows: Sequence[RoutingRow]) -> str:
+    return routing_table_data(rows).markdown()
+
+
+def provenance_table(runs: Sequence[Any]) -> str:
+    return provenance_table_data(runs).markdown()
+
+
+def failed_items_table(runs: Sequence[Any], limit: int = 20) -> str | None:
+    table = failed_items_table_data(runs, limit)
+    return None if table is None else table.markdown()

@@ -168,6 +168,12 @@ class Settings(BaseSettings):
         120.0, gt=0, description="A shard pending this long is re-enqueued by the reaper."
     )
     max_row_bytes: int = Field(1_000_000, ge=1, description="Largest dataset row accepted, in bytes.")
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="srdq worker: serve Prometheus metrics on this port (pool process i on port + i); 0 = off.",
+    )
     visibility_timeout_s: int = Field(
         3600, description="Redis visibility timeout; a task slice must end far below it (see slice_rounds)."
     )

@@ -487,41 +487,70 @@ def submit_dataset(
 @click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
 @click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
+@click.option(
+    "--metrics-port",
+    default=None,
+    metavar="PORT",
+    envvar="SRDQ_METRICS_PORT",
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics; worker process i (of --concurrency or "
+    "--gpus) serves on PORT + i. 0 or unset: off.",
+)
 @log_options("INFO", level_aliases=("--loglevel",), who="the worker's (Celery's and srdq's)")
 @friendly_errors
 def worker(
-    queue: str | None, concurrency: int, gpus: str | None, log_level: str = "INFO", log_format: str = "text"
+    queue: str | None,
+    concurrency: int,
+    gpus: str | None,
+    metrics_port: str | None = None,
+    log_level: str = "INFO",
+    log_format: str = "text",
 ) -> None:
     """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""
     import os
 
+    from srd_worker.metrics import check_ports_free, parse_port, worker_ports
     from srd_worker.settings import get_settings
 
     require_extra("worker", "srdq worker")
 
+    if concurrency < 1:
+        raise click.ClickException(f"--concurrency expects a number of processes >= 1, got {concurrency}")
+    port = parse_port(metrics_port)
+    gpu_ids = _gpu_ids(gpus) if gpus else []
+    check_ports_free(worker_ports(port, len(gpu_ids) or concurrency))
     os.environ["SRDQ_LOG_FORMAT"] = log_format  # the Celery processes (and --gpus children) read it
+    os.environ["SRDQ_METRICS_PORT"] = str(port)  # the pool processes serve on port + their index
 
     queue = queue or get_settings().queue
-    if gpus:
-        _gpu_workers(gpus, queue, log_level)
+    if gpu_ids:
+        _gpu_workers(gpu_ids, queue, log_level, port)
         return
     from srd_worker.queue import run_worker
 
     run_worker(queue=queue, concurrency=concurrency, loglevel=log_level)
 
 
-def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
+def _gpu_ids(gpus: str) -> list[str]:
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not ids or not all(g.isdigit() for g in ids):
+        raise click.ClickException(f"--gpus expects comma-separated GPU numbers, got {gpus!r}")
+    return ids
+
+
+def _gpu_workers(ids: list[str], queue: str, loglevel: str, metrics_port: int = 0) -> None:
     import os
     import signal
     import subprocess
     import sys
 
-    ids = [g.strip() for g in gpus.split(",") if g.strip()]
-    if not ids or not all(g.isdigit() for g in ids):
-        raise click.ClickException(f"--gpus expects comma-separated GPU numbers, got {gpus!r}")
     procs = []
-    for g in ids:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": g, "SRDQ_DEVICE": "cuda:0"}
+    for i, g in enumerate(ids):
+        env = {
+            **os.environ,
+            "CUDA_VISIBLE_DEVICES": g,
+            "SRDQ_DEVICE": "cuda:0",
+            "SRDQ_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
+        }
         cmd = [
             sys.executable,
             "-m",

@@ -279,7 +279,7 @@ def run_local(
             if on_start is not None:
                 on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
             with session_scope(db) as session:
-                crud.set_run_status(session=session, run_id=run_id, status="running")
+                crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
                 # the partial files hold exactly the shards finished so far (repairs a cut-short append)
                 reset_partial_results(out / run_id, crud.load_results(session=session, run_id=run_id))
             finished = len(items) - sum(s.stop - s.start for s in pending)  # done by an earlier call

@@ -82,6 +82,26 @@ def runtime() -> dict[str, Any]:
 def _after_fork(**_: Any) -> None:
     # connections inherited from the parent must not be shared with it
     _runtime.clear()
+    _serve_metrics()
+
+
+def _serve_metrics() -> None:
+    """A pool process serves its metrics on SRDQ_METRICS_PORT + its index in the pool (0 = off;
+    ``srd_worker.metrics``); a port it cannot bind is logged, and the process works on without metrics."""
+    from celery.utils.log import current_process_index
+
+    from srd_worker import metrics
+
+    base = get_settings().metrics_port
+    if not base:
+        return
+    port = base + (current_process_index(base=0) or 0)
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        log.error("metrics: cannot serve on port %d: %s", port, exc)
+        return
+    log.info("metrics on port %d", port)
 
 
 @signals.after_setup_logger.connect
@@ -150,14 +170,21 @@ def run_shard_task(run_id: Any, shard_index: Any) -> str:
     if not isinstance(run_id, str) or not isinstance(shard_index, int) or shard_index < 0:
         log.error("dropping malformed message: run_id=%r shard_index=%r", run_id, shard_index)
         return "invalid"
-    from srd_worker.service import process_shard
+    from srd_worker import metrics
+    from srd_worker.service import process_shard, worker_id
 
     rt = runtime()
+    owner = worker_id()
+
+    def count_retry(_state: Any) -> None:
+        metrics.RETRIES.labels(run_id, owner, "database").inc()
+
     for attempt in Retrying(
         retry=retry_if_exception_type((OperationalError, DBAPIError)),
         wait=wait_exponential(multiplier=0.5, max=10),
         stop=stop_after_delay(300),
         reraise=True,
+        before_sleep=count_retry,
     ):
         with attempt:
             outcome = process_shard(
@@ -168,6 +195,7 @@ def run_shard_task(run_id: Any, shard_index: Any) -> str:
                 enqueue=enqueue,
                 cfg=rt["cfg"],
                 objects=rt["objects"],
+                owner=owner,
             )
     log.info("shard %s/%s: %s", run_id, shard_index, outcome)
     return outcome

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
+from srd_worker import metrics
 from srd_worker.errors import BrokerUnavailable, EngineUnavailable, StoreError
 from srd_worker.spec import PreparedRun, RunSpec
 from srd_worker.status import (  # noqa: F401 - re-exported: the status reads live in the light status module
@@ -196,7 +197,9 @@ class EngineCache:
             if key not in self._engines:
                 from srd_worker.engines.registry import build_engine
 
+                t0 = time.perf_counter()
                 self._engines[key] = build_engine(engine, model, self.settings_for(engine_config))
+                metrics.ENGINE_LOAD_SECONDS.labels(engine, worker_id()).observe(time.perf_counter() - t0)
             return self._engines[key]
 
     def close(self) -> None:
@@ -300,6 +303,7 @@ def process_shard(
     started = time.perf_counter()
     event = {"run_id": run_id, "shard": shard_index, "worker": owner, "items": len(rows)}
     log.info("shard leased", extra={**event, "event": "shard_leased"})
+    metrics.SHARDS_LEASED.labels(run_id, owner).inc()
     try:
         # the heartbeat starts before the engine is built: a first build (loading weights, starting a
         # vLLM engine) can take longer than the lease's TTL, and the reaper must not take the shard meanwhile
@@ -338,9 +342,11 @@ def process_shard(
                 max_rounds=cfg.slice_rounds,
                 max_seconds=cfg.slice_seconds,
                 on_slice_start=slice_started,
+                on_round=lambda report: metrics.observe_round(run_id, owner, report),
             )
     except leases.LeaseLost as exc:
         log.warning("%s", exc, extra={**event, "event": "lease_lost", "error": str(exc)})
+        metrics.LEASE_LOSSES.labels(run_id, owner).inc()
         return "lost"
     except EngineUnavailable as exc:
         # the model server is down: not the shard's fault, so no attempt is counted; the slice ends, the
@@ -358,8 +364,10 @@ def process_shard(
                     session=session, lease=lease, status="pending", error=f"EngineUnavailable: {exc}"
                 )
         except StoreError:
+            metrics.LEASE_LOSSES.labels(run_id, owner).inc()
             return "lost"
         enqueue(run_id, shard_index)
+        metrics.RETRIES.labels(run_id, owner, "engine_unavailable").inc()
         return "unavailable"
     except Exception as exc:
         log.error(
@@ -369,6 +377,7 @@ def process_shard(
             exc,
             extra={**event, "event": "shard_error", "error": f"{type(exc).__name__}: {exc}"},
         )
+        metrics.SHARDS_FAILED.labels(run_id, owner).inc()
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=5)}"
         try:
             with session_scope(db) as session:
@@ -376,8 +385,10 @@ def process_shard(
                     session=session, lease=lease, status="pending", error=error, reset_attempts=False
                 )
         except StoreError:
+            metrics.LEASE_LOSSES.labels(run_id, owner).inc()
             return "lost"
         enqueue(run_id, shard_index)
+        metrics.RETRIES.labels(run_id, owner, "error").inc()
         return "error"
     log.info(
         "shard finished" if outcome.finished else "slice ended",
@@ -393,6 +404,7 @@ def process_shard(
         },
     )
     if outcome.finished:
+        metrics.observe_finished(run_id, owner, outcome.records)
         if objects is not None:  # upload parts + manifests (srd_worker.results.sync); never fails the shard
             from srd_worker.results.sync import upload_finished_shard
 

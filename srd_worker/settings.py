@@ -188,6 +188,12 @@ class Settings(BaseSettings):
     wandb_dir: Path | None = Field(
         None, description="Folder for W&B's run files (default: the command's output folder)."
     )
+    metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="srdq worker: serve Prometheus metrics on this port (pool process i on port + i); 0 = off.",
+    )
     visibility_timeout_s: int = Field(
         3600, description="Redis visibility timeout; a task slice must end far below it (see slice_rounds)."
     )

@@ -178,3 +178,56 @@ def check_hostile_status(engine: Engine) -> None:
     with session_scope(engine) as session:  # the text itself survives the round trip
         states = crud.load_checkpoints(session=session, run_id=RUN, shard_index=0)
     assert sorted(s["text"] for _r, s in states.values()) == sorted(HOSTILE[i] * 3 for i in range(SHARD_SIZE))
+
+
+def check_eta(engine: Engine) -> None:
+    """The rate and ETA of ``run_status`` come from the shards' finish times since the run's first lease:
+    an hour in the queue before it is not work; ``srdq resume`` starts the clock again."""
+    from sqlmodel import select
+
+    from srd_worker.store.models import Run
+
+    run_id = "run-eta"
+    make_run(engine, run_id=run_id, n_items=8, shard_size=2)  # four shards of two
+    now = utcnow()
+    with session_scope(engine) as session:
+        session.exec(update(Run).where(Run.id == run_id).values(created_at=now - timedelta(hours=1)))
+    assert run_status(db=engine, run_id=run_id).eta_s is None  # nothing leased, nothing finished
+    started = now - timedelta(seconds=100)
+    with session_scope(engine) as session:
+        lease = leases.acquire(
+            session=session, run_id=run_id, shard_index=0, owner="w", ttl_s=600, max_attempts=3, now=started
+        )
+        assert lease is not None
+        assert session.exec(select(Run.started_at).where(Run.id == run_id)).one() == started
+    assert run_status(db=engine, run_id=run_id).eta_s is None  # leased, nothing finished yet: no rate
+    for index, finished in ((0, now - timedelta(seconds=50)), (1, now)):
+        with session_scope(engine) as session:
+            crud.save_results(
+                session=session,
+                run_id=run_id,
+                shard_index=index,
+                records=[record(2 * index, tokens=30), record(2 * index + 1, tokens=20)],
+            )
+            session.exec(
+                update(Shard)
+                .where(Shard.run_id == run_id, Shard.index == index)
+                .values(status="done", updated_at=finished)
+            )
+    st = run_status(db=engine, run_id=run_id)
+    assert st.status == "running" and st.done == 4 and st.started_at == started
+    # 4 items in the 100 s since the first lease: 4 left take 100 s (from creation it would be an hour)
+    assert st.items_per_s is not None and abs(st.items_per_s - 0.04) < 0.004
+    assert st.eta_s is not None and 90 < st.eta_s < 110
+    assert abs(st.tokens_per_s - 1.0) < 0.1  # 100 tokens in those 100 s
+    assert st.to_dict()["started_at"] == started.isoformat()
+    # resume: the clock starts again at the next lease, and the shards finished before it are not speed
+    with session_scope(engine) as session:
+        assert leases.reopen_run(session=session, run_id=run_id) == [2, 3]
+        assert session.exec(select(Run.started_at).where(Run.id == run_id)).one() is None
+        assert leases.acquire(
+            session=session, run_id=run_id, shard_index=2, owner="w", ttl_s=60, max_attempts=3
+        )
+    again = run_status(db=engine, run_id=run_id)
+    assert again.started_at is not None and again.started_at > now - timedelta(seconds=1)
+    assert again.items_per_s is None and again.eta_s is None

@@ -447,11 +447,13 @@ def set_shard_status(
         raise StoreError(f"no shard {shard_index} in run {run_id!r}")
 
 
-def set_run_status(*, session: Session, run_id: str, status: str) -> None:
-    """Set a run's status."""
-    updated = session.exec(
-        update(Run).where(col(Run.id) == run_id).values(status=_status(status), updated_at=utcnow())
-    ).rowcount
+def set_run_status(*, session: Session, run_id: str, status: str, started: bool = False) -> None:
+    """Set a run's status; ``started``: work (re)starts now (``run.started_at``, the ETA's origin)."""
+    now = utcnow()
+    values: dict[str, Any] = {"status": _status(status), "updated_at": now}
+    if started:
+        values["started_at"] = now
+    updated = session.exec(update(Run).where(col(Run.id) == run_id).values(**values)).rowcount
     if updated != 1:
         raise StoreError(f"no run {run_id!r}")
 

@@ -87,8 +87,11 @@ def acquire(
     shard.attempt += 1
     shard.version += 1
     session.add(shard)
-    if run.status == Status.PENDING.value:
-        run.status = Status.RUNNING.value
+    if run.status == Status.PENDING.value or run.started_at is None:
+        if run.status == Status.PENDING.value:
+            run.status = Status.RUNNING.value
+        if run.started_at is None:  # the first lease since submit or `srdq resume`: the ETA's origin
+            run.started_at = now
         session.add(run)
     session.flush()
     return Lease(run_id, shard_index, owner, shard.version, shard.attempt)
@@ -265,6 +268,7 @@ def reopen_run(*, session: Session, run_id: str) -> list[int]:
         todo.append(shard.index)
     if todo:
         run.status = Status.RUNNING.value
+        run.started_at = None  # the next lease restarts the clock of status's rate and ETA
         session.add(run)
     session.flush()
     return todo

@@ -87,6 +87,12 @@ class Run(SQLModel, table=True):
         sa_type=UTCDateTime,
         description="When the run manifest was written to the object store.",
     )
+    started_at: datetime | None = Field(
+        default=None,
+        sa_type=UTCDateTime,
+        description="When work on the run (re)started: its first lease after submit or `srdq resume` (a call "
+        "of the embedded `srdq run`); the origin of `srdq status`'s rate and ETA (migration 0006).",
+    )
     sweep_id: str | None = Field(
         default=None,
         index=True,

@@ -115,6 +115,28 @@ def shard_states(*, session: Session, run_id: str) -> dict[str, tuple[int, int, 
     return {status: (int(n), int(done), int(failed), int(tokens)) for status, n, done, failed, tokens in rows}
 
 
+def finish_timeline(
+    *, session: Session, run_id: str, since: datetime | None, limit: int = 1000
+) -> list[tuple[datetime, int, int]]:
+    """(finished at, items, generated tokens) of the run's finished shards that hold results, finished at
+    or after ``since``, oldest first: the newest ``limit`` (a shard's ``updated_at`` is its finish time
+    once it is done; an upload mark leaves it as it was)."""
+    conditions = [
+        col(Shard.run_id) == run_id,
+        col(Shard.status).in_([Status.DONE.value, Status.FAILED.value]),
+        col(Shard.n_done) + col(Shard.n_failed) > 0,
+    ]
+    if since is not None:
+        conditions.append(col(Shard.updated_at) >= since)
+    rows = session.exec(
+        select(Shard.updated_at, col(Shard.n_done) + col(Shard.n_failed), Shard.gen_tokens)
+        .where(*conditions)
+        .order_by(col(Shard.updated_at).desc())
+        .limit(limit)
+    ).all()
+    return [(at, int(items), int(tokens)) for at, items, tokens in reversed(rows)]
+
+
 def unfinished_tokens(*, session: Session, run_id: str) -> int:
     """Generated tokens so far of items that have no result yet: their last checkpoints, read only in the
     shards that are started and not done (a few at a time, however large the run)."""

@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 from srd_worker.store.db import make_engine
 from srd_worker.tasks.registry import get_task
 from tests.integration.fleet import CLI, PG_URL
-from tests.status_cases import check_backfill, check_hostile_status, check_status, make_run
+from tests.status_cases import check_backfill, check_eta, check_hostile_status, check_status, make_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
@@ -294,7 +294,7 @@ def test_hostile_text_through_every_reader_on_postgresql(pg_url, tmp_path) -> No
         engine.dispose()
 
 
-@pytest.mark.parametrize("check", [check_status, check_backfill, check_hostile_status])
+@pytest.mark.parametrize("check", [check_status, check_backfill, check_hostile_status, check_eta])
 def test_status_on_postgresql(pg_url, check) -> None:
     from srd_worker.store.db import upgrade
 

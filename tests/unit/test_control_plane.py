@@ -17,7 +17,15 @@ from srd_worker.tasks.registry import get_task
 from srd_worker.tasks.spool import spool_items
 from tests.cli import run_srdq, srdq_env
 from tests.hostile_cases import check_hostile_text
-from tests.status_cases import RUN, check_backfill, check_hostile_status, check_status, make_run, shape_run
+from tests.status_cases import (
+    RUN,
+    check_backfill,
+    check_eta,
+    check_hostile_status,
+    check_status,
+    make_run,
+    shape_run,
+)
 from tests.unit.test_fuzz_strategies import hostile_text
 
 
@@ -120,6 +128,10 @@ def sqlite_engine(tmp_path: Path):
 
 def test_status_sums_shards_and_lists_the_notable_ones(sqlite_engine) -> None:
     check_status(sqlite_engine[0])
+
+
+def test_status_eta_counts_from_the_first_lease_not_from_submit(sqlite_engine) -> None:
+    check_eta(sqlite_engine[0])
 
 
 def test_migration_0004_backfills_the_shard_counters(sqlite_engine) -> None:

@@ -42,6 +42,52 @@ def test_servers_profile_light_workers_hold_no_model():
     assert light["environment"]["SRDQ_OPENAI_BASE_URL"] == "http://model-server:8000/v1"
 
 
+def test_monitoring_profile_scrapes_the_workers_and_provisions_the_dashboard():
+    """Profile "monitoring": Prometheus scrapes the port the workers serve metrics on (by the services'
+    DNS names); Grafana gets that Prometheus as its datasource and a dashboard whose queries name only
+    metrics a worker exports."""
+    import json
+    import re
+
+    from prometheus_client import REGISTRY
+
+    import srd_worker.metrics  # noqa: F401 - registers srdq's metrics
+
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    prom, grafana = services["prometheus"], services["grafana"]
+    assert prom["profiles"] == grafana["profiles"] == ["monitoring"]
+    mounts = {
+        m.split(":")[1]: ROOT / m.split(":")[0]
+        for m in prom["volumes"] + grafana["volumes"]
+        if m.startswith("./")
+    }
+    config = yaml.safe_load(mounts["/etc/prometheus/prometheus.yml"].read_text())
+    targets = {
+        sd["names"][0]: sd["port"] for job in config["scrape_configs"] for sd in job.get("dns_sd_configs", [])
+    }
+    for name in ("worker", "light-worker"):
+        assert targets[name] == int(services[name]["environment"]["SRDQ_METRICS_PORT"]), name
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "srdq.yml").read_text())["providers"]
+    dashboards = mounts[provider["options"]["path"]]
+    dashboard = json.loads((dashboards / "srdq.json").read_text())
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+    exported = {
+        family.name + suffix
+        for family in REGISTRY.collect()
+        if family.name.startswith("srdq_")
+        for suffix in suffixes[family.type]
+    }
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    assert len(exprs) >= 10
+    used = {name for expr in exprs for name in re.findall(r"\bsrdq_[a-z_]+", expr)}
+    assert used and used <= exported, used - exported
+    sources = {t["datasource"]["uid"] for panel in dashboard["panels"] for t in panel["targets"]}
+    assert sources == {source["uid"]}
+
+
 def _compose() -> list[str] | None:
     docker = shutil.which("docker")
     if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:

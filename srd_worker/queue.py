@@ -244,14 +244,35 @@ def _start_reaper(**_: Any) -> None:
         _reaper.start()
 
 
+def _warnings_as_json() -> None:
+    """Python warnings (Celery's SecurityWarning at start-up, library deprecations) as srdq's JSON lines
+    on stderr, from before Celery sets up its logging: a ``--log-format json`` worker writes nothing else."""
+    import logging
+    import sys
+
+    from srd_worker.logs import SecretFilter, formatter, settings_secrets
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter("json"))
+    handler.addFilter(SecretFilter(settings_secrets(get_settings())))
+    logging.captureWarnings(True)
+    warn_log = logging.getLogger("py.warnings")
+    warn_log.addHandler(handler)
+    warn_log.propagate = False
+
+
 def run_worker(*, queue: str, concurrency: int, loglevel: str = "INFO", hostname: str | None = None) -> None:
     """Start a Celery worker (prefork pool; each child builds its engine once, after the fork)."""
     import os
     import socket
 
     name = hostname or f"srdq-{os.getpid()}@{socket.gethostname()}"
+    json_lines = os.environ.get("SRDQ_LOG_FORMAT") == "json"
+    if json_lines:
+        _warnings_as_json()
     app.worker_main(
         [
+            *(["--quiet"] if json_lines else []),  # no start-up banner: every line is a JSON object
             "worker",
             f"--loglevel={loglevel}",
             "-Q",

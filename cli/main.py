@@ -149,6 +149,18 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="KEY=VALUE",
             help="Method parameter override; repeatable (see `srdq methods`).",
         ),
+        click.option(
+            "--engine-arg",
+            "engine_arg_pairs",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Argument passed through to the engine's constructor, VALUE read as a YAML scalar; "
+            "repeatable. transformers: revision, trust_remote_code, attn_implementation, dtype, subfolder, "
+            "use_safetensors, max_batch_size; vllm: any vLLM EngineArgs field (max_model_len, quantization, "
+            "kv_cache_dtype, tensor_parallel_size, ...); openai: api=completions|chat, "
+            "continue_final_message, body.FIELD, header.NAME. Checked before anything is written; part of "
+            "the run id.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -208,7 +220,15 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
         max_row_bytes=_max_row_bytes(),
         engine=options.get("engine", "transformers"),
         stream=stream,
+        engine_args=_engine_args(options.get("engine_arg_pairs", ())),
+        engine_args_raw=True,
     )
+
+
+def _engine_args(pairs: tuple[str, ...]) -> dict[str, str]:
+    from srd_worker.engines.engine_args import parse_engine_arg_pairs
+
+    return parse_engine_arg_pairs(pairs)
 
 
 @cli.command()
@@ -250,6 +270,7 @@ def run(
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
+    engine_arg_pairs: tuple[str, ...] = (),
     sweep_file: str | None = None,
     log_level: str = "WARNING",
     log_format: str = "text",
@@ -395,6 +416,7 @@ def submit_dataset(
     field_pairs: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
+    engine_arg_pairs: tuple[str, ...] = (),
     sweep_file: str | None = None,
     log_level: str = "WARNING",
     log_format: str = "text",
@@ -458,13 +480,46 @@ def submit_dataset(
 @cli.command()
 @click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
-@click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
+@click.option(
+    "--gpus",
+    default=None,
+    help="Comma-separated GPU ids: one worker process pinned to each (or to each group of --gpus-per-worker).",
+)
+@click.option(
+    "--gpus-per-worker",
+    type=int,
+    default=1,
+    show_default=True,
+    help="With --gpus: GPUs each worker process holds, for runs whose vLLM engine spans several "
+    "(--engine-arg tensor_parallel_size=N); above 1 the worker runs Celery's solo pool, one task at a time "
+    "in its own process, so vLLM may start its per-GPU processes.",
+)
+@click.option(
+    "--pool",
+    type=click.Choice(["prefork", "solo"]),
+    default="prefork",
+    show_default=True,
+    help="Celery pool: prefork (tasks in daemonic pool children) or solo (tasks in this process; what "
+    "--gpus-per-worker above 1 uses).",
+)
 @log_options("INFO", level_aliases=("--loglevel",), who="the worker's (Celery's and srdq's)")
 @friendly_errors
 def worker(
-    queue: str | None, concurrency: int, gpus: str | None, log_level: str = "INFO", log_format: str = "text"
+    queue: str | None,
+    concurrency: int,
+    gpus: str | None,
+    gpus_per_worker: int = 1,
+    pool: str = "prefork",
+    log_level: str = "INFO",
+    log_format: str = "text",
 ) -> None:
-    """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""
+    """Run a worker: lease shards, run them in batched rounds, checkpoint, store results.
+
+    Example: srdq worker --gpus 0,1,2,3 (four workers, one GPU each)
+
+    Example: srdq worker --gpus 0,1 --gpus-per-worker 2 (one worker holding both GPUs, for runs submitted
+    with --engine vllm --engine-arg tensor_parallel_size=2)
+    """
     import os
 
     from srd_worker.settings import get_settings
@@ -473,25 +528,26 @@ def worker(
 
     queue = queue or get_settings().queue
     if gpus:
-        _gpu_workers(gpus, queue, log_level)
+        _gpu_workers(gpus, queue, log_level, gpus_per_worker)
         return
+    if gpus_per_worker != 1:
+        raise click.UsageError("--gpus-per-worker needs --gpus (the GPU ids the workers hold)")
     from srd_worker.queue import run_worker
 
-    run_worker(queue=queue, concurrency=concurrency, loglevel=log_level)
+    run_worker(queue=queue, concurrency=concurrency, loglevel=log_level, pool=pool)
 
 
-def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
+def _gpu_workers(gpus: str, queue: str, loglevel: str, per_worker: int = 1) -> None:
     import os
     import signal
     import subprocess
     import sys
 
-    ids = [g.strip() for g in gpus.split(",") if g.strip()]
-    if not ids or not all(g.isdigit() for g in ids):
-        raise click.ClickException(f"--gpus expects comma-separated GPU numbers, got {gpus!r}")
+    from srd_worker.service import plan_gpu_workers
+
     procs = []
-    for g in ids:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": g, "SRDQ_DEVICE": "cuda:0"}
+    for planned in plan_gpu_workers(gpus, per_worker):
+        env = {**os.environ, **planned.env}
         cmd = [
             sys.executable,
             "-m",
@@ -501,11 +557,16 @@ def _gpu_workers(gpus: str, queue: str, loglevel: str) -> None:
             queue,
             "--concurrency",
             "1",
+            "--pool",
+            planned.pool,
             "--loglevel",
             loglevel,
         ]
         procs.append(subprocess.Popen(cmd, env=env))
-        _console(stderr=True).print(f"worker pid {procs[-1].pid} on GPU {g}")
+        held = ",".join(planned.gpus)
+        _console(stderr=True).print(
+            f"worker pid {procs[-1].pid} on GPU{'s' if len(planned.gpus) > 1 else ''} {held}"
+        )
 
     def forward(signum: int, _frame: Any) -> None:
         for p in procs:

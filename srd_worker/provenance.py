@@ -3,6 +3,9 @@ for the ``openai`` engine the server's URL and the model it reports; for the tra
 ``mode`` (``kv-reuse (<MB> MB)`` or ``deterministic``, ``SRDQ_KV_REUSE``), since reusing cached prefixes
 changes results in the last bits (README, *Engine modes*).
 
+The run's engine arguments (``--engine-arg``, ``RunSpec.engine_args``) are recorded as ``engine.args``;
+a setting they override (``dtype``, ``tensor_parallel_size``) leaves ``engine.config`` (``engine_config``).
+
 Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
 after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
 records seen, so two workers that ran one run with different builds both appear. The run manifest

@@ -281,7 +281,13 @@ def _check_vllm(args: Mapping[str, Any], raw: bool, where: str) -> dict[str, Any
             where,
             ", ".join(sorted(args)),
         )
-        return {k: parse_scalar(v) if raw else v for k, v in args.items()}
+        unchecked = {k: parse_scalar(v) if raw else v for k, v in args.items()}
+        for key, value in unchecked.items():
+            if not _is_scalar(value):
+                raise ConfigError(
+                    f"{where} {key}: give a scalar (number, true/false, null or text), got {value!r}"
+                )
+        return unchecked
     out: dict[str, Any] = {}
     for key, value in args.items():
         arg = table.get(key)

@@ -53,8 +53,10 @@ srdq's), ``header.NAME=VALUE`` an HTTP header, and ``api`` picks the endpoint fa
   teacher-forced scoring of given token ids (no ``prompt`` of ids: the ``logprob`` and ``lm_judge``
   rewards are refused; capabilities drop ``logprobs``), and exact continuation: the server re-tokenises
   the kept prefix from its text, which may give other ids than the ones sampled (a byte-level BPE over
-  text it produced itself round-trips; ``chat_prompt_drift`` counts the requests whose prompt ids,
-  returned by vLLM with ``return_token_ids``, differ from the engine's). Generated token ids come back
+  text it produced itself round-trips, bytes that are not UTF-8 on their own do not; ``chat_lossy_prefixes``
+  counts the kept prefixes that do not survive decoding and encoding here, with a warning the first time,
+  and ``chat_prompt_drift`` the requests whose prompt ids, returned by vLLM with ``return_token_ids``,
+  differ from the engine's). Generated token ids come back
   as with completions (``return_token_ids``), and logprobs of sampled tokens from ``logprobs.content``.
 
 Failures: a transient failure (connection refused or reset, timeout, 429, 5xx) is retried for
@@ -338,6 +340,7 @@ class OpenAIEngine:
         self.continue_final_message = bool(continue_final_message)
         self.extra_body = dict(extra_body or {})
         self.chat_prompt_drift = 0  # chat requests whose prompt ids on the server differ from the engine's
+        self.chat_lossy_prefixes = 0  # chat requests whose kept prefix does not survive decode → encode
         self.client = client
         self.model = model
         self.model_name = model
@@ -487,7 +490,19 @@ class OpenAIEngine:
                     f"request {i} continues a partial answer ({len(kept)} tokens), which the chat API cannot do "
                     "with --engine-arg continue_final_message=false: use api=completions"
                 )
-            body["messages"] = [*messages, {"role": "assistant", "content": self.chat.text(kept)}]
+            text = self.chat.text(kept)
+            if self.tokenizer.encode(text) != kept:
+                # e.g. bytes that are not UTF-8 on their own: the server continues from other ids
+                with self.client._lock:
+                    self.chat_lossy_prefixes += 1
+                    first = self.chat_lossy_prefixes == 1
+                if first:
+                    log.warning(
+                        "chat API: a kept prefix of %d tokens does not survive its text round trip (the server "
+                        "re-tokenises it); continuation through the chat API is approximate for such prefixes",
+                        len(kept),
+                    )
+            body["messages"] = [*messages, {"role": "assistant", "content": text}]
             body["add_generation_prompt"] = False
             body["continue_final_message"] = True
         if p.logprobs:

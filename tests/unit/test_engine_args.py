@@ -387,3 +387,31 @@ def test_a_fleet_worker_builds_the_engine_its_run_names(tmp_path):
     assert cache.get("tiny-random-llama", "transformers", {}, {"attn_implementation": "eager"}) is eager
     with pytest.raises(ConfigError, match="the run's engine_args: attn: not an argument"):
         cache.get("tiny-random-llama", "transformers", {}, {"attn": "eager"})
+
+
+# ------------------------------------------------------------------------- the chat API's messages
+def test_chat_prompts_recover_messages_and_the_kept_prefix():
+    """The openai engine's api=chat turns srdq's prompt ids back into messages: the chat template rendered
+    with placeholders, matched, and checked by encoding again (tests/vllm/test_openai.py sends them)."""
+    from srd_worker.engines.loading import build_tiny_llama
+    from srd_worker.engines.openai_engine import ChatPrompts
+    from srd_worker.engines.transformers_engine import HFTokenizer
+
+    _, hf = build_tiny_llama(hidden_size=8, layers=1)
+    tok = HFTokenizer(hf)
+    chat = ChatPrompts(hf)
+    system_user = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2 + 2?\n<|im_end|> x"},
+    ]
+    for messages in (system_user, system_user[1:]):
+        prompt = tok.chat_prompt_ids(messages)
+        assert chat.split(prompt) == (messages, [])
+        kept = tok.encode("Step 1: 2 + 2 = 4")
+        assert chat.split(prompt + kept) == (messages, kept)
+        assert chat.text(kept) == "Step 1: 2 + 2 = 4"
+    with pytest.raises(EngineError, match="request 3: its prompt is not the tokenizer's chat template"):
+        chat.split(tok.encode("plain text"), 3)
+    hf.chat_template = None
+    with pytest.raises(ConfigError, match="api=chat needs the tokenizer's chat template"):
+        ChatPrompts(hf)

@@ -166,14 +166,19 @@ def close_all(objs: list[Any]) -> None:
 
 
 def refuse_other_config(
-    run_id: str, out: Path, engine_name: str, versions: dict[str, Any], settings: Settings
+    run_id: str,
+    out: Path,
+    engine_name: str,
+    versions: dict[str, Any],
+    settings: Settings,
+    engine_args: dict[str, Any] | None = None,
 ) -> None:
     """``SrdqError`` when ``run_id`` in ``out`` was made with engine settings that change results (dtype,
     device, batching mode, KV reuse: ``provenance.engine_config``) other than these: resuming would mix
     two configurations in one run, re-reporting would pass the old run off as this one."""
     from srd_worker.provenance import config_conflict, engine_config
 
-    now = engine_config(engine_name, settings)
+    now = engine_config(engine_name, settings, engine_args=engine_args)
     then = config_conflict(versions, engine_name, now)
     if then is None:
         return
@@ -231,7 +236,8 @@ def run_local(
     t0 = time.perf_counter()
     spec = prepared.spec
     settings = applied_settings(settings, spec.engine_config)  # the engine the run id names
-    check_spec(prepared.method, engine=spec.engine, reward=spec.reward)  # before anything is written
+    # before anything is written
+    check_spec(prepared.method, engine=spec.engine, reward=spec.reward, engine_args=spec.engine_args)
     if engine is None:
         from srd_worker.engines.registry import check_engine_settings
 
@@ -260,13 +266,13 @@ def run_local(
             shards = crud.list_shards(session=session, run_id=run_id)
             items = crud.list_items(session=session, run_id=run_id)
         if engine is None:  # settings that change results must match the ones the run was made with
-            refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings)
+            refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings, spec.engine_args)
         pending = [s for s in shards if s.status != "done"]
         if pending:
             if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
                 from srd_worker.engines.registry import build_engine
 
-                engine = build_engine(spec.engine, spec.model, settings)
+                engine = build_engine(spec.engine, spec.model, settings, spec.engine_args)
                 built.append(engine)
             wired = wire(spec, settings=settings, engine=engine)
             from srd_worker.provenance import record_runtime

@@ -3,6 +3,9 @@ for the ``openai`` engine the server's URL and the model it reports; for the tra
 ``mode`` (``kv-reuse (<MB> MB)`` or ``deterministic``, ``SRDQ_KV_REUSE``), since reusing cached prefixes
 changes results in the last bits (README, *Engine modes*).
 
+The run's engine arguments (``--engine-arg``, ``RunSpec.engine_args``) are recorded as ``engine.args``;
+a setting they override (``dtype``, ``tensor_parallel_size``) leaves ``engine.config`` (``engine_config``).
+
 Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
 after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
 records seen, so two workers that ran one run with different builds both appear. The run manifest
@@ -201,12 +204,25 @@ _RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
 _RECORDED: weakref.WeakKeyDictionary[Any, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
-def engine_config(engine_name: str, settings: Settings, *, resolve_device: bool = True) -> dict[str, Any]:
+def engine_config(
+    engine_name: str,
+    settings: Settings,
+    *,
+    resolve_device: bool = True,
+    engine_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism. The openai engine's
     server decides its own. Named by the run id (``RunSpec.engine_config``, with the device as configured:
     ``auto`` on a fleet means each worker's own, and so does dtype ``auto``) and recorded with every
-    runtime record (the transformers engine's device and dtype resolved)."""
+    runtime record (the transformers engine's device and dtype resolved). A key the run's ``engine_args``
+    set (``dtype``, ``tensor_parallel_size``) is left out: the engine argument wins, and the run id names
+    it there."""
+    config = _settings_config(engine_name, settings, resolve_device=resolve_device)
+    return {k: v for k, v in config.items() if k not in (engine_args or {})}
+
+
+def _settings_config(engine_name: str, settings: Settings, *, resolve_device: bool) -> dict[str, Any]:
     if engine_name == "transformers":
         device = str(settings.device)
         if device == "auto" and resolve_device:
@@ -267,11 +283,14 @@ def runtime_record(spec: Any, engine: Any, *, settings: Settings | None = None) 
 
         # speed, not results, in the kernels measured (docs/PERFORMANCE.md, CPU defaults): recorded only
         record["engine"]["torch_threads"] = torch.get_num_threads()
+    engine_args = dict(getattr(spec, "engine_args", None) or {})
     if settings is not None and name == spec.engine:
         try:
-            record["engine"]["config"] = engine_config(name, settings)
+            record["engine"]["config"] = engine_config(name, settings, engine_args=engine_args)
         except Exception as exc:  # noqa: BLE001 - provenance never stops a run
             log.warning("engine config not recorded: %s", exc)
+    if engine_args and name == spec.engine:  # what the engine's constructor was given (--engine-arg)
+        record["engine"]["args"] = engine_args
     describe = getattr(engine, "describe", None)
     if name == "openai" and callable(describe):
         served = describe()

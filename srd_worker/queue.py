@@ -121,9 +121,11 @@ def _log_format(logger: Any = None, **_: Any) -> None:
 
 
 @signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
 def _before_exit(**_: Any) -> None:
-    """A pool child exits (SIGTERM/SIGINT of the worker, or recycling): close its engines, so vLLM's
-    engine core and workers do not outlive it."""
+    """A pool child exits (SIGTERM/SIGINT of the worker, or recycling), or a solo-pool worker (whose
+    tasks ran in its own process: ``--gpus-per-worker``) shuts down: close its engines, so vLLM's engine
+    core and workers do not outlive it. (In a prefork parent the cache is empty: nothing to close.)"""
     engines = _runtime.get("engines")
     if engines is not None:
         engines.close()
@@ -261,11 +263,25 @@ def _warnings_as_json() -> None:
     warn_log.propagate = False
 
 
-def run_worker(*, queue: str, concurrency: int, loglevel: str = "INFO", hostname: str | None = None) -> None:
-    """Start a Celery worker (prefork pool; each child builds its engine once, after the fork)."""
+POOLS = ("prefork", "solo")
+
+
+def run_worker(
+    *,
+    queue: str,
+    concurrency: int,
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+    pool: str = "prefork",
+) -> None:
+    """Start a Celery worker. ``prefork`` (default): each pool child builds its engine once, after the
+    fork; ``solo``: one task at a time in the worker's own process (not daemonic, so a vLLM engine over
+    several GPUs may start its worker processes: ``srdq worker --gpus-per-worker``)."""
     import os
     import socket
 
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
     name = hostname or f"srdq-{os.getpid()}@{socket.gethostname()}"
     json_lines = os.environ.get("SRDQ_LOG_FORMAT") == "json"
     if json_lines:
@@ -278,8 +294,8 @@ def run_worker(*, queue: str, concurrency: int, loglevel: str = "INFO", hostname
             "-Q",
             queue,
             "-c",
-            str(concurrency),
-            "--pool=prefork",
+            str(concurrency if pool == "prefork" else 1),
+            f"--pool={pool}",
             "-n",
             name,
             "--without-gossip",

@@ -229,6 +229,24 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
     help="Items per shard: each finished shard is checkpointed and its records appended to results.jsonl "
     "(the same default as `srdq submit dataset`).",
 )
+@click.option(
+    "--num-shards",
+    "num_shards",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Run only one of K slices of the run (contiguous groups of its shards; with --shard-index), e.g. "
+    "one Slurm array task each, into its own --out; `srdq merge` combines the K output folders.",
+)
+@click.option(
+    "--shard-index",
+    "shard_index",
+    type=int,
+    default=None,
+    metavar="I",
+    help="Which slice to run, 0..K-1 (with --num-shards K; e.g. $SLURM_ARRAY_TASK_ID or "
+    "$JOB_COMPLETION_INDEX).",
+)
 @sweep_option
 @log_options()
 @click.pass_context
@@ -253,15 +271,20 @@ def run(
     sweep_file: str | None = None,
     log_level: str = "WARNING",
     log_format: str = "text",
+    num_shards: int | None = None,
+    shard_index: int | None = None,
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
     NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file. With --sweep
-    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes).
+    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes). With
+    --num-shards K --shard-index I, only slice I of the run's K slices (merge them with `srdq merge`).
 
     Example: srdq run gsm8k --method best_of_n --n 4 --reward arithmetic --limit 10
 
     Example: srdq run --sweep sweep.yaml --out sweep-out/
+
+    Example: srdq run gsm8k --method best_of_n --n 4 --num-shards 8 --shard-index 3 --out slices/3
     """
     configure_logging(log_level, log_format)
     if sweep_file is not None:
@@ -275,8 +298,10 @@ def run(
 
     from srd_worker.local import run_local
     from srd_worker.settings import get_settings
+    from srd_worker.slicing import check_slice
     from srd_worker.status import RunMeter, format_duration
 
+    part = check_slice(num_shards, shard_index)
     prepared = _prepare(ctx.params)
     err = _console(stderr=True)
     progress = Progress(
@@ -292,8 +317,9 @@ def run(
 
     def on_start(run_id: str, total: int, pending: int) -> None:
         n_shards = -(-total // prepared.spec.shard_size)
+        which = f"run {run_id}" if part is None else f"{part} of run {run_id}"
         err.print(
-            f"run {run_id}: {total} items in {n_shards} shards, {pending} to go "
+            f"{which}: {total} items in {n_shards} shards, {pending} to go "
             f"(model {model}, method {method}); the same command resumes an interrupted run"
         )
         bar["meter"] = RunMeter(total=total, done_before=total - pending)
@@ -322,7 +348,12 @@ def run(
     try:
         with progress:
             summary = run_local(
-                prepared, out_dir=out_dir, settings=get_settings(), on_start=on_start, on_round=on_round
+                prepared,
+                out_dir=out_dir,
+                settings=get_settings(),
+                on_start=on_start,
+                on_round=on_round,
+                part=part,
             )
     except KeyboardInterrupt:
         err.print(

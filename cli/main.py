@@ -317,7 +317,7 @@ def run(
 
     def on_start(run_id: str, total: int, pending: int) -> None:
         n_shards = -(-total // prepared.spec.shard_size)
-        which = f"run {run_id}" if part is None else f"{part} of run {run_id}"
+        which = f"run {run_id}" if part is None else f"{part} of {run_id}"
         err.print(
             f"{which}: {total} items in {n_shards} shards, {pending} to go "
             f"(model {model}, method {method}); the same command resumes an interrupted run"
@@ -863,6 +863,7 @@ def plugins(as_json: bool) -> None:
 # shared helpers, so they are imported after it is defined).
 from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
+from srdq_cli.merge_cli import register as _register_merge  # noqa: E402
 from srdq_cli.models_cli import register as _register_models  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
@@ -874,6 +875,7 @@ _register_datasets(cli)  # datasets
 _register_models(cli)  # models
 _register_testbed(cli)  # testbed build
 _register_calibrate(cli)  # calibrate (EASD / CSD)
+_register_merge(cli)  # merge (the slices of `srdq run --num-shards K --shard-index I`)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

@@ -130,7 +130,7 @@ def refuse_other_slice(run_dir: Path, run_id: str, part: SliceOf | None) -> None
         return
     asked = "the whole run" if part is None else str(part)
     raise ConfigError(
-        f"{run_dir.parent} holds {held} of run {run_id} ({run_dir / SLICE_FILE}), not {asked}: give each "
+        f"{run_dir.parent} holds {held} of {run_id} ({run_dir / SLICE_FILE}), not {asked}: give each "
         f"slice its own --out (resume this one with --num-shards {held.count} --shard-index {held.index}; "
         "`srdq merge` combines slices)"
     )

@@ -16,6 +16,10 @@ Shards run one after the other; each finished shard's records are appended to ``
 run goes on. A resumed call first rewrites both files from the store (so a write cut short by a kill
 is repaired), and the finished run writes them once more, atomically, in dataset order: the same
 lines, since the shards are contiguous ranges of the dataset run in order.
+
+``srdq run --num-shards K --shard-index I`` runs one slice of the run (``srd_worker.slicing``): the store
+holds the whole run, the files only the slice's items, and ``OUT/<run_id>/slice.json`` names the slice;
+``srdq merge`` (``srd_worker.merge``) combines the K folders.
 """
 
 from __future__ import annotations

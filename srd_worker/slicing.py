@@ -120,10 +120,16 @@ def read_marker(run_dir: Path) -> dict[str, Any] | None:
 
 
 def refuse_other_slice(run_dir: Path, run_id: str, part: SliceOf | None) -> None:
-    """``ConfigError`` when ``run_dir`` holds another slice of the run than ``part`` (None: the whole run):
-    two slices in one folder would report each other's records."""
+    """``ConfigError`` when ``run_dir`` holds another slice of the run than ``part`` (None: the whole run),
+    or the whole run (its folder without ``slice.json``) and ``part`` is a slice: the folder's files would
+    report each other's records."""
     marker = read_marker(run_dir)
     if marker is None:
+        if part is not None and run_dir.is_dir():  # results of the whole run (or of a merge) are there
+            raise ConfigError(
+                f"{run_dir.parent} holds the whole run {run_id} ({run_dir}), not a slice: give each slice "
+                "its own --out"
+            )
         return
     held = SliceOf(count=int(marker["num_shards"]), index=int(marker["shard_index"]))
     if held == part:

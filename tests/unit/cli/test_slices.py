@@ -84,6 +84,11 @@ def test_a_folder_holds_one_slice(tmp_path: Path) -> None:
     from srd_worker.errors import ConfigError
     from srd_worker.slicing import write_marker
 
+    whole = tmp_path / "whole" / "run-0123456789ab"
+    whole.mkdir(parents=True)  # results of the whole run (no slice.json): no slice goes there
+    refuse_other_slice(whole, "run-0123456789ab", None)
+    with pytest.raises(ConfigError, match="holds the whole run run-0123456789ab"):
+        refuse_other_slice(whole, "run-0123456789ab", SliceOf(3, 1))
     run_dir = tmp_path / "run-0123456789ab"
     refuse_other_slice(run_dir, "run-0123456789ab", SliceOf(3, 1))  # nothing there yet: any slice
     write_marker(run_dir, {"run_id": "run-0123456789ab", "num_shards": 3, "shard_index": 1})

@@ -263,6 +263,24 @@ def _engine_args(pairs: tuple[str, ...]) -> dict[str, str]:
     "(the same default as `srdq submit dataset`).",
 )
 @track_option
+@click.option(
+    "--num-shards",
+    "num_shards",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Run only one of K slices of the run (contiguous groups of its shards; with --shard-index), e.g. "
+    "one Slurm array task each, into its own --out; `srdq merge` combines the K output folders.",
+)
+@click.option(
+    "--shard-index",
+    "shard_index",
+    type=int,
+    default=None,
+    metavar="I",
+    help="Which slice to run, 0..K-1 (with --num-shards K; e.g. $SLURM_ARRAY_TASK_ID or "
+    "$JOB_COMPLETION_INDEX).",
+)
 @sweep_option
 @log_options()
 @click.pass_context
@@ -290,15 +308,20 @@ def run(
     log_level: str = "WARNING",
     log_format: str = "text",
     track: str | None = None,
+    num_shards: int | None = None,
+    shard_index: int | None = None,
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
     NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file. With --sweep
-    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes).
+    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes). With
+    --num-shards K --shard-index I, only slice I of the run's K slices (merge them with `srdq merge`).
 
     Example: srdq run gsm8k --method best_of_n --n 4 --reward arithmetic --limit 10
 
     Example: srdq run --sweep sweep.yaml --out sweep-out/
+
+    Example: srdq run gsm8k --method best_of_n --n 4 --num-shards 8 --shard-index 3 --out slices/3
     """
     configure_logging(log_level, log_format)
     require_extra("worker", "srdq run")  # before anything is written: the client install has no torch
@@ -313,8 +336,10 @@ def run(
 
     from srd_worker.local import run_local
     from srd_worker.settings import get_settings
+    from srd_worker.slicing import check_slice
     from srd_worker.status import RunMeter, format_duration
 
+    part = check_slice(num_shards, shard_index)
     prepared = _prepare(ctx.params)
     from srd_worker.tracking import open_tracker
 
@@ -333,8 +358,9 @@ def run(
 
     def on_start(run_id: str, total: int, pending: int) -> None:
         n_shards = -(-total // prepared.spec.shard_size)
+        which = f"run {run_id}" if part is None else f"{part} of {run_id}"
         err.print(
-            f"run {run_id}: {total} items in {n_shards} shards, {pending} to go "
+            f"{which}: {total} items in {n_shards} shards, {pending} to go "
             f"(model {model}, method {method}); the same command resumes an interrupted run"
         )
         bar["meter"] = RunMeter(total=total, done_before=total - pending)
@@ -369,6 +395,7 @@ def run(
                 on_start=on_start,
                 on_round=on_round,
                 tracker=tracker,
+                part=part,
             )
     except KeyboardInterrupt:
         err.print(
@@ -943,6 +970,7 @@ def plugins(as_json: bool) -> None:
 # shared helpers, so they are imported after it is defined).
 from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
+from srdq_cli.merge_cli import register as _register_merge  # noqa: E402
 from srdq_cli.models_cli import register as _register_models  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
@@ -954,6 +982,7 @@ _register_datasets(cli)  # datasets
 _register_models(cli)  # models
 _register_testbed(cli)  # testbed build
 _register_calibrate(cli)  # calibrate (EASD / CSD)
+_register_merge(cli)  # merge (the slices of `srdq run --num-shards K --shard-index I`)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

@@ -16,6 +16,10 @@ Shards run one after the other; each finished shard's records are appended to ``
 run goes on. A resumed call first rewrites both files from the store (so a write cut short by a kill
 is repaired), and the finished run writes them once more, atomically, in dataset order: the same
 lines, since the shards are contiguous ranges of the dataset run in order.
+
+``srdq run --num-shards K --shard-index I`` runs one slice of the run (``srd_worker.slicing``): the store
+holds the whole run, the files only the slice's items, and ``OUT/<run_id>/slice.json`` names the slice;
+``srdq merge`` (``srd_worker.merge``) combines the K folders.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ from srd_worker.encoding import sorted_json
 from srd_worker.errors import SrdqError
 from srd_worker.fileutil import write_atomic
 from srd_worker.runner import RoundReport, run_shard
+from srd_worker.slicing import (
+    SliceOf,
+    check_slice_fits,
+    refuse_other_slice,
+    slice_marker,
+    slice_shards,
+    write_marker,
+)
 from srd_worker.spec import PreparedRun
 from srd_worker.wiring import check_spec, probe_sources, wire
 
@@ -215,6 +227,11 @@ def _run_records(db: Any, run_id: str) -> Any:
     return load_report_runs(db, [run_id])[0]
 
 
+def _in(positions: range, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records whose dataset position is in ``positions`` (a slice's; a whole run's: all)."""
+    return [r for r in records if r["position"] in positions]
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -224,10 +241,15 @@ def run_local(
     on_start: Callable[[str, int, int], None] | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
     tracker: Tracker | None = None,
+    part: SliceOf | None = None,
 ) -> Summary:
     """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results. A
     ``tracker`` (``tracking.open_tracker``) gets the spec and provenance at the start, progress after each
-    shard and the summary, report and item table at the end."""
+    shard and the summary, report and item table at the end.
+
+    With ``part`` (``srdq run --num-shards K --shard-index I``), only the run's shards in that slice
+    (``srd_worker.slicing``): results.jsonl, timings.jsonl and summary.json hold the slice's items, and
+    ``OUT/<run_id>/slice.json`` says which slice of which run the folder holds."""
     from srd_worker.provenance import applied_settings
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
@@ -245,6 +267,9 @@ def run_local(
         probe_sources(spec, settings=settings)  # a model that cannot load: one line, nothing written
     run_id = spec.run_id()
     out = Path(out_dir)
+    if part is not None:
+        check_slice_fits(len(prepared.items), spec.shard_size, part)
+    refuse_other_slice(out / run_id, run_id, part)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     url = sqlite_url(out / "srdq.db")
     upgrade(url)
@@ -263,10 +288,29 @@ def run_local(
                 items=prepared.items,
                 shard_size=spec.shard_size,
             )
-            shards = crud.list_shards(session=session, run_id=run_id)
+            all_shards = crud.list_shards(session=session, run_id=run_id)
             items = crud.list_items(session=session, run_id=run_id)
         if engine is None:  # settings that change results must match the ones the run was made with
             refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings, spec.engine_args)
+        shards, positions = all_shards, range(len(items))
+        if part is not None:  # only the slice's shards, and their items
+            mine = slice_shards(len(all_shards), part)
+            shards = [s for s in all_shards if s.index in mine]
+            positions = range(shards[0].start, shards[-1].stop)
+            items = [r for r in items if r.position in positions]
+            write_marker(
+                out / run_id,
+                slice_marker(
+                    run_id=run_id,
+                    config_hash=spec.config_hash(),
+                    spec=spec.model_dump(),
+                    part=part,
+                    shards=mine,
+                    positions=positions,
+                    n_items=len(prepared.items),
+                    n_shards=len(all_shards),
+                ),
+            )
         pending = [s for s in shards if s.status != "done"]
         if pending:
             if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
@@ -287,7 +331,9 @@ def run_local(
             with session_scope(db) as session:
                 crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
                 # the partial files hold exactly the shards finished so far (repairs a cut-short append)
-                reset_partial_results(out / run_id, crud.load_results(session=session, run_id=run_id))
+                reset_partial_results(
+                    out / run_id, _in(positions, crud.load_results(session=session, run_id=run_id))
+                )
             finished = len(items) - sum(s.stop - s.start for s in pending)  # done by an earlier call
             tokens = 0  # generated by the shards finished in this call
             for shard in pending:
@@ -351,7 +397,9 @@ def run_local(
                         },
                     )
             with session_scope(db) as session:
-                crud.set_run_status(session=session, run_id=run_id, status="done")
+                # a slice's run is done when every shard is (another slice's may run in this store later)
+                left = [s for s in crud.list_shards(session=session, run_id=run_id) if s.status != "done"]
+                crud.set_run_status(session=session, run_id=run_id, status="pending" if left else "done")
         elif tracker is not None:  # a finished run re-reported: logged from its records
             from srd_worker.tracking import shard_progress
 
@@ -360,7 +408,7 @@ def run_local(
             for step, metrics in shard_progress(done_run):
                 tracker.shard(step, metrics)
         with session_scope(db) as session:
-            records = crud.load_results(session=session, run_id=run_id)
+            records = _in(positions, crud.load_results(session=session, run_id=run_id))
         if tracker is not None:
             tracker.finish(_run_records(db, run_id))
             tracked = True
@@ -375,8 +423,8 @@ def run_local(
                 log.warning("could not close the %s tracking run: %s", tracker.kind, exc)
         db.dispose()
         close_all(built)
-    if len(records) != len(prepared.items):
-        raise SrdqError(f"run {run_id} has {len(records)} results for {len(prepared.items)} items")
+    if len(records) != len(positions):
+        raise SrdqError(f"run {run_id} has {len(records)} results for {len(positions)} items")
     path = write_results(out / run_id, records)
     summary = Summary.of(run_id, spec.method, records, time.perf_counter() - t0, path)
     write_summary(out / run_id / "summary.json", summary)

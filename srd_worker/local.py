@@ -257,10 +257,12 @@ def run_local(
                 engine = build_engine(spec.engine, spec.model, settings)
                 built.append(engine)
             wired = wire(spec, settings=settings, engine=engine)
-            from srd_worker.provenance import record_runtime
+            from srd_worker.provenance import record_runtime, score_cache
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
+            # reward scores by content, shared by every run of this store (None: SRDQ_SCORE_CACHE=false)
+            cache = score_cache(db, spec, wired.engine, wired.reward, settings=settings)
             by_key = {it.id: it for it in prepared.items}
             if on_start is not None:
                 on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
@@ -297,6 +299,7 @@ def run_local(
                     run_seed=spec.seed,
                     store=SqlShardStore(db, run_id, shard.index),
                     on_round=report,
+                    score_cache=cache,
                 )
                 finished += len(rows)
                 counts = outcome.counts()

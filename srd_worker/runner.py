@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from srd_worker.engines.base import Engine
 from srd_worker.isolation import Isolation, IsolationLog
-from srd_worker.methods.base import Method, StepContext
+from srd_worker.methods.base import Method, ScoreCache, StepContext
 from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response
 
@@ -171,11 +171,14 @@ def run_shard(
     max_seconds: float | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
     on_slice_start: Callable[[int], None] | None = None,
+    score_cache: ScoreCache | None = None,
 ) -> ShardOutcome:
     """Run (or resume) a shard until every item is done, or until ``max_rounds`` rounds or
     ``max_seconds`` seconds have passed in this call (checked between rounds), whichever comes first.
     ``on_slice_start(round)`` is called once, just before the first round this call runs (not at all
-    when nothing is left to run), with the checkpointed round it starts from."""
+    when nothing is left to run), with the checkpointed round it starts from. ``score_cache``: reward
+    scores by content (``store.score_cache``); the scores a round computed are written right after its
+    checkpoint commits, so a round that is redone after a crash finds what the first try found."""
     checkpoints = store.load_checkpoints()
     states: list[dict[str, Any]] = []
     for item in items:
@@ -186,7 +189,7 @@ def run_shard(
     shard_round = max((r for r, _ in checkpoints.values()), default=0)
     if checkpoints:
         log.info("resuming from checkpointed round %d (%d items checkpointed)", shard_round, len(checkpoints))
-    ctx = StepContext(engine, reward, run_seed, extract_answer=task.extract_answer)
+    ctx = StepContext(engine, reward, run_seed, extract_answer=task.extract_answer, score_cache=score_cache)
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)
     isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)
@@ -211,6 +214,8 @@ def run_shard(
         shard_round += 1
         rounds_this_call += 1
         store.save_checkpoints(shard_round, {s["item_id"]: s for s in active})
+        if score_cache is not None:
+            score_cache.flush()
         t2 = time.perf_counter()
         outcome.rounds = shard_round
         outcome.round_seconds += t2 - t0

@@ -31,6 +31,7 @@ from srd_worker.reports.tables import (
     markdown_table,
     pct_ci,
     provenance_table,
+    reward_calls_table,
     routing_table,
     summary_table,
 )
@@ -235,6 +236,12 @@ def build_report(runs: Sequence[RunRecords], out_dir: str | Path, *, now: dateti
             "response tokens it scored):",
             "",
             component_tokens_table(comp_rows),
+            "",
+            "Reward calls and score-cache hits (mean per problem; a hit is a score read from the store's "
+            "score cache instead of a reward call, and is not counted in the scorer's invocations, tokens "
+            "or *RM calls*):",
+            "",
+            reward_calls_table(comp_rows),
             "",
         ]
     else:

@@ -415,3 +415,20 @@ def test_accuracy_is_a_percentage_in_every_report_table(tmp_path: Path) -> None:
     text = build_report([bon_run(), srd_run()], tmp_path).markdown.read_text()
     assert "| 50.0% (1/2) |" in text  # the run table, as `srdq run` prints it
     assert "| 0.500 (1/2) |" not in text
+
+
+def test_reward_calls_and_cache_hits_are_reported_apart(tmp_path: Path) -> None:
+    """A score-cache hit is shown as a hit, never as a reward call (README, *Score cache*); records stored
+    before the cache (no hit counter) count none."""
+    run = srd_run()
+    run.records[0]["ledger"] = {**run.records[0]["ledger"], "rm_calls": 2, "rm_cache_hits": 6}
+    row = component_row(run)
+    assert row is not None
+    assert (row.rm_calls, row.rm_cache_hits, row.rm_cache_hits_total) == (1.5, 3.0, 6)
+    text = build_report([run, bon_run()], tmp_path).markdown.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("| run-srd |") and "0.667" in ln)
+    assert line.split("|")[4:8] == [" 1.5 ", " 3.0 ", " 6 ", " 0.667 "]
+    bon = next(
+        ln for ln in text.splitlines() if ln.startswith("| run-bon |") and "n/a" not in ln and "| 0 |" in ln
+    )
+    assert " 0.000 " in bon

@@ -143,6 +143,8 @@ def build_record(
         record["finish_reason"] = res.pop("finish_reason", None)
         candidates = res.pop("candidates", None)
         record["extra"] = res
+        if state.get("anytime"):  # adaptive methods: the answer it would have returned after each round
+            record["extra"]["anytime"] = state["anytime"]
         grade_response(task, item, record["response"], record)
         if candidates is not None:
             record["candidates"] = candidate_records(method, task, item, candidates)
@@ -151,6 +153,45 @@ def build_record(
         record["correct"] = None
         record["extra"]["traceback"] = traceback.format_exc(limit=3)
     return record
+
+
+#: The longest extracted answer an anytime entry keeps (characters): an entry per round stays small.
+ANYTIME_ANSWER_CHARS = 200
+
+
+def anytime_entry(
+    method: Method, task: Task, item: Item, state: dict[str, Any], ctx: StepContext
+) -> dict[str, Any]:
+    """One point of an adaptive method's anytime curve, after the round ``state`` just finished: the round,
+    the tokens generated so far (``ledger.gen_tokens``), and the answer the method would return if stopped
+    now (``method.current_best``: extracted ``answer``, ``correct`` as the task grades it, ``reward``). A
+    method with nothing to return yet is graded on the empty response, as its record would be."""
+    response, reward = method.current_best(state, ctx)
+    answer, correct = grade_candidate(task, item, response)  # graded as the record's response is
+    return {
+        "round": int(state["round"]),
+        "tokens": int((state.get("ledger") or {}).get("gen_tokens", 0)),
+        "answer": answer[:ANYTIME_ANSWER_CHARS] if isinstance(answer, str) else answer,
+        "correct": correct,
+        "reward": reward,
+    }
+
+
+def _record_anytime(
+    method: Method, task: Task, by_id: dict[str, Item], states: list[dict[str, Any]], ctx: StepContext
+) -> None:
+    """Append the round's anytime entry to each state's ``anytime`` list (adaptive methods only)."""
+    if not getattr(method, "anytime", False):
+        return
+    for state in states:
+        if state.get("error"):
+            continue
+        try:
+            entry = anytime_entry(method, task, by_id[state["item_id"]], state, ctx)
+        except Exception as exc:  # noqa: BLE001 - a curve point must never fail the item
+            log.warning("anytime entry of %s not recorded: %s", state.get("item_id"), exc)
+            continue
+        state.setdefault("anytime", []).append(entry)
 
 
 def _gen_tokens(states: list[dict[str, Any]]) -> int:
@@ -190,6 +231,7 @@ def run_shard(
     if checkpoints:
         log.info("resuming from checkpointed round %d (%d items checkpointed)", shard_round, len(checkpoints))
     ctx = StepContext(engine, reward, run_seed, extract_answer=task.extract_answer, score_cache=score_cache)
+    by_id = {item.id: item for item in items}
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)
     isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)
@@ -210,6 +252,7 @@ def run_shard(
         t0 = time.perf_counter()
         tokens_before = _gen_tokens(active)
         isolation.step(method, active, ctx)
+        _record_anytime(method, task, by_id, active, ctx)
         t1 = time.perf_counter()
         shard_round += 1
         rounds_this_call += 1

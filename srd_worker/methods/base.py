@@ -396,8 +396,19 @@ class Method(Generic[StateT, ParamsT]):
     def step(self, states: list[StateT], ctx: StepContext) -> list[StateT]:
         raise NotImplementedError
 
+    #: adaptive methods (SRD, rejection sampling, Speculative Rejection, beam search, DVTS): the runner
+    #: records, after every round, the answer ``current_best`` gives and the tokens spent so far
+    #: (``runner.anytime_entry``; the anytime curve of ``srdq report``)
+    anytime: ClassVar[bool] = False
+
     def done(self, state: StateT) -> bool:
         return bool(state["done"])
+
+    def current_best(self, state: StateT, ctx: StepContext) -> tuple[str, float | None]:
+        """(response, reward) the method would return if it were stopped after this round: its current
+        best by reward, chosen as ``result`` chooses; ("", None) while it has nothing to return. Pure: the
+        state is not changed. Only methods with ``anytime`` implement it."""
+        raise NotImplementedError
 
     def result(self, state: StateT) -> dict[str, Any]:
         raise NotImplementedError

@@ -319,10 +319,12 @@ def run_local(
                 engine = build_engine(spec.engine, spec.model, settings, spec.engine_args)
                 built.append(engine)
             wired = wire(spec, settings=settings, engine=engine)
-            from srd_worker.provenance import record_runtime
+            from srd_worker.provenance import record_runtime, score_cache
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
+            # reward scores by content, shared by every run of this store (None: SRDQ_SCORE_CACHE=false)
+            cache = score_cache(db, spec, wired.engine, wired.reward, settings=settings)
             if tracker is not None:
                 tracker.start(_run_records(db, run_id))
             by_key = {it.id: it for it in prepared.items}
@@ -363,6 +365,7 @@ def run_local(
                     run_seed=spec.seed,
                     store=SqlShardStore(db, run_id, shard.index),
                     on_round=report,
+                    score_cache=cache,
                 )
                 finished += len(rows)
                 counts = outcome.counts()

@@ -360,7 +360,7 @@ def process_shard(
             settings = engines.settings_for(spec.engine_config)
             engine = engines.get(spec.model, spec.engine, spec.engine_config, spec.engine_args)
             wired = wire(spec, settings=settings, engine=engine)
-            from srd_worker.provenance import record_runtime
+            from srd_worker.provenance import record_runtime, score_cache
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
@@ -391,6 +391,7 @@ def process_shard(
                 max_seconds=cfg.slice_seconds,
                 on_slice_start=slice_started,
                 on_round=lambda report: metrics.observe_round(run_id, owner, report),
+                score_cache=score_cache(db, spec, wired.engine, wired.reward, settings=settings),
             )
     except leases.LeaseLost as exc:
         log.warning("%s", exc, extra={**event, "event": "lease_lost", "error": str(exc)})

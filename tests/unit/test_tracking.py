@@ -139,7 +139,7 @@ def test_srdq_run_logs_to_an_mlflow_file_store_and_report_continues_it(
     assert table["columns"] == ITEM_COLUMNS and len(table["data"]) == 4
     assert [row[ITEM_COLUMNS.index("item_id")] for row in table["data"]] == [r["item_id"] for r in results]
     report = sorted(p.name for p in (local / "report").iterdir())
-    assert report == ["accuracy_vs_tokens_gsm8k_4.png", "report.html", "report.md"]
+    assert report == ["accuracy_vs_tokens_gsm8k_4.png", f"anytime_{run_id}.png", "report.html", "report.md"]
     assert (local / "report" / "accuracy_vs_tokens_gsm8k_4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert f'id="items-{run_id}"' in (local / "report" / "report.html").read_text()
 

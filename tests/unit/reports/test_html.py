@@ -131,9 +131,9 @@ def test_html_report_of_real_runs_is_one_self_contained_escaped_page(html_page) 
     page = path.read_text(encoding="utf-8")
     attrs = _attrs(page)
     images = [v for k, v in attrs if k == "src"]
-    assert len(images) == 2 and all(
+    assert len(images) == 3 and all(
         v.startswith("data:image/png;base64,") for v in images
-    )  # frontier, k-curve
+    )  # frontier, Best-of-N's k-curve, SRD's anytime curve
     assert all(v.startswith("#") for k, v in attrs if k == "href")  # in-page links only
     assert "<script" not in page and "<link" not in page and "@import" not in page
     assert esc(HOSTILE) in page
@@ -165,7 +165,7 @@ def test_html_report_loads_in_headless_chromium_without_console_errors(html_page
         sizes = driver.execute_script(
             "return Array.from(document.images).map(i => [i.complete, i.naturalWidth, i.naturalHeight])"
         )
-        assert len(sizes) == 2 and all(ok and w > 500 and h > 300 for ok, w, h in sizes), sizes
+        assert len(sizes) == 3 and all(ok and w > 500 and h > 300 for ok, w, h in sizes), sizes
         # tables with intervals, the failed item, SRD routing only for the SRD run
         runs_text = driver.find_element(By.ID, "runs").text
         assert bon_id in runs_text and srd_id in runs_text and "accuracy 95% CI" in runs_text
@@ -174,6 +174,8 @@ def test_html_report_loads_in_headless_chromium_without_console_errors(html_page
         routing = driver.find_element(By.ID, "routing").text
         assert srd_id in routing and bon_id not in routing
         assert driver.find_element(By.ID, "kcurves").find_elements(By.CSS_SELECTOR, "img.plot")
+        anytime = driver.find_element(By.ID, "anytime")
+        assert anytime.find_elements(By.CSS_SELECTOR, "img.plot") and srd_id in anytime.text
         assert "tiny-random-llama" in driver.find_element(By.ID, "provenance").text
         # per-item view: 5 problems per run; the HTML-looking question is shown as text, not markup
         for run_id in run_ids:

@@ -160,7 +160,7 @@ def test_repeats_within_a_batch_are_scored_once(testbed, db: Engine) -> None:
 
 
 def test_an_older_store_upgrades_and_its_checkpoints_still_score(testbed, tmp_path: Path) -> None:
-    """A store made at revision 0005 (before the cache): the upgrade adds the table, the stored run and its
+    """A store made at revision 0006 (the one before the cache): the upgrade adds the table, the stored run and its
     checkpoint (a ledger without the hit counters) are read back and go on counting hits."""
     engine, reward = testbed
     url = sqlite_url(tmp_path / "old.db")
@@ -170,7 +170,7 @@ def test_an_older_store_upgrades_and_its_checkpoints_still_score(testbed, tmp_pa
     with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
         config.set_main_option("script_location", str(location))
         config.set_main_option("sqlalchemy.url", url)
-        command.upgrade(config, "0005")
+        command.upgrade(config, "0006")
     db = make_engine(url)
     try:
         old_state = new_state("q0", QUESTION, [1])
@@ -190,7 +190,7 @@ def test_an_older_store_upgrades_and_its_checkpoints_still_score(testbed, tmp_pa
             crud.save_checkpoints(
                 session=session, run_id="run-old", shard_index=0, round=1, states={"q0": old_state}
             )
-        assert upgrade(url) == ("0005", "0007")
+        assert upgrade(url) == ("0006", "0007")
         with session_scope(db) as session:
             (_, state) = crud.load_checkpoints(session=session, run_id="run-old", shard_index=0)["q0"]
         cache = SqlScoreCache(db, "rm")

@@ -215,9 +215,11 @@ def _states_at(
     states: dict[str, dict[str, Any]] = {}
     rounds: list[int] = []
     for key, last in sorted(latest.items()):
-        if key in snapshots:
+        # a snapshot of an earlier round is the state at the fork round only if the item was not stepped
+        # after it (it finished then); else the round's own snapshot was not kept
+        if key in snapshots and snapshots[key][0] in (at_round, last):
             round_, state = snapshots[key]
-        elif last <= at_round:  # no snapshot (an older run, or past SRDQ_SNAPSHOT_ROUNDS): its last state
+        elif last <= at_round:  # not stepped after the fork round: its latest checkpoint is that state
             round_, state = last, forks.checkpoint_state(session=session, run_id=parent_id, item_key=key)
         else:
             raise ConfigError(

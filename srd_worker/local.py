@@ -396,6 +396,7 @@ def fork_local(
     out_dir: str | Path,
     settings: Settings,
     name: str | None = None,
+    engine: Any = None,
     on_start: Callable[[str, int, int], None] | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
 ) -> Summary:
@@ -427,4 +428,6 @@ def fork_local(
     items = [Item(id=r.item_key, question=r.question, gold=r.gold, meta=dict(r.meta or {})) for r in rows]
     task = get_task(spec.task, fields=spec.fields, definition=spec.task_def)
     prepared = PreparedRun(spec=spec, task=task, items=items, method=forked.plan.method)
-    return run_local(prepared, out_dir=out, settings=settings, on_start=on_start, on_round=on_round)
+    return run_local(
+        prepared, out_dir=out, settings=settings, engine=engine, on_start=on_start, on_round=on_round
+    )

@@ -74,7 +74,6 @@ def fork_command(
 
     configure_logging(log_level, log_format)
     changes = parse_overrides(overrides)
-    err = click.get_text_stream("stderr")
     if submit:
         from srd_worker.local import versions
         from srd_worker.queue import enqueue, enqueue_many
@@ -108,18 +107,23 @@ def fork_command(
         return
     out = _out_dir(db, run_id)
     require_extra("worker", "srdq fork")
-    from srdq_cli.main import _print_summary
-
     from srd_worker.local import fork_local
     from srd_worker.settings import get_settings
 
     def on_start(fork_id: str, total: int, pending: int) -> None:
-        err.write(f"fork {fork_id} of {run_id} at round {at_round}: {total} items, {pending} to go\n")
+        click.echo(
+            f"fork {fork_id} of {run_id} at round {at_round}: {total} items, {pending} to go", err=True
+        )
 
     summary = fork_local(
         run_id, at_round, changes, out_dir=out, settings=get_settings(), name=name, on_start=on_start
     )
-    _print_summary(summary)
+    acc = "n/a" if summary.accuracy is None else f"{summary.accuracy:.1%} ({summary.correct}/{summary.done})"
+    click.echo(
+        f"{summary.items} items, {summary.failed} failed, accuracy {acc}, mean gen tokens "
+        f"{summary.mean_gen_tokens:.1f}, {summary.wall_seconds:.1f}s; results: {summary.results_path}",
+        err=True,
+    )
     click.echo(summary.run_id)
 
 

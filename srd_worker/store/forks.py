@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import func, insert, literal
+from sqlalchemy import select as sql_select
 from sqlalchemy.orm import aliased
 from sqlmodel import Session, col, select
 
@@ -100,7 +101,7 @@ def insert_fork_run(
     session.exec(
         insert(Shard).from_select(
             ["run_id", "index", "start", "stop", "status", "attempt", "version", "round", "updated_at"],
-            select(
+            sql_select(
                 literal(run_id),
                 col(Shard.index),
                 col(Shard.start),
@@ -116,7 +117,7 @@ def insert_fork_run(
     session.exec(
         insert(ItemRow).from_select(
             ["run_id", "shard_index", "position", "item_key", "question", "gold", "meta"],
-            select(
+            sql_select(
                 literal(run_id),
                 col(ItemRow.shard_index),
                 col(ItemRow.position),
@@ -132,7 +133,7 @@ def insert_fork_run(
     session.exec(
         insert(CheckpointRound).from_select(
             ["item_id", "run_id", "shard_index", "round", "state_z"],
-            select(
+            sql_select(
                 col(fork_item.id),
                 literal(run_id),
                 col(CheckpointRound.shard_index),

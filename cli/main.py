@@ -161,6 +161,18 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             metavar="KEY=VALUE",
             help="Method parameter override; repeatable (see `srdq methods`).",
         ),
+        click.option(
+            "--engine-arg",
+            "engine_arg_pairs",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help="Argument passed through to the engine's constructor, VALUE read as a YAML scalar; "
+            "repeatable. transformers: revision, trust_remote_code, attn_implementation, dtype, subfolder, "
+            "use_safetensors, max_batch_size; vllm: any vLLM EngineArgs field (max_model_len, quantization, "
+            "kv_cache_dtype, tensor_parallel_size, ...); openai: api=completions|chat, "
+            "continue_final_message, body.FIELD, header.NAME. Checked before anything is written; part of "
+            "the run id.",
+        ),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -221,7 +233,15 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
         max_row_bytes=_max_row_bytes(),
         engine=options.get("engine", "transformers"),
         stream=stream,
+        engine_args=_engine_args(options.get("engine_arg_pairs", ())),
+        engine_args_raw=True,
     )
+
+
+def _engine_args(pairs: tuple[str, ...]) -> dict[str, str]:
+    from srd_worker.engines.engine_args import parse_engine_arg_pairs
+
+    return parse_engine_arg_pairs(pairs)
 
 
 @cli.command()
@@ -243,6 +263,24 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
     "(the same default as `srdq submit dataset`).",
 )
 @track_option
+@click.option(
+    "--num-shards",
+    "num_shards",
+    type=int,
+    default=None,
+    metavar="K",
+    help="Run only one of K slices of the run (contiguous groups of its shards; with --shard-index), e.g. "
+    "one Slurm array task each, into its own --out; `srdq merge` combines the K output folders.",
+)
+@click.option(
+    "--shard-index",
+    "shard_index",
+    type=int,
+    default=None,
+    metavar="I",
+    help="Which slice to run, 0..K-1 (with --num-shards K; e.g. $SLURM_ARRAY_TASK_ID or "
+    "$JOB_COMPLETION_INDEX).",
+)
 @sweep_option
 @log_options()
 @click.pass_context
@@ -265,19 +303,25 @@ def run(
     include_paths: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
+    engine_arg_pairs: tuple[str, ...] = (),
     sweep_file: str | None = None,
     log_level: str = "WARNING",
     log_format: str = "text",
     track: str | None = None,
+    num_shards: int | None = None,
+    shard_index: int | None = None,
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
     NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file. With --sweep
-    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes).
+    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes). With
+    --num-shards K --shard-index I, only slice I of the run's K slices (merge them with `srdq merge`).
 
     Example: srdq run gsm8k --method best_of_n --n 4 --reward arithmetic --limit 10
 
     Example: srdq run --sweep sweep.yaml --out sweep-out/
+
+    Example: srdq run gsm8k --method best_of_n --n 4 --num-shards 8 --shard-index 3 --out slices/3
     """
     configure_logging(log_level, log_format)
     require_extra("worker", "srdq run")  # before anything is written: the client install has no torch
@@ -292,8 +336,10 @@ def run(
 
     from srd_worker.local import run_local
     from srd_worker.settings import get_settings
+    from srd_worker.slicing import check_slice
     from srd_worker.status import RunMeter, format_duration
 
+    part = check_slice(num_shards, shard_index)
     prepared = _prepare(ctx.params)
     from srd_worker.tracking import open_tracker
 
@@ -312,8 +358,9 @@ def run(
 
     def on_start(run_id: str, total: int, pending: int) -> None:
         n_shards = -(-total // prepared.spec.shard_size)
+        which = f"run {run_id}" if part is None else f"{part} of {run_id}"
         err.print(
-            f"run {run_id}: {total} items in {n_shards} shards, {pending} to go "
+            f"{which}: {total} items in {n_shards} shards, {pending} to go "
             f"(model {model}, method {method}); the same command resumes an interrupted run"
         )
         bar["meter"] = RunMeter(total=total, done_before=total - pending)
@@ -348,6 +395,7 @@ def run(
                 on_start=on_start,
                 on_round=on_round,
                 tracker=tracker,
+                part=part,
             )
     except KeyboardInterrupt:
         err.print(
@@ -423,6 +471,7 @@ def submit_dataset(
     include_paths: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
+    engine_arg_pairs: tuple[str, ...] = (),
     sweep_file: str | None = None,
     log_level: str = "WARNING",
     log_format: str = "text",
@@ -486,7 +535,28 @@ def submit_dataset(
 @cli.command()
 @click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
 @click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
-@click.option("--gpus", default=None, help="Comma-separated GPU ids: one worker process pinned to each.")
+@click.option(
+    "--gpus",
+    default=None,
+    help="Comma-separated GPU ids: one worker process pinned to each (or to each group of --gpus-per-worker).",
+)
+@click.option(
+    "--gpus-per-worker",
+    type=int,
+    default=1,
+    show_default=True,
+    help="With --gpus: GPUs each worker process holds, for runs whose vLLM engine spans several "
+    "(--engine-arg tensor_parallel_size=N); above 1 the worker runs Celery's solo pool, one task at a time "
+    "in its own process, so vLLM may start its per-GPU processes.",
+)
+@click.option(
+    "--pool",
+    type=click.Choice(["prefork", "solo"]),
+    default="prefork",
+    show_default=True,
+    help="Celery pool: prefork (tasks in daemonic pool children) or solo (tasks in this process; what "
+    "--gpus-per-worker above 1 uses).",
+)
 @click.option(
     "--metrics-port",
     default=None,
@@ -502,10 +572,18 @@ def worker(
     concurrency: int,
     gpus: str | None,
     metrics_port: str | None = None,
+    gpus_per_worker: int = 1,
+    pool: str = "prefork",
     log_level: str = "INFO",
     log_format: str = "text",
 ) -> None:
-    """Run a worker: lease shards, run them in batched rounds, checkpoint, store results."""
+    """Run a worker: lease shards, run them in batched rounds, checkpoint, store results.
+
+    Example: srdq worker --gpus 0,1,2,3 (four workers, one GPU each)
+
+    Example: srdq worker --gpus 0,1 --gpus-per-worker 2 (one worker holding both GPUs, for runs submitted
+    with --engine vllm --engine-arg tensor_parallel_size=2)
+    """
     import os
 
     from srd_worker.metrics import check_ports_free, parse_port, worker_ports
@@ -516,39 +594,35 @@ def worker(
     if concurrency < 1:
         raise click.ClickException(f"--concurrency expects a number of processes >= 1, got {concurrency}")
     port = parse_port(metrics_port)
-    gpu_ids = _gpu_ids(gpus) if gpus else []
-    check_ports_free(worker_ports(port, len(gpu_ids) or concurrency))
+    from srd_worker.service import plan_gpu_workers
+
+    planned = plan_gpu_workers(gpus, gpus_per_worker) if gpus else []
+    check_ports_free(worker_ports(port, len(planned) or concurrency))
     os.environ["SRDQ_LOG_FORMAT"] = log_format  # the Celery processes (and --gpus children) read it
     os.environ["SRDQ_METRICS_PORT"] = str(port)  # the pool processes serve on port + their index
 
     queue = queue or get_settings().queue
-    if gpu_ids:
-        _gpu_workers(gpu_ids, queue, log_level, port)
+    if planned:
+        _gpu_workers(planned, queue, log_level, port)
         return
+    if gpus_per_worker != 1:
+        raise click.UsageError("--gpus-per-worker needs --gpus (the GPU ids the workers hold)")
     from srd_worker.queue import run_worker
 
-    run_worker(queue=queue, concurrency=concurrency, loglevel=log_level)
+    run_worker(queue=queue, concurrency=concurrency, loglevel=log_level, pool=pool)
 
 
-def _gpu_ids(gpus: str) -> list[str]:
-    ids = [g.strip() for g in gpus.split(",") if g.strip()]
-    if not ids or not all(g.isdigit() for g in ids):
-        raise click.ClickException(f"--gpus expects comma-separated GPU numbers, got {gpus!r}")
-    return ids
-
-
-def _gpu_workers(ids: list[str], queue: str, loglevel: str, metrics_port: int = 0) -> None:
+def _gpu_workers(planned: list[Any], queue: str, loglevel: str, metrics_port: int = 0) -> None:
     import os
     import signal
     import subprocess
     import sys
 
     procs = []
-    for i, g in enumerate(ids):
+    for i, planned_worker in enumerate(planned):
         env = {
             **os.environ,
-            "CUDA_VISIBLE_DEVICES": g,
-            "SRDQ_DEVICE": "cuda:0",
+            **planned_worker.env,
             "SRDQ_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
         }
         cmd = [
@@ -560,11 +634,16 @@ def _gpu_workers(ids: list[str], queue: str, loglevel: str, metrics_port: int = 
             queue,
             "--concurrency",
             "1",
+            "--pool",
+            planned_worker.pool,
             "--loglevel",
             loglevel,
         ]
         procs.append(subprocess.Popen(cmd, env=env))
-        _console(stderr=True).print(f"worker pid {procs[-1].pid} on GPU {g}")
+        held = ",".join(planned_worker.gpus)
+        _console(stderr=True).print(
+            f"worker pid {procs[-1].pid} on GPU{'s' if len(planned_worker.gpus) > 1 else ''} {held}"
+        )
 
     def forward(signum: int, _frame: Any) -> None:
         for p in procs:
@@ -892,6 +971,7 @@ def plugins(as_json: bool) -> None:
 from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
 from srdq_cli.fork_cli import register as _register_fork  # noqa: E402
+from srdq_cli.merge_cli import register as _register_merge  # noqa: E402
 from srdq_cli.models_cli import register as _register_models  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
@@ -904,6 +984,7 @@ _register_models(cli)  # models
 _register_testbed(cli)  # testbed build
 _register_calibrate(cli)  # calibrate (EASD / CSD)
 _register_fork(cli)  # fork
+_register_merge(cli)  # merge (the slices of `srdq run --num-shards K --shard-index I`)
 
 if __name__ == "__main__":  # pragma: no cover
     cli()

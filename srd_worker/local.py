@@ -16,6 +16,10 @@ Shards run one after the other; each finished shard's records are appended to ``
 run goes on. A resumed call first rewrites both files from the store (so a write cut short by a kill
 is repaired), and the finished run writes them once more, atomically, in dataset order: the same
 lines, since the shards are contiguous ranges of the dataset run in order.
+
+``srdq run --num-shards K --shard-index I`` runs one slice of the run (``srd_worker.slicing``): the store
+holds the whole run, the files only the slice's items, and ``OUT/<run_id>/slice.json`` names the slice;
+``srdq merge`` (``srd_worker.merge``) combines the K folders.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ from srd_worker.encoding import sorted_json
 from srd_worker.errors import SrdqError
 from srd_worker.fileutil import write_atomic
 from srd_worker.runner import RoundReport, run_shard
+from srd_worker.slicing import (
+    SliceOf,
+    check_slice_fits,
+    refuse_other_slice,
+    slice_marker,
+    slice_shards,
+    write_marker,
+)
 from srd_worker.spec import PreparedRun
 from srd_worker.wiring import check_spec, probe_sources, wire
 
@@ -166,14 +178,19 @@ def close_all(objs: list[Any]) -> None:
 
 
 def refuse_other_config(
-    run_id: str, out: Path, engine_name: str, versions: dict[str, Any], settings: Settings
+    run_id: str,
+    out: Path,
+    engine_name: str,
+    versions: dict[str, Any],
+    settings: Settings,
+    engine_args: dict[str, Any] | None = None,
 ) -> None:
     """``SrdqError`` when ``run_id`` in ``out`` was made with engine settings that change results (dtype,
     device, batching mode, KV reuse: ``provenance.engine_config``) other than these: resuming would mix
     two configurations in one run, re-reporting would pass the old run off as this one."""
     from srd_worker.provenance import config_conflict, engine_config
 
-    now = engine_config(engine_name, settings)
+    now = engine_config(engine_name, settings, engine_args=engine_args)
     then = config_conflict(versions, engine_name, now)
     if then is None:
         return
@@ -210,6 +227,11 @@ def _run_records(db: Any, run_id: str) -> Any:
     return load_report_runs(db, [run_id])[0]
 
 
+def _in(positions: range, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records whose dataset position is in ``positions`` (a slice's; a whole run's: all)."""
+    return [r for r in records if r["position"] in positions]
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -219,10 +241,15 @@ def run_local(
     on_start: Callable[[str, int, int], None] | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
     tracker: Tracker | None = None,
+    part: SliceOf | None = None,
 ) -> Summary:
     """Create (or reopen) the run in OUT/srdq.db, run every unfinished shard, write results. A
     ``tracker`` (``tracking.open_tracker``) gets the spec and provenance at the start, progress after each
-    shard and the summary, report and item table at the end."""
+    shard and the summary, report and item table at the end.
+
+    With ``part`` (``srdq run --num-shards K --shard-index I``), only the run's shards in that slice
+    (``srd_worker.slicing``): results.jsonl, timings.jsonl and summary.json hold the slice's items, and
+    ``OUT/<run_id>/slice.json`` says which slice of which run the folder holds."""
     from srd_worker.provenance import applied_settings
     from srd_worker.store import crud
     from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
@@ -231,7 +258,8 @@ def run_local(
     t0 = time.perf_counter()
     spec = prepared.spec
     settings = applied_settings(settings, spec.engine_config)  # the engine the run id names
-    check_spec(prepared.method, engine=spec.engine, reward=spec.reward)  # before anything is written
+    # before anything is written
+    check_spec(prepared.method, engine=spec.engine, reward=spec.reward, engine_args=spec.engine_args)
     if engine is None:
         from srd_worker.engines.registry import check_engine_settings
 
@@ -239,6 +267,9 @@ def run_local(
         probe_sources(spec, settings=settings)  # a model that cannot load: one line, nothing written
     run_id = spec.run_id()
     out = Path(out_dir)
+    if part is not None:
+        check_slice_fits(len(prepared.items), spec.shard_size, part)
+    refuse_other_slice(out / run_id, run_id, part)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
     url = sqlite_url(out / "srdq.db")
     upgrade(url)
@@ -257,22 +288,43 @@ def run_local(
                 items=prepared.items,
                 shard_size=spec.shard_size,
             )
-            shards = crud.list_shards(session=session, run_id=run_id)
+            all_shards = crud.list_shards(session=session, run_id=run_id)
             items = crud.list_items(session=session, run_id=run_id)
         if engine is None:  # settings that change results must match the ones the run was made with
-            refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings)
+            refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings, spec.engine_args)
+        shards, positions = all_shards, range(len(items))
+        if part is not None:  # only the slice's shards, and their items
+            mine = slice_shards(len(all_shards), part)
+            shards = [s for s in all_shards if s.index in mine]
+            positions = range(shards[0].start, shards[-1].stop)
+            items = [r for r in items if r.position in positions]
+            write_marker(
+                out / run_id,
+                slice_marker(
+                    run_id=run_id,
+                    config_hash=spec.config_hash(),
+                    spec=spec.model_dump(),
+                    part=part,
+                    shards=mine,
+                    positions=positions,
+                    n_items=len(prepared.items),
+                    n_shards=len(all_shards),
+                ),
+            )
         pending = [s for s in shards if s.status != "done"]
         if pending:
             if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
                 from srd_worker.engines.registry import build_engine
 
-                engine = build_engine(spec.engine, spec.model, settings)
+                engine = build_engine(spec.engine, spec.model, settings, spec.engine_args)
                 built.append(engine)
             wired = wire(spec, settings=settings, engine=engine)
-            from srd_worker.provenance import record_runtime
+            from srd_worker.provenance import record_runtime, score_cache
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
+            # reward scores by content, shared by every run of this store (None: SRDQ_SCORE_CACHE=false)
+            cache = score_cache(db, spec, wired.engine, wired.reward, settings=settings)
             if tracker is not None:
                 tracker.start(_run_records(db, run_id))
             by_key = {it.id: it for it in prepared.items}
@@ -281,7 +333,9 @@ def run_local(
             with session_scope(db) as session:
                 crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
                 # the partial files hold exactly the shards finished so far (repairs a cut-short append)
-                reset_partial_results(out / run_id, crud.load_results(session=session, run_id=run_id))
+                reset_partial_results(
+                    out / run_id, _in(positions, crud.load_results(session=session, run_id=run_id))
+                )
             finished = len(items) - sum(s.stop - s.start for s in pending)  # done by an earlier call
             tokens = 0  # generated by the shards finished in this call
             for shard in pending:
@@ -311,6 +365,7 @@ def run_local(
                     run_seed=spec.seed,
                     store=SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds),
                     on_round=report,
+                    score_cache=cache,
                 )
                 finished += len(rows)
                 counts = outcome.counts()
@@ -345,7 +400,9 @@ def run_local(
                         },
                     )
             with session_scope(db) as session:
-                crud.set_run_status(session=session, run_id=run_id, status="done")
+                # a slice's run is done when every shard is (another slice's may run in this store later)
+                left = [s for s in crud.list_shards(session=session, run_id=run_id) if s.status != "done"]
+                crud.set_run_status(session=session, run_id=run_id, status="pending" if left else "done")
         elif tracker is not None:  # a finished run re-reported: logged from its records
             from srd_worker.tracking import shard_progress
 
@@ -354,7 +411,7 @@ def run_local(
             for step, metrics in shard_progress(done_run):
                 tracker.shard(step, metrics)
         with session_scope(db) as session:
-            records = crud.load_results(session=session, run_id=run_id)
+            records = _in(positions, crud.load_results(session=session, run_id=run_id))
         if tracker is not None:
             tracker.finish(_run_records(db, run_id))
             tracked = True
@@ -369,8 +426,8 @@ def run_local(
                 log.warning("could not close the %s tracking run: %s", tracker.kind, exc)
         db.dispose()
         close_all(built)
-    if len(records) != len(prepared.items):
-        raise SrdqError(f"run {run_id} has {len(records)} results for {len(prepared.items)} items")
+    if len(records) != len(positions):
+        raise SrdqError(f"run {run_id} has {len(records)} results for {len(positions)} items")
     path = write_results(out / run_id, records)
     summary = Summary.of(run_id, spec.method, records, time.perf_counter() - t0, path)
     write_summary(out / run_id / "summary.json", summary)

@@ -3,6 +3,9 @@ for the ``openai`` engine the server's URL and the model it reports; for the tra
 ``mode`` (``kv-reuse (<MB> MB)`` or ``deterministic``, ``SRDQ_KV_REUSE``), since reusing cached prefixes
 changes results in the last bits (README, *Engine modes*).
 
+The run's engine arguments (``--engine-arg``, ``RunSpec.engine_args``) are recorded as ``engine.args``;
+a setting they override (``dtype``, ``tensor_parallel_size``) leaves ``engine.config`` (``engine_config``).
+
 Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
 after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
 records seen, so two workers that ran one run with different builds both appear. The run manifest
@@ -201,12 +204,25 @@ _RECORDS: dict[tuple[int, str | None, str], dict[str, Any]] = {}
 _RECORDED: weakref.WeakKeyDictionary[Any, set[tuple[str, str]]] = weakref.WeakKeyDictionary()
 
 
-def engine_config(engine_name: str, settings: Settings, *, resolve_device: bool = True) -> dict[str, Any]:
+def engine_config(
+    engine_name: str,
+    settings: Settings,
+    *,
+    resolve_device: bool = True,
+    engine_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism. The openai engine's
     server decides its own. Named by the run id (``RunSpec.engine_config``, with the device as configured:
     ``auto`` on a fleet means each worker's own, and so does dtype ``auto``) and recorded with every
-    runtime record (the transformers engine's device and dtype resolved)."""
+    runtime record (the transformers engine's device and dtype resolved). A key the run's ``engine_args``
+    set (``dtype``, ``tensor_parallel_size``) is left out: the engine argument wins, and the run id names
+    it there."""
+    config = _settings_config(engine_name, settings, resolve_device=resolve_device)
+    return {k: v for k, v in config.items() if k not in (engine_args or {})}
+
+
+def _settings_config(engine_name: str, settings: Settings, *, resolve_device: bool) -> dict[str, Any]:
     if engine_name == "transformers":
         device = str(settings.device)
         if device == "auto" and resolve_device:
@@ -267,11 +283,14 @@ def runtime_record(spec: Any, engine: Any, *, settings: Settings | None = None) 
 
         # speed, not results, in the kernels measured (docs/PERFORMANCE.md, CPU defaults): recorded only
         record["engine"]["torch_threads"] = torch.get_num_threads()
+    engine_args = dict(getattr(spec, "engine_args", None) or {})
     if settings is not None and name == spec.engine:
         try:
-            record["engine"]["config"] = engine_config(name, settings)
+            record["engine"]["config"] = engine_config(name, settings, engine_args=engine_args)
         except Exception as exc:  # noqa: BLE001 - provenance never stops a run
             log.warning("engine config not recorded: %s", exc)
+    if engine_args and name == spec.engine:  # what the engine's constructor was given (--engine-arg)
+        record["engine"]["args"] = engine_args
     describe = getattr(engine, "describe", None)
     if name == "openai" and callable(describe):
         served = describe()
@@ -333,3 +352,115 @@ def summary(versions: dict[str, Any]) -> list[dict[str, str]]:
             }
         )
     return rows
+
+
+#: Reward attributes that name how it scores, read from the reward object when they are plain values.
+_SIMPLE = (str, int, float, bool, type(None))
+
+
+def _reward_params(reward: Any) -> dict[str, Any]:
+    """The reward object's plain public attributes (its name, model name, system prompt, stop strings,
+    PRM style and step separator, judge mode, batch budget, ...), its weights' dtype and its device."""
+    out: dict[str, Any] = {}
+    for k, v in sorted(vars(reward).items()):
+        if k.startswith("_"):
+            continue
+        if isinstance(v, _SIMPLE):
+            out[k] = v
+        elif isinstance(v, tuple | list) and all(isinstance(x, _SIMPLE) for x in v):
+            out[k] = list(v)
+    model = getattr(reward, "model", None)
+    if model is not None and getattr(model, "dtype", None) is not None:
+        out["model_dtype"] = str(model.dtype)
+    if getattr(reward, "device", None) is not None:
+        out["device"] = str(reward.device)
+    return out
+
+
+def _source_sha256(obj: Any) -> str:
+    """sha256 of the source file of ``obj``'s class (srdq's adapter code: its template and parsing)."""
+    import inspect
+
+    try:
+        path = inspect.getsourcefile(type(obj))
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else "unknown"
+    except (OSError, TypeError):
+        return "unknown"
+
+
+def score_identity(
+    spec: Any, engine: Any, reward: Any, *, settings: Settings | None = None
+) -> dict[str, Any] | None:
+    """What pins a reward's scores, for the score cache (``store.score_cache``): the reward's record
+    (``reward_revision``: name, kind, model and its revision), its parameters, dtype and device, the
+    sha256 of its adapter's source and srdq's version; for a reward that scores with the run's own model
+    (``lm_judge``, ``logprob``) also that model's revision and the engine's name and settings that change
+    results; for a judge on its own engine (``judge:MODEL``) that engine's kind and settings. ``hash``
+    is the sha256 of the rest. None when something in it is not pinned (a revision ``unknown``): such a
+    reward's scores are not cached."""
+    from srd_worker import __version__
+
+    if reward is None or not spec.reward:
+        return None
+    cache_dir = settings.cache_dir if settings is not None else None
+    ident: dict[str, Any] = {
+        "reward": reward_revision(spec.reward, cache_dir=cache_dir),
+        "params": _reward_params(reward),
+        "source": _source_sha256(reward),
+        "srdq": __version__,
+    }
+    own_engine = getattr(reward, "engine", None)
+    if own_engine is not None and own_engine is engine:  # scores with the policy
+        record = runtime_record(spec, engine, settings=settings)
+        ident["policy"] = {
+            "model": record.get("model"),
+            "engine": record.get("engine", {}).get("config"),
+            "name": getattr(engine, "name", spec.engine),
+            "mode": getattr(engine, "mode", None),
+        }
+    elif own_engine is not None:  # a judge on an engine of its own
+        kind = str(getattr(own_engine, "name", "?"))
+        judge: dict[str, Any] = {"engine": kind, "mode": getattr(own_engine, "mode", None)}
+        if settings is not None:
+            judge["config"] = engine_config(kind, settings)
+            if kind == "openai":
+                judge["url"] = settings.judge_base_url
+        ident["judge"] = judge
+    revisions = [
+        str((ident["reward"] or {}).get("revision", "unknown")),
+        ident["source"],
+        *(
+            [str((ident["policy"].get("model") or {}).get("revision", "unknown"))]
+            if "policy" in ident
+            else []
+        ),
+    ]
+    if any(r.startswith("unknown") for r in revisions):
+        log.info("reward %s is not pinned (revisions %s): its scores are not cached", spec.reward, revisions)
+        return None
+    text = sorted_json(ident)
+    ident["hash"] = hashlib.sha256(text.encode()).hexdigest()
+    return ident
+
+
+_IDENTITIES: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+
+
+def score_cache(db: Any, spec: Any, engine: Any, reward: Any, *, settings: Settings) -> Any:
+    """The run's score cache (``store.score_cache.SqlScoreCache`` over the store ``db``), or None when
+    ``SRDQ_SCORE_CACHE=false``, the run has no reward, or the reward is not pinned (``score_identity``)."""
+    if not settings.score_cache:
+        return None
+    key = (id(engine), id(reward), spec.reward, spec.model, sorted_json(spec.engine_config or {}))
+    try:
+        if key not in _IDENTITIES:  # once per engine and reward: a fleet worker runs many slices
+            _IDENTITIES[key] = score_identity(spec, engine, reward, settings=settings)
+        ident = _IDENTITIES[key]
+    except Exception as exc:  # noqa: BLE001 - the cache saves work, it never stops a run
+        log.warning("score cache off: the reward's identity could not be computed: %s", exc)
+        return None
+    if ident is None:
+        return None
+    from srd_worker.store.score_cache import SqlScoreCache
+
+    return SqlScoreCache(db, ident["hash"])

@@ -121,9 +121,11 @@ def _log_format(logger: Any = None, **_: Any) -> None:
 
 
 @signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
 def _before_exit(**_: Any) -> None:
-    """A pool child exits (SIGTERM/SIGINT of the worker, or recycling): close its engines, so vLLM's
-    engine core and workers do not outlive it."""
+    """A pool child exits (SIGTERM/SIGINT of the worker, or recycling), or a solo-pool worker (whose
+    tasks ran in its own process: ``--gpus-per-worker``) shuts down: close its engines, so vLLM's engine
+    core and workers do not outlive it. (In a prefork parent the cache is empty: nothing to close.)"""
     engines = _runtime.get("engines")
     if engines is not None:
         engines.close()
@@ -244,21 +246,56 @@ def _start_reaper(**_: Any) -> None:
         _reaper.start()
 
 
-def run_worker(*, queue: str, concurrency: int, loglevel: str = "INFO", hostname: str | None = None) -> None:
-    """Start a Celery worker (prefork pool; each child builds its engine once, after the fork)."""
+def _warnings_as_json() -> None:
+    """Python warnings (Celery's SecurityWarning at start-up, library deprecations) as srdq's JSON lines
+    on stderr, from before Celery sets up its logging: a ``--log-format json`` worker writes nothing else."""
+    import logging
+    import sys
+
+    from srd_worker.logs import SecretFilter, formatter, settings_secrets
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter("json"))
+    handler.addFilter(SecretFilter(settings_secrets(get_settings())))
+    logging.captureWarnings(True)
+    warn_log = logging.getLogger("py.warnings")
+    warn_log.addHandler(handler)
+    warn_log.propagate = False
+
+
+POOLS = ("prefork", "solo")
+
+
+def run_worker(
+    *,
+    queue: str,
+    concurrency: int,
+    loglevel: str = "INFO",
+    hostname: str | None = None,
+    pool: str = "prefork",
+) -> None:
+    """Start a Celery worker. ``prefork`` (default): each pool child builds its engine once, after the
+    fork; ``solo``: one task at a time in the worker's own process (not daemonic, so a vLLM engine over
+    several GPUs may start its worker processes: ``srdq worker --gpus-per-worker``)."""
     import os
     import socket
 
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
     name = hostname or f"srdq-{os.getpid()}@{socket.gethostname()}"
+    json_lines = os.environ.get("SRDQ_LOG_FORMAT") == "json"
+    if json_lines:
+        _warnings_as_json()
     app.worker_main(
         [
+            *(["--quiet"] if json_lines else []),  # no start-up banner: every line is a JSON object
             "worker",
             f"--loglevel={loglevel}",
             "-Q",
             queue,
             "-c",
-            str(concurrency),
-            "--pool=prefork",
+            str(concurrency if pool == "prefork" else 1),
+            f"--pool={pool}",
             "-n",
             name,
             "--without-gossip",

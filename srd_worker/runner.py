@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from srd_worker.engines.base import Engine
 from srd_worker.isolation import Isolation, IsolationLog
-from srd_worker.methods.base import Method, StepContext
+from srd_worker.methods.base import Method, ScoreCache, StepContext
 from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response
 
@@ -153,6 +153,8 @@ def build_record(
         record["finish_reason"] = res.pop("finish_reason", None)
         candidates = res.pop("candidates", None)
         record["extra"] = res
+        if state.get("anytime"):  # adaptive methods: the answer it would have returned after each round
+            record["extra"]["anytime"] = state["anytime"]
         grade_response(task, item, record["response"], record)
         if candidates is not None:
             record["candidates"] = candidate_records(method, task, item, candidates)
@@ -161,6 +163,45 @@ def build_record(
         record["correct"] = None
         record["extra"]["traceback"] = traceback.format_exc(limit=3)
     return record
+
+
+#: The longest extracted answer an anytime entry keeps (characters): an entry per round stays small.
+ANYTIME_ANSWER_CHARS = 200
+
+
+def anytime_entry(
+    method: Method, task: Task, item: Item, state: dict[str, Any], ctx: StepContext
+) -> dict[str, Any]:
+    """One point of an adaptive method's anytime curve, after the round ``state`` just finished: the round,
+    the tokens generated so far (``ledger.gen_tokens``), and the answer the method would return if stopped
+    now (``method.current_best``: extracted ``answer``, ``correct`` as the task grades it, ``reward``). A
+    method with nothing to return yet is graded on the empty response, as its record would be."""
+    response, reward = method.current_best(state, ctx)
+    answer, correct = grade_candidate(task, item, response)  # graded as the record's response is
+    return {
+        "round": int(state["round"]),
+        "tokens": int((state.get("ledger") or {}).get("gen_tokens", 0)),
+        "answer": answer[:ANYTIME_ANSWER_CHARS] if isinstance(answer, str) else answer,
+        "correct": correct,
+        "reward": reward,
+    }
+
+
+def _record_anytime(
+    method: Method, task: Task, by_id: dict[str, Item], states: list[dict[str, Any]], ctx: StepContext
+) -> None:
+    """Append the round's anytime entry to each state's ``anytime`` list (adaptive methods only)."""
+    if not getattr(method, "anytime", False):
+        return
+    for state in states:
+        if state.get("error"):
+            continue
+        try:
+            entry = anytime_entry(method, task, by_id[state["item_id"]], state, ctx)
+        except Exception as exc:  # noqa: BLE001 - a curve point must never fail the item
+            log.warning("anytime entry of %s not recorded: %s", state.get("item_id"), exc)
+            continue
+        state.setdefault("anytime", []).append(entry)
 
 
 def _gen_tokens(states: list[dict[str, Any]]) -> int:
@@ -204,11 +245,14 @@ def run_shard(
     max_seconds: float | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
     on_slice_start: Callable[[int], None] | None = None,
+    score_cache: ScoreCache | None = None,
 ) -> ShardOutcome:
     """Run (or resume) a shard until every item is done, or until ``max_rounds`` rounds or
     ``max_seconds`` seconds have passed in this call (checked between rounds), whichever comes first.
     ``on_slice_start(round)`` is called once, just before the first round this call runs (not at all
-    when nothing is left to run), with the checkpointed round it starts from."""
+    when nothing is left to run), with the checkpointed round it starts from. ``score_cache``: reward
+    scores by content (``store.score_cache``); the scores a round computed are written right after its
+    checkpoint commits, so a round that is redone after a crash finds what the first try found."""
     checkpoints = store.load_checkpoints()
     states: list[dict[str, Any]] = []
     for item in items:
@@ -220,8 +264,14 @@ def run_shard(
     if checkpoints:
         log.info("resuming from checkpointed round %d (%d items checkpointed)", shard_round, len(checkpoints))
     ctx = StepContext(
-        engine, reward, run_seed, extract_answer=task.extract_answer, stop=getattr(task, "stop", ())
+        engine,
+        reward,
+        run_seed,
+        extract_answer=task.extract_answer,
+        stop=getattr(task, "stop", ()),
+        score_cache=score_cache,
     )
+    by_id = {item.id: item for item in items}
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     outcome = ShardOutcome(finished=False, rounds=shard_round)
     isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)
@@ -243,10 +293,13 @@ def run_shard(
         tokens_before = _gen_tokens(active)
         components_before = _component_totals(active)
         isolation.step(method, active, ctx)
+        _record_anytime(method, task, by_id, active, ctx)
         t1 = time.perf_counter()
         shard_round += 1
         rounds_this_call += 1
         store.save_checkpoints(shard_round, {s["item_id"]: s for s in active})
+        if score_cache is not None:
+            score_cache.flush()
         t2 = time.perf_counter()
         outcome.rounds = shard_round
         outcome.round_seconds += t2 - t0

@@ -54,6 +54,46 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# ----------------------------------------------------------------------------------------- GPU workers
+@dataclass(frozen=True)
+class GpuWorker:
+    """One worker process of ``srdq worker --gpus``: the GPUs it holds (its CUDA_VISIBLE_DEVICES) and the
+    Celery pool it runs: ``prefork`` for one GPU (the task runs in a daemonic pool child), ``solo`` for
+    several (the task runs in the worker's own, non-daemonic process, so a vLLM engine may start the
+    worker process per GPU that tensor parallelism needs; ``vllm_engine.prepare_process``)."""
+
+    gpus: tuple[str, ...]
+    pool: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the worker process's environment gets: its GPUs, and the transformers engine on the first."""
+        return {"CUDA_VISIBLE_DEVICES": ",".join(self.gpus), "SRDQ_DEVICE": "cuda:0"}
+
+
+def plan_gpu_workers(gpus: str, per_worker: int = 1) -> list[GpuWorker]:
+    """``srdq worker --gpus 0,1,2,3 [--gpus-per-worker N]``: the GPU ids cut, in order, into groups of N,
+    one worker process per group (N = 1: one per GPU, the default; N = 2: workers on 0,1 and 2,3, each
+    able to hold a tensor_parallel_size=2 vLLM engine). ConfigError for ids that are not GPU numbers, a
+    repeated id, or a count that N does not divide."""
+    from srd_worker.errors import ConfigError
+
+    ids = [g.strip() for g in gpus.split(",") if g.strip()]
+    if not ids or not all(g.isdigit() for g in ids):
+        raise ConfigError(f"--gpus expects comma-separated GPU numbers, got {gpus!r}")
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"--gpus names a GPU twice: {gpus!r}")
+    if per_worker < 1:
+        raise ConfigError(f"--gpus-per-worker must be >= 1, got {per_worker}")
+    if len(ids) % per_worker:
+        raise ConfigError(
+            f"--gpus-per-worker {per_worker} does not divide the {len(ids)} GPUs of --gpus {gpus!r}: give a "
+            f"multiple of {per_worker} GPU ids"
+        )
+    pool = "prefork" if per_worker == 1 else "solo"
+    return [GpuWorker(tuple(ids[i : i + per_worker]), pool) for i in range(0, len(ids), per_worker)]
+
+
 # ---------------------------------------------------------------------------------------------- submit
 @dataclass
 class Submitted:
@@ -89,7 +129,7 @@ def submit(
     as ``srdq run`` refuses it (``wiring.check_spec``; the worker checks the built engine again).
     """
     spec = prepared.spec
-    check_spec(prepared.method, engine=spec.engine, reward=spec.reward)
+    check_spec(prepared.method, engine=spec.engine, reward=spec.reward, engine_args=spec.engine_args)
     probe_sources(spec, everything=False)  # a model folder here that cannot load
     run_id = spec.run_id()
     if new:
@@ -164,7 +204,8 @@ def submit_sweep(
     from srd_worker.sweep import record_sweep
 
     for prepared in plan.prepared:
-        check_spec(prepared.method, engine=prepared.spec.engine, reward=prepared.spec.reward)
+        spec = prepared.spec
+        check_spec(prepared.method, engine=spec.engine, reward=spec.reward, engine_args=spec.engine_args)
     with session_scope(db) as session:
         created = record_sweep(session, plan, versions=versions or {}, queue=queue)
         shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
@@ -198,12 +239,14 @@ def submit_fork(
 
 # ----------------------------------------------------------------------------------- shard processing
 class EngineCache:
-    """One engine per (engine name, model, engine configuration) per process, built on first use (after
-    the worker's fork) with the worker's settings and the run's ``engine_config`` applied."""
+    """One engine per (engine name, model, engine configuration, engine arguments) per process, built on
+    first use (after the worker's fork) with the worker's settings, the run's ``engine_config`` applied
+    and the run's ``engine_args`` passed to the engine's constructor (checked again here first: a run
+    submitted from a machine without vLLM had its vLLM arguments checked by no one yet)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._engines: dict[tuple[str, str, str], Any] = {}
+        self._engines: dict[tuple[str, str, str, str], Any] = {}
         self._lock = threading.Lock()
 
     def settings_for(self, engine_config: dict[str, Any] | None = None) -> Settings:
@@ -213,17 +256,22 @@ class EngineCache:
         return applied_settings(self.settings, engine_config or {})
 
     def get(
-        self, model: str, engine: str = "transformers", engine_config: dict[str, Any] | None = None
+        self,
+        model: str,
+        engine: str = "transformers",
+        engine_config: dict[str, Any] | None = None,
+        engine_args: dict[str, Any] | None = None,
     ) -> Any:
         from srd_worker.encoding import sorted_json
 
-        key = (engine, model, sorted_json(engine_config or {}))
+        key = (engine, model, sorted_json(engine_config or {}), sorted_json(engine_args or {}))
         with self._lock:
             if key not in self._engines:
-                from srd_worker.engines.registry import build_engine
+                from srd_worker.engines.registry import build_engine, check_engine_args
 
+                args = check_engine_args(engine, engine_args, where="the run's engine_args:")
                 t0 = time.perf_counter()
-                self._engines[key] = build_engine(engine, model, self.settings_for(engine_config))
+                self._engines[key] = build_engine(engine, model, self.settings_for(engine_config), args)
                 metrics.ENGINE_LOAD_SECONDS.labels(engine, worker_id()).observe(time.perf_counter() - t0)
             return self._engines[key]
 
@@ -335,9 +383,9 @@ def process_shard(
         with Heartbeat(db, lease, cfg.lease_ttl_s):
             items, positions = _items(rows)
             settings = engines.settings_for(spec.engine_config)
-            engine = engines.get(spec.model, spec.engine, spec.engine_config)
+            engine = engines.get(spec.model, spec.engine, spec.engine_config, spec.engine_args)
             wired = wire(spec, settings=settings, engine=engine)
-            from srd_worker.provenance import record_runtime
+            from srd_worker.provenance import record_runtime, score_cache
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
@@ -370,6 +418,7 @@ def process_shard(
                 max_seconds=cfg.slice_seconds,
                 on_slice_start=slice_started,
                 on_round=lambda report: metrics.observe_round(run_id, owner, report),
+                score_cache=score_cache(db, spec, wired.engine, wired.reward, settings=settings),
             )
     except leases.LeaseLost as exc:
         log.warning("%s", exc, extra={**event, "event": "lease_lost", "error": str(exc)})

@@ -89,6 +89,13 @@ class Settings(BaseSettings):
         description="Transformers engine with kv_reuse: memory budget of the prefix KV store in MiB (on "
         "the model's device), least recently used sequences evicted first.",
     )
+    score_cache: bool = Field(
+        True,
+        description="Reuse reward scores stored in the run store (the score_cache table, shared by every "
+        "run of the store) for an input scored before with the same reward model, revision and parameters; "
+        "a hit is counted apart from reward calls (ledger rm_cache_hits). false: every score is computed "
+        "and nothing is read from or written to the cache.",
+    )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."
     )

@@ -55,6 +55,12 @@ class RunSpec(BaseModel):
         description="the engine settings that change results (dtype, device, batching mode, KV reuse; "
         "provenance.engine_config), taken from the submitting settings; workers build the engine with them",
     )
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="arguments passed through to the engine's constructor (--engine-arg KEY=VALUE, a sweep's "
+        "engine_args), checked and typed (engines.engine_args); they win over the SRDQ_* settings of the "
+        "same meaning, whose keys then leave engine_config",
+    )
 
     forked_from: dict[str, Any] | None = Field(
         None,
@@ -63,9 +69,13 @@ class RunSpec(BaseModel):
     )
 
     def config_hash(self) -> str:
-        # fields, task_def, engine_config and forked_from enter the hash only when set: the ids of specs
-        # without them stay
-        empty = {k for k in ("fields", "task_def", "engine_config", "forked_from") if not getattr(self, k)}
+        # fields, task_def, engine_config, engine_args and forked_from enter the hash only when set: the ids
+        # of specs without them stay
+        empty = {
+            k
+            for k in ("fields", "task_def", "engine_config", "engine_args", "forked_from")
+            if not getattr(self, k)
+        }
         body = self.model_dump(exclude={"dataset"} | empty)
         text = sorted_json(body, compact=False, ascii=True, allow_nan=True)  # the format old run ids hashed
         return hashlib.sha256(text.encode()).hexdigest()
@@ -142,6 +152,8 @@ def prepare_run(
     spool: ItemSpool | None = None,
     settings: Settings | None = None,
     include_paths: tuple[str, ...] | list[str] = (),
+    engine_args: dict[str, Any] | None = None,
+    engine_args_raw: bool = False,
 ) -> PreparedRun:
     """Validate everything (dataset rows, method, params, reward name, engine capabilities) before anything
     is written. The engine is checked by its static capabilities (``engines.registry``): no model is loaded.
@@ -153,8 +165,11 @@ def prepare_run(
     made from the same dataset, task, fields and limit (the points of a sweep) instead of spooling again.
     The engine settings that change results are read from ``settings`` (default: the SRDQ_* environment)
     into ``RunSpec.engine_config``, so the run id names them. ``task`` may be a task file (``*.yaml``) or
-    the name of one in ``include_paths``; its definition goes into ``RunSpec.task_def``."""
+    the name of one in ``include_paths``; its definition goes into ``RunSpec.task_def``. ``engine_args``
+    are checked against the engine's accepted arguments (``engines.engine_args``; ``engine_args_raw``: the
+    text values of ``--engine-arg``, parsed as YAML scalars) into ``RunSpec.engine_args``."""
     from srd_worker.datasets import builtin_dataset, resolve_dataset
+    from srd_worker.engines.registry import check_engine_args
     from srd_worker.rewards.registry import check_reward_name
     from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES
     from srd_worker.tasks.registry import resolve_task
@@ -166,7 +181,9 @@ def prepare_run(
         check_reward_name(reward)
     if reward == "none":
         reward = None
-    check_spec(built, engine=engine, reward=reward)
+    where = "--engine-arg" if engine_args_raw else "engine_args"
+    checked_args = check_engine_args(engine, engine_args, raw=engine_args_raw, where=where)
+    check_spec(built, engine=engine, reward=reward, engine_args=checked_args)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     path = resolve_dataset(dataset)
@@ -209,6 +226,7 @@ def prepare_run(
             shard_size=shard_size,
             fields=fields,
             settings=settings,
+            engine_args=checked_args,
         )
     except BaseException:
         if isinstance(items, ItemSpool) and items is not spool:
@@ -216,14 +234,14 @@ def prepare_run(
         raise
 
 
-def _engine_config(engine: str, settings: Settings | None) -> dict[str, Any]:
+def _engine_config(engine: str, settings: Settings | None, engine_args: dict[str, Any]) -> dict[str, Any]:
     from srd_worker.provenance import engine_config
 
     if settings is None:
         from srd_worker.settings import get_settings
 
         settings = get_settings()
-    return engine_config(engine, settings, resolve_device=False)
+    return engine_config(engine, settings, resolve_device=False, engine_args=engine_args)
 
 
 def _prepared(
@@ -243,6 +261,7 @@ def _prepared(
     shard_size: int | None,
     fields: dict[str, str] | None,
     settings: Settings | None = None,
+    engine_args: dict[str, Any] | None = None,
 ) -> PreparedRun:
     from srd_worker.tasks.registry import task_definition
 
@@ -271,6 +290,7 @@ def _prepared(
         seed=seed,
         limit=limit,
         shard_size=size,
-        engine_config=_engine_config(engine, settings),
+        engine_config=_engine_config(engine, settings, dict(engine_args or {})),
+        engine_args=dict(engine_args or {}),
     )
     return PreparedRun(spec=spec, task=task_obj, items=items, method=built)

@@ -6,6 +6,7 @@
     model: tiny-random-llama
     reward: arithmetic          # optional (null: no reward model)
     engine: transformers        # optional
+    engine_args: {max_batch_size: 32}   # optional: passed to the engine's constructor (--engine-arg)
     limit: 50                   # optional: the first LIMIT rows
     shard_size: 16              # optional
     seeds: [0, 1, 2]            # optional (default [0]); an int is one seed
@@ -44,7 +45,18 @@ from srd_worker.errors import ConfigError
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
 
-TOP_FIELDS = ("dataset", "task", "model", "reward", "engine", "limit", "shard_size", "seeds", "methods")
+TOP_FIELDS = (
+    "dataset",
+    "task",
+    "model",
+    "reward",
+    "engine",
+    "engine_args",
+    "limit",
+    "shard_size",
+    "seeds",
+    "methods",
+)
 METHOD_FIELDS = ("method", "n", "params")
 
 
@@ -68,6 +80,8 @@ class Sweep:
     shard_size: int | None
     runs: tuple[SweepRun, ...]
     content: str = field(default="", compare=False)  # the parsed file as sorted JSON (what is stored)
+    #: the engine's constructor arguments for every point (checked by ``prepare_sweep``)
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
 
 def _int(value: Any, where: str, *, minimum: int | None = None) -> int:
@@ -132,6 +146,9 @@ def parse_sweep(data: Any) -> Sweep:
             for seed in seeds:
                 runs.append(SweepRun(method, dict(zip(names, combo, strict=True)), seed))
     reward = data.get("reward")
+    engine_args = data.get("engine_args") or {}
+    if not isinstance(engine_args, dict):
+        raise ConfigError("sweep field 'engine_args' must be a mapping of argument: value")
     return Sweep(
         dataset=_str(str(data["dataset"]) if data["dataset"] is not None else None, "dataset"),
         task=_str(data.get("task", "auto"), "task"),
@@ -144,6 +161,7 @@ def parse_sweep(data: Any) -> Sweep:
         else _int(data["shard_size"], "shard_size", minimum=1),
         runs=tuple(runs),
         content=canonical(data),
+        engine_args=dict(engine_args),
     )
 
 
@@ -213,6 +231,7 @@ def prepare_sweep(
                         stream=stream,
                         spool=prepared[0].items if stream and prepared else None,
                         settings=settings,
+                        engine_args=sweep.engine_args,
                     )
                 )
             except ConfigError as exc:
@@ -332,7 +351,8 @@ def run_sweep_local(
     from srd_worker.wiring import check_spec, probe_sources
 
     for prepared in plan.prepared:  # every point checked before anything is written
-        check_spec(prepared.method, engine=prepared.spec.engine, reward=prepared.spec.reward)
+        spec = prepared.spec
+        check_spec(prepared.method, engine=spec.engine, reward=spec.reward, engine_args=spec.engine_args)
         probe_sources(prepared.spec, settings=settings)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -360,7 +380,8 @@ def run_sweep_local(
                 from srd_worker.provenance import applied_settings
 
                 point_settings = applied_settings(settings, prepared.spec.engine_config)
-                built.append(build_engine(prepared.spec.engine, prepared.spec.model, point_settings))
+                spec = prepared.spec
+                built.append(build_engine(spec.engine, spec.model, point_settings, spec.engine_args))
             summary = run_local(
                 prepared,
                 out_dir=out,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from srd_worker.engines.base import Engine
+from srd_worker.engines.base import CAP_LOGPROBS, Engine
 from srd_worker.methods.base import Method
 from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Task
@@ -29,21 +29,52 @@ class Wired:
     task: Task
 
 
-def check_spec(method: Method, *, engine: str, reward: str | None) -> None:
-    """Refuse ``method`` on the engine named ``engine`` (by its static capabilities) or without a
-    reward it needs: ``CapabilityError`` / ``ConfigError``. Builds and imports nothing heavy."""
-    from srd_worker.engines.registry import engine_capabilities
-    from srd_worker.methods.registry import check_compatible
-    from srd_worker.rewards.registry import reward_differentiable
+def continues_prefix(method: Method) -> bool:
+    """Whether ``method`` asks the engine to continue a partial answer (a kept prefix after the prompt):
+    every method but the fixed pools (sampling, best_of_n, self_consistency) drafting their whole budget
+    in one call (``chunk_tokens`` 0)."""
+    params = method.params
+    return not (
+        getattr(type(params), "whole_budget_allowed", False) and getattr(params, "chunk_tokens", 1) == 0
+    )
 
+
+def check_spec(
+    method: Method, *, engine: str, reward: str | None, engine_args: dict[str, Any] | None = None
+) -> None:
+    """Refuse ``method`` on the engine named ``engine`` (by its static capabilities with the run's checked
+    ``engine_args``) or without a reward it needs: ``CapabilityError`` / ``ConfigError``. Builds and
+    imports nothing heavy."""
+    from srd_worker.engines.engine_args import openai_api, openai_continues
+    from srd_worker.engines.registry import engine_capabilities
+    from srd_worker.errors import CapabilityError
+    from srd_worker.methods.registry import check_compatible
+    from srd_worker.rewards.registry import REWARDS, reward_differentiable
+
+    capabilities = engine_capabilities(engine, engine_args)
     check_compatible(
         method,
         engine_name=engine,
-        capabilities=engine_capabilities(engine),
+        capabilities=capabilities,
         has_reward=reward is not None,
         reward_name=reward,
         reward_differentiable=None if reward is None else reward_differentiable(reward),
     )
+    if engine == "openai" and openai_api(engine_args) == "chat":
+        entry = REWARDS.get(reward) if reward else None
+        if entry is not None and entry.needs_engine and CAP_LOGPROBS not in capabilities:
+            raise CapabilityError(
+                f"the {reward} reward scores with the run's model (teacher-forced logprobs of given tokens), "
+                "which the openai engine's chat API cannot do: use --engine-arg api=completions, or a reward "
+                "of its own (arithmetic, hf-orm:MODEL, judge:MODEL)"
+            )
+        if not openai_continues(engine_args) and continues_prefix(method):
+            raise CapabilityError(
+                f"method '{method.name}' continues partial answers (chunked rounds, suffix regeneration), which "
+                "the chat API cannot do without continue_final_message: drop --engine-arg "
+                "continue_final_message=false (vLLM's servers support it), use api=completions, or a fixed "
+                "pool (sampling, best_of_n, self_consistency) with --set chunk_tokens=0"
+            )
     draft = getattr(method.params, "draft_model", None)
     if draft:  # speculative decoding: the draft model must exist before anything is stored
         from srd_worker.engines.speculative import check_draft_model
@@ -102,12 +133,13 @@ def wire(spec: Any, *, settings: Settings, engine: Engine | None = None) -> Wire
     from srd_worker.rewards.registry import build_reward
     from srd_worker.tasks.registry import get_task
 
+    engine_args = dict(getattr(spec, "engine_args", None) or {})
     method = build_method(spec.method, spec.params)
-    check_spec(method, engine=spec.engine, reward=spec.reward)
+    check_spec(method, engine=spec.engine, reward=spec.reward, engine_args=engine_args)
     task = get_task(spec.task, fields=spec.fields, definition=getattr(spec, "task_def", None))
     check_task(method, task)
     if engine is None:
-        engine = build_engine(spec.engine, spec.model, settings)
+        engine = build_engine(spec.engine, spec.model, settings, engine_args)
     reward = build_reward(spec.reward, engine, settings=settings) if spec.reward else None
     check_compatible(
         method,

@@ -25,7 +25,7 @@ from srd_worker.store.db import make_engine, session_scope, upgrade
 from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, SweepRow
 from srd_worker.tasks.base import Item
 
-TABLES = {"run", "shard", "item", "checkpoint", "result", "sweep"}
+TABLES = {"run", "shard", "item", "checkpoint", "result", "sweep", "score_cache"}
 RUN = "run-abc"
 
 

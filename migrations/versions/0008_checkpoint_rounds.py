@@ -1,7 +1,7 @@
 """checkpoint_round: the state of every item after every round, the snapshots `srdq fork` starts from.
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-04
 
 ``checkpoint`` keeps only an item's latest state (upserted every round), so a run could not be restarted
@@ -23,7 +23,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision: str = "0008"
-down_revision: str | Sequence[str] | None = "0006"
+down_revision: str | Sequence[str] | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

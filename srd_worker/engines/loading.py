@@ -151,24 +151,52 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def load_model(name: str, *, cache_dir: Path, dtype: str = "auto", device: str = "cpu"):
+#: ``from_pretrained`` arguments that also select the tokenizer's files (the rest concern the weights).
+TOKENIZER_KWARGS = ("revision", "subfolder", "trust_remote_code")
+
+
+def load_model(
+    name: str,
+    *,
+    cache_dir: Path,
+    dtype: str = "auto",
+    device: str = "cpu",
+    load_kwargs: dict[str, Any] | None = None,
+):
     """Load (model, tokenizer) for ``name``; see the module docstring for the accepted names. ``dtype``
     ``auto`` is resolved for ``device`` by ``settings.resolve_dtype`` (bfloat16 on a GPU or a CPU with
-    native bf16, float32 on other CPUs)."""
+    native bf16, float32 on other CPUs). ``load_kwargs``: more ``from_pretrained`` keywords (the run's
+    engine arguments, ``engines.engine_args.TRANSFORMERS_ARGS``: revision, trust_remote_code,
+    attn_implementation, subfolder, use_safetensors); the built-in ``tiny-random-llama`` takes only
+    ``attn_implementation`` (it has no files)."""
     import torch
 
     dtype = resolve_dtype(dtype, device)
     quiet_transformers()
+    load_kwargs = dict(load_kwargs or {})
 
     if name == TINY_MODEL:
         model, tokenizer = build_tiny_llama()
+        attn = load_kwargs.pop("attn_implementation", None)
+        if load_kwargs:
+            raise ModelLoadError(
+                f"engine argument(s) {', '.join(sorted(load_kwargs))} do not apply to the built-in "
+                f"'{TINY_MODEL}' (it is built in memory, from no files); only attn_implementation does"
+            )
+        if attn is not None:
+            model.set_attn_implementation(attn)
         return model.to(device=device, dtype=_torch_dtype(dtype)), tokenizer
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(name, cache_dir)
+    tok_kwargs = {k: v for k, v in load_kwargs.items() if k in TOKENIZER_KWARGS}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype))
+        tokenizer = AutoTokenizer.from_pretrained(path, **tok_kwargs)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=_torch_dtype(dtype), **load_kwargs)
+    except (ValueError, ImportError) as exc:  # e.g. an attention implementation this install lacks
+        raise ModelLoadError(
+            f"cannot load model '{name}' with engine arguments {load_kwargs}: {exc}"
+        ) from exc
     except OSError as exc:
         raise ModelLoadError(
             f"cannot load model '{name}': {exc}. Give a local folder, a model id already in the local "

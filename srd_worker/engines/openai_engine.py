@@ -35,6 +35,30 @@ Teacher-forced ``logprobs(pairs)``: one request over ``prefix + continuation`` w
 and vLLM's ``prompt_logprobs: 1``, reading each continuation token's logprob (vLLM-specific; another
 server answers with an EngineError naming the missing field).
 
+Engine arguments (``--engine-arg``, ``engines.engine_args``): ``body.FIELD=VALUE`` adds a field to every
+request's JSON body (e.g. ``body.min_p=0.05``, ``body.repetition_penalty=1.1``; the fields above stay
+srdq's), ``header.NAME=VALUE`` an HTTP header, and ``api`` picks the endpoint family:
+
+- ``api=completions`` (default): ``/v1/completions`` as described above; what srdq needs, since every
+  request is a token-id prefix to continue;
+- ``api=chat``: ``/v1/chat/completions``, for servers that accept messages only. The engine gets token
+  ids (the chat template applied to the task's messages, then the kept prefix of a partial answer), so it
+  recovers the messages from them (``ChatPrompts``: the local tokenizer's chat template rendered with
+  placeholder contents, matched against the decoded prompt, and checked by re-encoding) and sends them;
+  the server applies its own template. A request with a kept prefix (SRD's rounds and suffix
+  regeneration, chunked rounds, rejection sampling, beam search steps) is sent with the prefix as a final
+  assistant message and vLLM's ``continue_final_message: true, add_generation_prompt: false``
+  extensions; ``continue_final_message=false`` (a server without them) refuses such requests, and the
+  methods that make them are refused at submit (``wiring.check_spec``). What the chat API cannot give:
+  teacher-forced scoring of given token ids (no ``prompt`` of ids: the ``logprob`` and ``lm_judge``
+  rewards are refused; capabilities drop ``logprobs``), and exact continuation: the server re-tokenises
+  the kept prefix from its text, which may give other ids than the ones sampled (a byte-level BPE over
+  text it produced itself round-trips, bytes that are not UTF-8 on their own do not; ``chat_lossy_prefixes``
+  counts the kept prefixes that do not survive decoding and encoding here, with a warning the first time,
+  and ``chat_prompt_drift`` the requests whose prompt ids, returned by vLLM with ``return_token_ids``,
+  differ from the engine's). Generated token ids come back
+  as with completions (``return_token_ids``), and logprobs of sampled tokens from ``logprobs.content``.
+
 Failures: a transient failure (connection refused or reset, timeout, 429, 5xx) is retried for
 ``SRDQ_OPENAI_RETRY_S``; a server that stays down raises ``EngineUnavailable``, which ends the slice
 without an item error: ``srdq run`` exits with one line (run it again to resume from the last
@@ -94,6 +118,7 @@ class OpenAIClient:
         retry_s: float = 300.0,
         concurrency: int = 16,
         backoff_max_s: float = 30.0,
+        headers: dict[str, str] | None = None,
     ) -> None:
         import requests
         from requests.adapters import HTTPAdapter
@@ -110,6 +135,7 @@ class OpenAIClient:
         adapter = HTTPAdapter(pool_connections=1, pool_maxsize=max(1, int(concurrency)))
         self._session.mount("http://", adapter)
         self._session.mount("https://", adapter)
+        self._session.headers.update(headers or {})
         if api_key:
             self._session.headers["Authorization"] = f"Bearer {api_key}"
         self._requests = requests
@@ -205,6 +231,71 @@ def _load_tokenizer(name: str, settings: Settings) -> Any:
         ) from exc
 
 
+#: Placeholder content the chat template is rendered with to find where each message's content goes.
+_SLOT = "@@srdq-content-7f3a@@"
+#: The message layouts tasks and rewards send (``Task.messages``: an optional system turn, one user turn).
+_LAYOUTS = (("system", "user"), ("user",))
+
+
+class ChatPrompts:
+    """The chat messages (and the kept prefix of a partial answer) behind a prompt of token ids made by
+    ``HFTokenizer.chat_prompt_ids`` (the chat API takes messages, not ids). The tokenizer's chat template is
+    rendered once per layout (system + user, user) with a placeholder content; a prompt's decoded text is
+    matched against it, and the messages found are checked by rendering and encoding them again: their ids
+    must be the prompt's first ids, and the rest is the kept prefix."""
+
+    def __init__(self, hf_tokenizer: Any) -> None:
+        import re
+
+        if not getattr(hf_tokenizer, "chat_template", None):
+            raise ConfigError(
+                "--engine-arg api=chat needs the tokenizer's chat template (to turn srdq's prompts back into "
+                "messages), and this tokenizer has none: use api=completions, or set SRDQ_OPENAI_TOKENIZER "
+                "to the served model's tokenizer"
+            )
+        self.hf = hf_tokenizer
+        self.layouts: list[tuple[tuple[str, ...], Any]] = []
+        for roles in _LAYOUTS:
+            try:
+                text = self._render([{"role": r, "content": _SLOT} for r in roles])
+            except Exception:  # noqa: BLE001 - a template without a system role: that layout does not exist
+                continue
+            parts = text.split(_SLOT)
+            if len(parts) != len(roles) + 1:
+                continue
+            pattern = "".join(re.escape(p) + "(.*?)" for p in parts[:-1]) + re.escape(parts[-1]) + "(.*)"
+            self.layouts.append((roles, re.compile(pattern, re.DOTALL)))
+
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return str(self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+    def split(self, prompt_ids: Sequence[int], index: int = 0) -> tuple[list[dict[str, str]], list[int]]:
+        """(messages, kept prefix ids) of one prompt; EngineError when it is not the chat template applied
+        to a system and/or user message."""
+        ids = [int(t) for t in prompt_ids]
+        text = self.hf.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for roles, pattern in self.layouts:
+            match = pattern.fullmatch(text)
+            if match is None:
+                continue
+            messages = [{"role": r, "content": c} for r, c in zip(roles, match.groups()[:-1], strict=True)]
+            head = list(self.hf.encode(self._render(messages), add_special_tokens=False))
+            if ids[: len(head)] == head:
+                return messages, ids[len(head) :]
+        raise EngineError(
+            f"request {index}: its prompt is not the tokenizer's chat template applied to a system and/or user "
+            "message, so the chat API (--engine-arg api=chat) cannot be sent it: use api=completions"
+        )
+
+    def text(self, ids: Sequence[int]) -> str:
+        """The kept prefix as the text of the final assistant message."""
+        return str(
+            self.hf.decode(
+                [int(t) for t in ids], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
+
+
 def check_settings(settings: Settings) -> str:
     """The server URL from the settings; ConfigError naming SRDQ_OPENAI_BASE_URL when it is missing or not
     an http(s) URL (``srdq run`` checks this before it writes anything)."""
@@ -233,15 +324,30 @@ class OpenAIEngine:
         max_context: int | None = None,
         concurrency: int = 16,
         tokenizer_source: str = "",
+        api: str = "completions",
+        continue_final_message: bool = True,
+        extra_body: dict[str, Any] | None = None,
     ) -> None:
         """Check that the server serves ``model`` (``GET /models``) and read its context length and
-        version for the run's records. ``EngineUnavailable`` when the server cannot be reached."""
+        version for the run's records. ``EngineUnavailable`` when the server cannot be reached. ``api``:
+        ``completions`` or ``chat`` (module docstring); ``extra_body``: fields added to every request."""
+        from srd_worker.engines.engine_args import OPENAI_APIS
         from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 
+        if api not in OPENAI_APIS:
+            raise ConfigError(f"api must be one of {', '.join(OPENAI_APIS)}, got {api!r}")
+        self.api = api
+        self.continue_final_message = bool(continue_final_message)
+        self.extra_body = dict(extra_body or {})
+        self.chat_prompt_drift = 0  # chat requests whose prompt ids on the server differ from the engine's
+        self.chat_lossy_prefixes = 0  # chat requests whose kept prefix does not survive decode → encode
         self.client = client
         self.model = model
         self.model_name = model
         self.tokenizer = tokenizer if isinstance(tokenizer, HFTokenizer) else HFTokenizer(tokenizer)
+        self.chat = ChatPrompts(self.tokenizer.hf) if api == "chat" else None
+        if self.chat is not None:  # the chat API cannot score given token ids (module docstring)
+            self.capabilities = frozenset({CAP_SAMPLING})
         self.tokenizer_source = tokenizer_source
         self.concurrency = max(1, int(concurrency))
         self.stats = EngineStats()
@@ -270,7 +376,14 @@ class OpenAIEngine:
         self.server_version = self._server_version()
 
     @classmethod
-    def from_settings(cls, model: str, settings: Settings) -> OpenAIEngine:
+    def from_settings(
+        cls, model: str, settings: Settings, engine_args: dict[str, Any] | None = None
+    ) -> OpenAIEngine:
+        """The engine the settings describe, with the run's (checked) engine arguments: ``api``,
+        ``continue_final_message``, ``body.FIELD`` and ``header.NAME`` (``engines.engine_args``)."""
+        args = dict(engine_args or {})
+        extra_body = {k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("body.")}
+        headers = {k.split(".", 1)[1]: str(v) for k, v in args.items() if k.startswith("header.")}
         base = check_settings(settings)
         key: Any = settings.openai_api_key
         key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
@@ -282,6 +395,7 @@ class OpenAIEngine:
             timeout_s=float(settings.openai_timeout_s),
             retry_s=float(settings.openai_retry_s),
             concurrency=concurrency,
+            headers=headers,
         )
         tokenizer_name = settings.openai_tokenizer or model
         tokenizer = _load_tokenizer(tokenizer_name, settings)
@@ -292,6 +406,9 @@ class OpenAIEngine:
             max_context=settings.openai_max_context,
             concurrency=concurrency,
             tokenizer_source=tokenizer_name,
+            api=str(args.get("api", "completions")),
+            continue_final_message=bool(args.get("continue_final_message", True)),
+            extra_body=extra_body,
         )
 
     def close(self) -> None:
@@ -323,6 +440,7 @@ class OpenAIEngine:
             "server_version": self.server_version,
             "tokenizer": self.tokenizer_source,
             "max_context": self.max_context,
+            "api": self.api,
         }
 
     def _map(self, fn: Any, jobs: Sequence[Any]) -> list[Any]:
@@ -355,6 +473,41 @@ class OpenAIEngine:
             body["stop"] = list(p.stop)
         if p.logprobs:
             body["logprobs"] = 1
+        body.update(self.extra_body)
+        return body
+
+    def _chat_body(self, i: int, prompt: Sequence[int], p: SamplingParams, budget: int) -> dict[str, Any]:
+        """The /chat/completions body of request ``i``: the completions body with ``messages`` for
+        ``prompt``, and a kept prefix as a final assistant message to continue (module docstring)."""
+        assert self.chat is not None
+        messages, kept = self.chat.split(prompt, i)
+        body = self._body(prompt, p, budget)
+        del body["prompt"]
+        body["messages"] = messages
+        if kept:
+            if not self.continue_final_message:
+                raise EngineError(
+                    f"request {i} continues a partial answer ({len(kept)} tokens), which the chat API cannot do "
+                    "with --engine-arg continue_final_message=false: use api=completions"
+                )
+            text = self.chat.text(kept)
+            if self.tokenizer.encode(text) != kept:
+                # e.g. bytes that are not UTF-8 on their own: the server continues from other ids
+                with self.client._lock:
+                    self.chat_lossy_prefixes += 1
+                    first = self.chat_lossy_prefixes == 1
+                if first:
+                    log.warning(
+                        "chat API: a kept prefix of %d tokens does not survive its text round trip (the server "
+                        "re-tokenises it); continuation through the chat API is approximate for such prefixes",
+                        len(kept),
+                    )
+            body["messages"] = [*messages, {"role": "assistant", "content": text}]
+            body["add_generation_prompt"] = False
+            body["continue_final_message"] = True
+        if p.logprobs:
+            body["logprobs"] = True
+            body["top_logprobs"] = 0
         return body
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
@@ -370,6 +523,15 @@ class OpenAIEngine:
 
         def one(job: tuple[int, GenerationRequest, int]) -> Generation:
             i, r, budget = job
+            if self.chat is not None:
+                answer = self.client.call(
+                    "POST", "/chat/completions", self._chat_body(i, r.prompt_ids, r.params, budget)
+                )
+                served = (answer or {}).get("prompt_token_ids") if isinstance(answer, dict) else None
+                if isinstance(served, list) and [int(t) for t in served] != list(r.prompt_ids):
+                    with self.client._lock:
+                        self.chat_prompt_drift += 1
+                return self._to_generation(answer, r.params, i)
             answer = self.client.call("POST", "/completions", self._body(r.prompt_ids, r.params, budget))
             return self._to_generation(answer, r.params, i)
 
@@ -400,7 +562,10 @@ class OpenAIEngine:
             self.token_ids_source = "logprobs"
             return [int(t.split(":", 1)[1]) for t in tokens]
         self.token_ids_source = "re-encoded"
-        return self.tokenizer.encode(str(choice.get("text") or ""))
+        text = choice.get("text")
+        if text is None:  # a chat answer
+            text = (choice.get("message") or {}).get("content")
+        return self.tokenizer.encode(str(text or ""))
 
     def _to_generation(self, answer: Any, p: SamplingParams, i: int) -> Generation:
         choice = self._choice(answer, f"request {i}")
@@ -418,7 +583,10 @@ class OpenAIEngine:
             )
         logps = None
         if p.logprobs:
-            values = (choice.get("logprobs") or {}).get("token_logprobs")
+            found = choice.get("logprobs") or {}
+            values = found.get("token_logprobs")
+            if values is None and isinstance(found.get("content"), list):  # a chat answer
+                values = [e.get("logprob") if isinstance(e, dict) else None for e in found["content"]]
             if not isinstance(values, list) or len(values) != len(ids):
                 raise EngineError(
                     f"request {i}: the server returned {0 if not isinstance(values, list) else len(values)} "
@@ -434,6 +602,11 @@ class OpenAIEngine:
     # ------------------------------------------------------------------ scoring
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         """Teacher-forced logprobs with vLLM's ``prompt_logprobs`` (one request per pair)."""
+        if self.chat is not None:
+            raise EngineError(
+                "teacher-forced scoring of given token ids needs /v1/completions (a prompt of ids); the "
+                "openai engine runs with --engine-arg api=chat"
+            )
         out: list[list[float]] = [[] for _ in pairs]
         jobs = []
         for i, (p, c) in enumerate(pairs):

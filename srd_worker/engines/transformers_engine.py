@@ -167,16 +167,30 @@ class TransformersEngine:
         self._has_logits_to_keep = "logits_to_keep" in params
 
     @classmethod
-    def from_name(cls, name: str, *, settings: Settings, max_batch_size: int = 64) -> TransformersEngine:
-        """Build from a model name (see ``engines.loading``) using the settings' cache, dtype and device."""
+    def from_name(
+        cls,
+        name: str,
+        *,
+        settings: Settings,
+        max_batch_size: int = 64,
+        engine_args: dict[str, Any] | None = None,
+    ) -> TransformersEngine:
+        """Build from a model name (see ``engines.loading``) using the settings' cache, dtype and device.
+        ``engine_args`` (checked: ``engines.engine_args.TRANSFORMERS_ARGS``) go to ``from_pretrained``;
+        their ``dtype`` wins over the settings', their ``max_batch_size`` over the argument's."""
         import torch
 
         from srd_worker.engines.loading import load_model
 
+        load_kwargs = dict(engine_args or {})
+        dtype = str(load_kwargs.pop("dtype", settings.dtype))
+        max_batch_size = int(load_kwargs.pop("max_batch_size", max_batch_size))
         device = settings.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        model, tokenizer = load_model(name, cache_dir=settings.cache_dir, dtype=settings.dtype, device=device)
+        model, tokenizer = load_model(
+            name, cache_dir=settings.cache_dir, dtype=dtype, device=device, load_kwargs=load_kwargs
+        )
         return cls(
             model,
             tokenizer,

@@ -32,7 +32,10 @@ and read status. ALGORITHMS.md §0.4 lists what the offline API gives; this adap
 
 Processes: a Celery prefork worker child is daemonic and may not start processes, so there vLLM's engine
 core runs in the worker's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, see ``prepare_process``) and
-tensor parallelism (which needs worker processes) is refused with a message; ``srdq run`` can use it.
+an engine over several GPUs (tensor/pipeline/data parallel, which needs a worker process per GPU) is
+refused with a message. ``srdq run`` can use it, and so can a fleet worker started as one process holding
+its GPUs (``srdq worker --gpus 0,1 --gpus-per-worker 2``: Celery's solo pool, not daemonic). An engine
+that spans more GPUs than the process sees is refused before vLLM starts (``check_visible_gpus``).
 
 Capabilities: sampling and logprobs. No full next-token distributions (``full_logits``) and no gradients,
 so the speculative-decoding family and gradient-based methods are refused at submit time.
@@ -330,20 +333,60 @@ def import_vllm() -> Any:
         raise EngineError(f"{INSTALL_HINT} ({exc})") from exc
 
 
-def prepare_process(tensor_parallel_size: int) -> None:
-    """Let vLLM start inside a daemonic process (a Celery prefork worker child), which may not have
-    children: vLLM's engine core then runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
-    Tensor parallelism needs child processes, so it is refused there with the way out."""
+#: vLLM arguments whose product is the number of devices (worker processes) one engine spans.
+PARALLEL_ARGS = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def devices_needed(kwargs: dict[str, Any]) -> int:
+    """How many GPUs a ``vllm.LLM(**kwargs)`` spans: tensor × pipeline × data parallel sizes."""
+    n = 1
+    for key in PARALLEL_ARGS:
+        n *= max(1, int(kwargs.get(key) or 1))
+    return n
+
+
+def parallel_text(kwargs: dict[str, Any]) -> str:
+    """``tensor_parallel_size=2`` (and the other parallel sizes above 1): for messages."""
+    parts = [f"{k}={int(kwargs[k])}" for k in PARALLEL_ARGS if int(kwargs.get(k) or 1) > 1]
+    return " × ".join(parts) or "one device"
+
+
+def prepare_process(kwargs: dict[str, Any], *, daemon: bool | None = None) -> None:
+    """Let vLLM start inside this process. A daemonic process (a Celery prefork pool child) may not have
+    children: vLLM's engine core then runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and an
+    engine over several GPUs (tensor, pipeline or data parallel: it needs a worker process per GPU) is
+    refused with the way out: a worker that holds its GPUs in one non-daemonic process, ``srdq worker
+    --gpus 0,1 --gpus-per-worker 2`` (Celery's solo pool), or ``srdq run``. ``daemon`` overrides the
+    probe (tests)."""
     import multiprocessing
 
-    if not multiprocessing.current_process().daemon:
+    if daemon is None:
+        daemon = bool(multiprocessing.current_process().daemon)
+    if not daemon:
         return
-    if tensor_parallel_size > 1:
+    needed = devices_needed(kwargs)
+    if needed > 1:
         raise EngineError(
-            f"tensor_parallel_size={tensor_parallel_size} needs vLLM worker processes, which a daemonic process "
-            "(a Celery prefork worker) cannot start; use `srdq run` for tensor parallelism, or one GPU per worker"
+            f"{parallel_text(kwargs)} needs a vLLM worker process per GPU, which a daemonic process (a Celery "
+            f"prefork pool child) cannot start: run the fleet worker as one process holding {needed} GPUs, "
+            f"`srdq worker --gpus <{needed} ids> --gpus-per-worker {needed}` (solo pool), or use `srdq run`"
         )
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def check_visible_gpus(kwargs: dict[str, Any], visible: int) -> None:
+    """EngineError before vLLM starts when the engine spans more GPUs (``devices_needed``) than this process
+    sees (``visible``: ``torch.cuda.device_count()``, which CUDA_VISIBLE_DEVICES limits): a fleet worker
+    started for one GPU leasing a shard of a tensor-parallel run says so, instead of vLLM's own error."""
+    needed = devices_needed(kwargs)
+    if needed > visible:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else ""
+        raise EngineError(
+            f"the run's engine needs {needed} GPUs ({parallel_text(kwargs)}) but this process sees {visible}"
+            f"{where}: start its workers with `srdq worker --gpus <ids> --gpus-per-worker {needed}`, and "
+            "submit such runs to a queue only those workers serve (SRDQ_QUEUE)"
+        )
 
 
 def tiny_model_dir(cache_dir: Path) -> Path:
@@ -408,7 +451,9 @@ class VLLMEngine:
     def from_name(cls, name: str, *, settings: Settings, **llm_kwargs: Any) -> VLLMEngine:
         """Build ``vllm.LLM`` for a model name (a local folder, a Hugging Face id, ``smollm2`` or
         ``tiny-random-llama``) with the settings' dtype, tensor_parallel_size and gpu_memory_utilization.
-        Extra keyword arguments go to ``vllm.LLM`` (e.g. ``max_model_len``)."""
+        Extra keyword arguments go to ``vllm.LLM`` and win over those (the run's engine arguments,
+        ``--engine-arg``, checked against vLLM's ``EngineArgs`` by ``engines.engine_args``: max_model_len,
+        quantization, kv_cache_dtype, revision, tensor_parallel_size, ...)."""
         vllm = import_vllm()
         from transformers import AutoTokenizer
 
@@ -437,12 +482,19 @@ class VLLMEngine:
             kwargs["enforce_eager"] = True
         if on_cpu:
             kwargs.update(cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len")))
+        kwargs.update(llm_kwargs)  # the run's engine arguments win over srdq's settings
+        if on_cpu:
             bind = cpu_threads(str(settings.vllm_cpu_threads))
-            single = int(kwargs["tensor_parallel_size"]) == 1  # a list per rank otherwise: vLLM's own
+            single = devices_needed(kwargs) == 1  # a list per rank otherwise: vLLM's own
             if bind is not None and single and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
-        kwargs.update(llm_kwargs)
-        prepare_process(int(kwargs["tensor_parallel_size"]))
+        else:
+            import torch
+
+            visible = torch.cuda.device_count()
+            if visible:  # CUDA (or ROCm) devices: an engine wider than them fails here, not inside vLLM
+                check_visible_gpus(kwargs, visible)
+        prepare_process(kwargs)
         try:
             llm, procs = start_llm(lambda: vllm.LLM(**kwargs))
         except BaseException as exc:  # Ctrl-C during start-up too: start_llm left no engine core behind

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import time
 import types
 import typing
@@ -145,8 +146,10 @@ class Ledger(TypedDict):
     gen_tokens: int
     prefill_tokens: int
     lm_calls: int
-    rm_calls: int
-    rm_tokens: int
+    rm_calls: int  # responses the reward model scored (score-cache misses only)
+    rm_tokens: int  # response tokens of those
+    rm_cache_hits: int  # responses whose score came from the score cache (no reward call)
+    rm_cache_hit_tokens: int  # response tokens of those (scoring the cache saved)
     components: dict[str, ComponentLedger]  # keyed by COMPONENTS
 
 
@@ -174,6 +177,8 @@ def new_ledger() -> Ledger:
         "lm_calls": 0,
         "rm_calls": 0,
         "rm_tokens": 0,
+        "rm_cache_hits": 0,
+        "rm_cache_hit_tokens": 0,
         "components": {c: {"calls": 0, "in_tokens": 0, "out_tokens": 0} for c in COMPONENTS},
     }
 
@@ -214,6 +219,21 @@ class ScoreCall:
     finished: bool = False  # the response is complete (EOS / stop string), not a prefix
 
 
+class ScoreCache(Protocol):
+    """Reward scores already computed, by content (``store.score_cache.SqlScoreCache``; README, *Score
+    cache*). ``key`` names one (question, response, finished) input under the cache's reward identity;
+    ``lookup`` returns the scores it holds for some of ``keys``; ``add`` records newly computed ones (the
+    runner makes them durable with the round's checkpoint, ``flush``)."""
+
+    def key(self, question: str, response: str, finished: bool) -> str: ...
+
+    def lookup(self, keys: Sequence[str]) -> dict[str, float]: ...
+
+    def add(self, scores: dict[str, float]) -> None: ...
+
+    def flush(self) -> None: ...
+
+
 class _FinishedAwareReward(Protocol):
     """A reward whose ``score`` takes the optional ``finished`` keyword (``rewards.base.accepts_finished``)."""
 
@@ -232,11 +252,13 @@ class StepContext:
         run_seed: int,
         extract_answer: Callable[[str], str | None] | None = None,
         stop: Sequence[str] = (),
+        score_cache: ScoreCache | None = None,
     ) -> None:
         self.engine = engine
         #: the task's stop strings, added to every request's own (``generate``)
         self.stop = tuple(stop)
         self.reward = reward
+        self.score_cache = score_cache
         self.run_seed = run_seed
         self.extract_answer = extract_answer or (lambda text: None)
         self._reward_takes_finished = reward is not None and accepts_finished(reward)
@@ -281,33 +303,80 @@ class StepContext:
         return gens
 
     def score(self, calls: Sequence[ScoreCall]) -> list[float]:
-        """ONE reward batch for every call (question, partial or full response)."""
+        """ONE reward batch for every call (question, partial or full response).
+
+        With a ``score_cache``, calls whose input it holds (or that repeat an earlier call of this batch)
+        are not sent to the reward: each counts as a cache hit (``rm_cache_hits``, ``rm_cache_hit_tokens``),
+        never as a reward call; ``rm_calls`` / ``rm_tokens`` and the scorer's invocations and input tokens
+        count the misses only. The reward's wall time is charged to the calls it scored, the lookup's to
+        every call."""
         if not calls:
             return []
         if self.reward is None:
             raise ConfigError("this method needs a reward model; pass --reward")
         t0 = time.perf_counter()
+        cache = self.score_cache
+        finished = [c.finished and self._reward_takes_finished for c in calls]
+        keys: list[str] | None = None
+        known: dict[str, float] = {}
+        if cache is not None:
+            keys = [
+                cache.key(c.state["question"], c.response, f) for c, f in zip(calls, finished, strict=True)
+            ]
+            known = dict(cache.lookup(keys))
+        # the inputs to send: every call without a cache, else one per distinct key the cache lacks
+        todo: list[int] = []
+        first_of: dict[str, int] = {}
+        for i in range(len(calls)):
+            if keys is None:
+                todo.append(i)
+            elif keys[i] not in known and keys[i] not in first_of:
+                first_of[keys[i]] = i
+                todo.append(i)
+        scored = set(todo)
+        t1 = time.perf_counter()
+        computed = self._score_batch([calls[i] for i in todo], [finished[i] for i in todo]) if todo else []
+        elapsed = time.perf_counter() - t1
+        scores: list[float] = [0.0] * len(calls)
+        for i, s in zip(todo, computed, strict=True):
+            scores[i] = s
+        if keys is not None and cache is not None:
+            fresh = {keys[i]: s for i, s in zip(todo, computed, strict=True)}
+            cache.add({k: s for k, s in fresh.items() if math.isfinite(s)})
+            for i, k in enumerate(keys):
+                if i not in scored:
+                    scores[i] = known[k] if k in known else fresh[k]
+        lookup_share = (t1 - t0) / len(calls)
+        touched: dict[int, tuple[ItemState, str]] = {}
+        for i, c in enumerate(calls):
+            led = c.state["ledger"]
+            c.state["timing"][c.component] += lookup_share
+            if i in scored:
+                led["rm_calls"] += 1
+                led["rm_tokens"] += c.n_tokens
+                led["components"][c.component]["in_tokens"] += c.n_tokens
+                c.state["timing"][c.component] += elapsed / len(todo)
+                touched[id(c.state)] = (c.state, c.component)
+            else:  # a state checkpointed before the score cache existed lacks these two counters
+                led["rm_cache_hits"] = led.get("rm_cache_hits", 0) + 1
+                led["rm_cache_hit_tokens"] = led.get("rm_cache_hit_tokens", 0) + c.n_tokens
+        for state, component in touched.values():
+            state["ledger"]["components"][component]["calls"] += 1
+        return scores
+
+    def _score_batch(self, calls: Sequence[ScoreCall], finished: Sequence[bool]) -> list[float]:
+        """The reward's scores of ``calls`` (one batch), as floats."""
+        assert self.reward is not None  # checked by ``score``
         prompts, responses = [c.state["question"] for c in calls], [c.response for c in calls]
         if self._reward_takes_finished:
             # accepts_finished(reward) was checked in __init__: its score takes ``finished``
             scores = cast(_FinishedAwareReward, self.reward).score(
-                prompts, responses, finished=[c.finished for c in calls]
+                prompts, responses, finished=list(finished)
             )
         else:
             scores = self.reward.score(prompts, responses)
-        elapsed = time.perf_counter() - t0
         if len(scores) != len(calls):
             raise RuntimeError(f"reward returned {len(scores)} scores for {len(calls)} responses")
-        touched: dict[int, tuple[ItemState, str]] = {}
-        for c in calls:
-            led = c.state["ledger"]
-            led["rm_calls"] += 1
-            led["rm_tokens"] += c.n_tokens
-            led["components"][c.component]["in_tokens"] += c.n_tokens
-            c.state["timing"][c.component] += elapsed / len(calls)
-            touched[id(c.state)] = (c.state, c.component)
-        for state, component in touched.values():
-            state["ledger"]["components"][component]["calls"] += 1
         return [float(s) for s in scores]
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -339,8 +408,19 @@ class Method(Generic[StateT, ParamsT]):
     def step(self, states: list[StateT], ctx: StepContext) -> list[StateT]:
         raise NotImplementedError
 
+    #: adaptive methods (SRD, rejection sampling, Speculative Rejection, beam search, DVTS): the runner
+    #: records, after every round, the answer ``current_best`` gives and the tokens spent so far
+    #: (``runner.anytime_entry``; the anytime curve of ``srdq report``)
+    anytime: ClassVar[bool] = False
+
     def done(self, state: StateT) -> bool:
         return bool(state["done"])
+
+    def current_best(self, state: StateT, ctx: StepContext) -> tuple[str, float | None]:
+        """(response, reward) the method would return if it were stopped after this round: its current
+        best by reward, chosen as ``result`` chooses; ("", None) while it has nothing to return. Pure: the
+        state is not changed. Only methods with ``anytime`` implement it."""
+        raise NotImplementedError
 
     def result(self, state: StateT) -> dict[str, Any]:
         raise NotImplementedError

@@ -33,6 +33,7 @@ from srd_worker.methods.step_search import (
     init_search_state,
     rank_key,
     score_beams,
+    search_best,
     search_result,
 )
 
@@ -92,6 +93,11 @@ class DVTS(Method[SearchState, SearchParams]):
             if ended or state["round"] >= p.max_steps:
                 finish_item(ctx, p, state)
         return states
+
+    anytime = True
+
+    def current_best(self, state: SearchState, ctx: StepContext) -> tuple[str, float | None]:
+        return search_best(ctx, self.params, state)
 
     def result(self, state: SearchState) -> dict[str, Any]:
         return search_result(state)

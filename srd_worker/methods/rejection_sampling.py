@@ -110,6 +110,12 @@ class RejectionSampling(Method[SRDState, RejectionSamplingParams]):
     def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
         return self.loop.step(states, ctx)
 
+    anytime = True
+
+    def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
+        res = self.result(state)
+        return str(res["response"]), res["reward"]
+
     def result(self, state: SRDState) -> dict[str, Any]:
         res = self.loop.result(state)
         res["variant"] = self.variant

@@ -103,6 +103,12 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
             state["done"] = all(is_finished(c) for c in state["candidates"])
         return states
 
+    anytime = True
+
+    def current_best(self, state: SpecRejState, ctx: StepContext) -> tuple[str, float | None]:
+        res = self.result(state)
+        return str(res["response"]), res["reward"]
+
     def result(self, state: SpecRejState) -> dict[str, Any]:
         best = best_completed(state["finished"])
         return {

@@ -105,5 +105,11 @@ class SRD(Method[SRDState, SRDParams]):
     def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
         return self.loop.step(states, ctx)
 
+    anytime = True
+
+    def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
+        res = self.result(state)
+        return str(res["response"]), res["reward"]
+
     def result(self, state: SRDState) -> dict[str, Any]:
         return self.loop.result(state)

@@ -242,18 +242,38 @@ def weighted_majority(pool: Sequence[ArchiveEntry], answers: Sequence[str | None
     return next(i for i in members if pool[i] is best)
 
 
-def finish_item(ctx: StepContext, p: SearchParams, state: SearchState) -> None:
-    """Mark the item done and choose its answer from the pool."""
-    pool = state["pool"]
-    state["done"] = True
+def choose(
+    ctx: StepContext, p: SearchParams, pool: Sequence[ArchiveEntry]
+) -> tuple[int | None, list[str | None] | None]:
+    """(pool index of the answer, the pool's extracted answers for ``weighted_majority`` else None)."""
     chosen: int | None = None
+    answers: list[str | None] | None = None
     if p.answer == "weighted_majority":
-        state["answers"] = [ctx.extract_answer(e["text"]) for e in pool]
-        chosen = weighted_majority(pool, state["answers"])  # None when nobody answered: best score
+        answers = [ctx.extract_answer(e["text"]) for e in pool]
+        chosen = weighted_majority(pool, answers)  # None when nobody answered: best score
     if chosen is None and pool:
         best = best_completed(pool)
         chosen = next(i for i, e in enumerate(pool) if e is best)
+    return chosen, answers
+
+
+def finish_item(ctx: StepContext, p: SearchParams, state: SearchState) -> None:
+    """Mark the item done and choose its answer from the pool."""
+    state["done"] = True
+    chosen, answers = choose(ctx, p, state["pool"])
+    if answers is not None:
+        state["answers"] = answers
     state["chosen"] = chosen
+
+
+def search_best(ctx: StepContext, p: SearchParams, state: SearchState) -> tuple[str, float | None]:
+    """(response, reward) the search would return if stopped now: its choice among the finished beams of
+    the pool so far, as ``finish_item`` chooses (the chosen one once the item is done)."""
+    pool = state["pool"]
+    chosen = state.get("chosen") if state["done"] else choose(ctx, p, pool)[0]
+    if chosen is None:
+        return "", None
+    return pool[chosen]["text"], pool[chosen]["reward"]
 
 
 def search_result(state: SearchState) -> dict[str, Any]:

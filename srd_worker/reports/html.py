@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.reports.builder import (
+    ANYTIME_NOTE,
     COMPONENT_NOTE,
     COMPONENT_TOKENS_NOTE,
     FAILED_NOTE,
     KCURVE_NOTE,
+    NO_ANYTIME_NOTE,
     NO_KCURVE_NOTE,
+    REWARD_CALLS_NOTE,
     ROUTING_NOTE,
     RUNS_NOTE,
     Figure,
@@ -44,6 +47,7 @@ SECTION_IDS = {
     "failed": "Failed items",
     "frontier": "Accuracy vs generated tokens",
     "kcurves": "k-curves",
+    "anytime": "Anytime curves",
     "compute": "Compute per component",
     "routing": "SRD routing statistics",
     "provenance": "Provenance",
@@ -285,6 +289,8 @@ def render_html(runs: Sequence[RunRecords], report: Report) -> str:
     ]
     sec["kcurves"] += [_figure(f) for f in report.kcurves]
     sec["kcurves"].append(_note(KCURVE_NOTE if report.kcurves else NO_KCURVE_NOTE))
+    sec["anytime"] += [_figure(f) for f in report.anytime]
+    sec["anytime"].append(_note(ANYTIME_NOTE if report.anytime else NO_ANYTIME_NOTE))
     if report.components is not None and report.component_tokens is not None:
         sec["compute"] += [
             table_html(report.components),
@@ -292,6 +298,8 @@ def render_html(runs: Sequence[RunRecords], report: Report) -> str:
             _note(COMPONENT_TOKENS_NOTE),
             table_html(report.component_tokens),
         ]
+        if report.reward_calls is not None:
+            sec["compute"] += [_note(REWARD_CALLS_NOTE), table_html(report.reward_calls)]
     else:
         sec["compute"].append('<p class="note">No compute ledger in these runs.</p>')
     if report.routing is not None:

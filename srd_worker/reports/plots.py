@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from srd_worker.reports.anytime import AnytimePoint
     from srd_worker.reports.kcurves import KPoint
     from srd_worker.reports.rows import Point
 
@@ -132,6 +133,48 @@ def plot_kcurve(rows: Sequence[KPoint], path: str | Path, *, title: str) -> Path
         ax.set_xscale("log", base=2)
     ax.set_ylim(0.0, 1.0)
     ax.set_xlabel("k (candidates per problem)")
+    ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
+    _percent_axis(ax)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    path = Path(path)
+    fig.savefig(path, format="png")
+    return path
+
+
+def plot_anytime(points: Sequence[AnytimePoint], path: str | Path, *, title: str) -> Path:
+    """One run's anytime curve (``reports.anytime``): accuracy against mean generated tokens after each
+    round, with 95% bootstrap intervals over problems on both axes."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7.0, 4.6), dpi=150, layout="constrained")
+    ax = fig.add_subplot()
+    pts = [p for p in points if p.accuracy is not None]
+    xs, ys = [p.tokens for p in pts], [float(p.accuracy) for p in pts]  # type: ignore[arg-type]
+    ax.plot(xs, ys, marker="o", color="C0", label="anytime (this run stopped after round r)", clip_on=False)
+
+    def err(vals: Sequence[float], cis: Sequence[tuple[float | None, float | None]]) -> list[list[float]]:
+        low = [v - lo if lo is not None else 0.0 for v, (lo, _) in zip(vals, cis, strict=True)]
+        high = [hi - v if hi is not None else 0.0 for v, (_, hi) in zip(vals, cis, strict=True)]
+        return [low, high]
+
+    if pts:
+        ax.errorbar(
+            xs,
+            ys,
+            xerr=err(xs, [p.tokens_ci for p in pts]),
+            yerr=err(ys, [p.accuracy_ci for p in pts]),
+            fmt="none",
+            ecolor="C0",
+            elinewidth=1.0,
+            capsize=3,
+            alpha=0.7,
+        )
+        for p, x, y in zip(pts, xs, ys, strict=True):
+            ax.annotate(str(p.round), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("Mean generated tokens per problem, spent by round r")
     ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
     _percent_axis(ax)
     ax.set_title(title, fontsize=11)

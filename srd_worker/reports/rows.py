@@ -392,6 +392,11 @@ class ComponentRow:
     in_tokens: float
     out_tokens: float
     components: dict[str, ComponentStats] = field(default_factory=dict)
+    #: reward calls (responses the reward scored) and score-cache hits (scores read instead), per problem
+    rm_calls: float = 0.0
+    rm_cache_hits: float = 0.0
+    #: hits summed over the run's problems
+    rm_cache_hits_total: int = 0
 
 
 def component_row(run: RunRecords, summary: RunSummary | None = None) -> ComponentRow | None:
@@ -424,6 +429,9 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
         in_tokens=sum(_ledger(r).get("prefill_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
         out_tokens=sum(_ledger(r).get("gen_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
         components=components,
+        rm_calls=sum(_ledger(r).get("rm_calls", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
+        rm_cache_hits=sum(_ledger(r).get("rm_cache_hits", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
+        rm_cache_hits_total=sum(_ledger(r).get("rm_cache_hits", 0) for r in with_ledger),  # type: ignore[union-attr]
     )
 
 

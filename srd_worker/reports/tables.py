@@ -181,6 +181,27 @@ def component_tokens_table_data(rows: Sequence[ComponentRow]) -> Table:
     return Table(["run", "method", "N", "Drafter", "Scorer", "Editor", "Router"], body, align="llrrrrr")
 
 
+def reward_calls_table_data(rows: Sequence[ComponentRow]) -> Table:
+    """Reward calls and score-cache hits per run (README, *Score cache*)."""
+    body = []
+    for r in rows:
+        total = r.rm_calls + r.rm_cache_hits
+        body.append(
+            [
+                r.run_id,
+                r.method,
+                budget_text(r.budget),
+                f"{r.rm_calls:.1f}",
+                f"{r.rm_cache_hits:.1f}",
+                str(r.rm_cache_hits_total),
+                _frac(r.rm_cache_hits / total) if total else "n/a",
+            ]
+        )
+    return Table(
+        ["run", "method", "N", "RM calls", "cache hits", "hits (total)", "hit share"], body, align="llrrrrr"
+    )
+
+
 def routing_table_data(rows: Sequence[RoutingRow]) -> Table:
     body = [
         [

@@ -99,7 +99,7 @@ class VLLMReward:
         self._owns_llm = llm is None
         self._procs = LLMProcesses()
         if llm is None:
-            prepare_process(int(tensor_parallel_size))
+            prepare_process({"tensor_parallel_size": int(tensor_parallel_size)})
             common = dict(
                 model=self.model_name,
                 dtype=dtype,

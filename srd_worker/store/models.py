@@ -5,6 +5,7 @@ status (``run.sweep_id``: the sweep that created it, if any), ``shard`` a contig
 and fencing fields the queue uses, ``item`` one dataset row, ``checkpoint`` the latest method state of
 one item (one row per item, overwritten), ``checkpoint_round`` the state of one item after one round (the
 snapshots ``srdq fork`` starts from; compressed, for rounds up to ``SRDQ_SNAPSHOT_ROUNDS``) and ``result`` the final record of one item (written once).
+``score_cache`` holds reward scores by content, shared by every run of the store (``store.score_cache``).
 Unique keys make every write idempotent: a redelivered task can never create a second result.
 
 JSON columns use SQLAlchemy's generic ``JSON`` type so the same tables work on SQLite and PostgreSQL.
@@ -253,4 +254,19 @@ class Result(SQLModel, table=True):
     )
     correct: bool | None = Field(default=None)
     error: str | None = Field(default=None, sa_type=Text)
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ScoreCacheRow(SQLModel, table=True):
+    """One reward score, content-addressed: ``key`` is the sha256 of (reward identity, question, response
+    text, finished flag) (``store.score_cache.score_key``). Shared by every run of the store; written once
+    per key (insert-or-nothing), never updated."""
+
+    __tablename__ = "score_cache"
+
+    key: str = Field(primary_key=True, max_length=64, description="sha256 hex of the scored input.")
+    reward: str = Field(
+        max_length=64, description="sha256 hex of the reward identity (model, revision, parameters)."
+    )
+    score: float = Field(description="The reward's score (finite; double precision).")
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)

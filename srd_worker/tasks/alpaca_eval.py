@@ -13,11 +13,10 @@ judge runs outside srdq, on the results file).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
+from srd_worker.tasks.loading import Rows, RowTask
 from srd_worker.tasks.prompts import raw_messages
 
 #: No grader: recorded so results still say which (absent) grading they went through.
@@ -26,18 +25,12 @@ GRADER_VERSION: str = "ungraded-1"
 META_FIELDS: tuple[str, ...] = ("dataset", "datasplit")
 
 
-class AlpacaEvalTask:
+class AlpacaEvalTask(RowTask):
     """Open-ended instructions with no gold answer: ``grade`` returns None."""
 
     name: str = "alpaca_eval"
     required_fields: tuple[str, ...] = ("instruction",)
     grader_version: str = GRADER_VERSION
-
-    def __init__(self, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
-        self.max_row_bytes = max_row_bytes
-
-    def load(self, path: str | Path) -> list[Item]:
-        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
 
     def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
         rows.require(at, row, self.required_fields)

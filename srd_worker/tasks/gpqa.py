@@ -23,12 +23,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import extract_boxed, strip_latex_text
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
+from srd_worker.tasks.loading import Rows, RowTask
 from srd_worker.tasks.prompts import GPQA_LETTERS, format_gpqa_question, gpqa_messages
 
 #: Changing the salt changes every item's choice order: bump GRADER_VERSION / the prompt version with it.
@@ -78,18 +77,12 @@ def _norm(text: str) -> str:
     return " ".join(strip_latex_text(text).lower().split()).rstrip(".")
 
 
-class GPQATask:
+class GPQATask(RowTask):
     """GPQA Diamond (or Main/Extended) multiple choice; graded by the answer letter."""
 
     name: str = "gpqa"
     required_fields: tuple[str, ...] = (QUESTION, CORRECT, *INCORRECT)
     grader_version: str = GRADER_VERSION
-
-    def __init__(self, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
-        self.max_row_bytes = max_row_bytes
-
-    def load(self, path: str | Path) -> list[Item]:
-        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
 
     def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
         question = rows.text(at, row, QUESTION)

@@ -23,12 +23,11 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import extract_boxed, strip_latex_text
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
+from srd_worker.tasks.loading import Rows, RowTask
 from srd_worker.tasks.prompts import format_hotpotqa_question, hotpotqa_messages
 
 GRADER_VERSION: str = "hotpotqa-official-em-f1-1"
@@ -102,18 +101,12 @@ def _passages(rows: Rows, at: int, row: dict[str, Any]) -> list[tuple[str, str]]
     return out
 
 
-class HotpotQATask:
+class HotpotQATask(RowTask):
     """HotpotQA question answering over given passages; graded by the official EM (F1 in ``metrics``)."""
 
     name: str = "hotpotqa"
     required_fields: tuple[str, ...] = ("question", "answer", "context")
     grader_version: str = GRADER_VERSION
-
-    def __init__(self, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
-        self.max_row_bytes = max_row_bytes
-
-    def load(self, path: str | Path) -> list[Item]:
-        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
 
     def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
         rows.require(at, row, ("question", "answer"))

@@ -636,3 +636,17 @@ def _json_type(value: object) -> str:
     if isinstance(value, str):
         return "string"
     return type(value).__name__
+
+
+class RowTask:
+    """A task whose items are its dataset's rows, one ``_item`` each (read with ``read_rows``, capped at
+    ``max_row_bytes`` per row): the shared ``__init__`` and ``load`` of the row-per-item tasks."""
+
+    def __init__(self, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
+        self.max_row_bytes = max_row_bytes
+
+    def load(self, path: str | Path) -> list[Item]:
+        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
+
+    def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
+        raise NotImplementedError

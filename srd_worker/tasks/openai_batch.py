@@ -18,11 +18,10 @@ Left out: images and other non-text content parts (refused, naming the line), to
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
+from srd_worker.tasks.loading import Rows, RowTask
 
 GRADER_VERSION: str = "ungraded-1"
 URLS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions")
@@ -34,18 +33,12 @@ def is_openai_batch_row(row: dict[str, Any]) -> bool:
     return "custom_id" in row and "body" in row
 
 
-class OpenAIBatchTask:
+class OpenAIBatchTask(RowTask):
     """The requests of an OpenAI batch file, ungraded, ``custom_id`` carried to the records."""
 
     name: str = "openai_batch"
     required_fields: tuple[str, ...] = ("custom_id", "body")
     grader_version: str = GRADER_VERSION
-
-    def __init__(self, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES) -> None:
-        self.max_row_bytes = max_row_bytes
-
-    def load(self, path: str | Path) -> list[Item]:
-        return read_rows(path, max_row_bytes=self.max_row_bytes).items(self._item)
 
     def _item(self, rows: Rows, at: int, row: dict[str, Any]) -> Item:
         rows.require(at, row, ("custom_id",))

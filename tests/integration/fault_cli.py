@@ -27,10 +27,10 @@ def _install() -> None:
     per_request = os.environ.get("SRDQ_TEST_PER_REQUEST") == "1"
     entry = registry.ENGINES["transformers"]
 
-    def factory(model: str, settings: Any) -> Any:
+    def factory(model: str, settings: Any, engine_args: dict[str, Any]) -> Any:
         from tests.faults import FaultyEngine
 
-        inner = entry.factory(model, settings)
+        inner = entry.factory(model, settings, engine_args)
         return FaultyEngine(inner, poison=poison, oom_above=oom_above, per_request=per_request)
 
     registry.ENGINES["transformers"] = dataclasses.replace(entry, factory=factory)

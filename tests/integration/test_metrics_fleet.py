@@ -4,6 +4,7 @@ database holds (items done, generated tokens of the records, shards finished).""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import urllib.request
 
@@ -64,7 +65,7 @@ def test_scraped_counters_equal_the_records(env, datasets_dir, tmp_path):
     # the second worker's two pool processes serve on b and b + 1 (the flag wins over the environment)
     log = open(tmp_path / "b.log", "w")  # noqa: SIM115 - closed when the process is reaped
     proc = subprocess.Popen(
-        [*CLI, "worker", "--concurrency", "2", "--metrics-port", str(b)],
+        [*CLI, "worker", "--concurrency", "2", "--metrics-port", str(b), "--log-format", "json"],
         env=env["env"],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -115,3 +116,9 @@ def test_scraped_counters_equal_the_records(env, datasets_dir, tmp_path):
                     assert set(labels) <= {"run_id", "worker", "component", "reason", "engine", "le"}, name
                     assert not any("://" in v or "@" in v for v in labels.values()), labels
     assert f"metrics on port {a}" in worker_log(env, "a")
+    # the worker started with --log-format json logs JSON objects only, line by line (Celery's too)
+    log.flush()
+    lines = [line for line in (tmp_path / "b.log").read_text().splitlines() if line.strip()]
+    events = [json.loads(line) for line in lines]
+    assert events and all({"ts", "level", "logger", "msg"} <= set(e) for e in events)
+    assert any(e.get("run_id") == run_id for e in events)

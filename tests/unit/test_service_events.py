@@ -29,7 +29,7 @@ class LoadedCache(EngineCache):
         super().__init__(settings)
         self.engine = engine
 
-    def get(self, model, engine="transformers", engine_config=None):
+    def get(self, model, engine="transformers", engine_config=None, engine_args=None):
         return self.engine
 
 

@@ -29,7 +29,9 @@ class SlowBuildCache(EngineCache):
         self.engine, self.db, self.run_id = engine, db, run_id
         self.stolen: leases.Lease | None = None
 
-    def get(self, model: str, engine: str = "transformers", engine_config: Any = None) -> Any:
+    def get(
+        self, model: str, engine: str = "transformers", engine_config: Any = None, engine_args: Any = None
+    ) -> Any:
         time.sleep(TTL_S * 2.5)
         with session_scope(self.db) as session:
             self.stolen = leases.acquire(

@@ -46,7 +46,9 @@ def test_one_vllm_worker_finishes_a_run_and_stops_cleanly(tmp_path, monkeypatch,
 
     from srd_worker.engines import registry
 
-    monkeypatch.setattr(registry, "build_engine", lambda name, model, settings: Borrowed(vllm_engine))
+    monkeypatch.setattr(
+        registry, "build_engine", lambda name, model, settings, engine_args=None: Borrowed(vllm_engine)
+    )
     ref_out = tmp_path / "ref"
     res = CliRunner().invoke(cli, ["run", "gsm8k", *ARGS, "--out", str(ref_out)], catch_exceptions=False)
     assert res.exit_code == 0, res.output

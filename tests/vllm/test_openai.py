@@ -192,3 +192,123 @@ def test_fleet_without_models_matches_embedded_and_survives_a_server_crash(
         assert report.returncode == 0, report.stderr
         text = (tmp_path / "report" / "report.md").read_text()
         assert server.url in text and runtime["model"]["revision"] in text
+
+
+# ---------------------------------------------------------------------------------- the chat endpoint
+@pytest.fixture(scope="module")
+def chat_engine(server, vllm_cache):
+    from srd_worker.engines.registry import build_engine
+    from srd_worker.settings import Settings
+
+    eng = build_engine(
+        "openai", SERVED, Settings(cache_dir=vllm_cache, openai_base_url=server.url), {"api": "chat"}
+    )
+    yield eng
+    eng.close()
+
+
+def _chat_prompt(engine) -> tuple[int, ...]:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+    return tuple(engine.tokenizer.chat_prompt_ids(messages))
+
+
+def test_chat_api_generates_what_completions_does(engine, chat_engine):
+    """/v1/chat/completions over the same server: the messages recovered from srdq's prompt ids give the
+    server the very prompt /v1/completions gets (vLLM returns its prompt ids), so greedy and seeded
+    draws agree token for token; a kept prefix is continued with continue_final_message."""
+    from srd_worker.engines.base import SamplingParams
+
+    assert chat_engine.api == "chat" and chat_engine.capabilities == {"sampling"}
+    prompt = _chat_prompt(engine)
+    requests = [
+        contract.GenerationRequest(prompt, contract.greedy(12)),
+        contract.GenerationRequest(
+            prompt, SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, seed=7)
+        ),
+    ]
+    by_completions = engine.generate(requests)
+    by_chat = chat_engine.generate(requests)
+    assert chat_engine.token_ids_source == "server"
+    assert [g.token_ids for g in by_chat] == [g.token_ids for g in by_completions]
+    assert [g.finish_reason for g in by_chat] == [g.finish_reason for g in by_completions]
+    # continuation: the first 5 greedy tokens kept, the rest generated after them
+    full = by_completions[0].token_ids
+    kept = tuple(full[:5])
+    (tail,) = chat_engine.generate(
+        [contract.GenerationRequest(prompt + kept, contract.greedy(len(full) - 5))]
+    )
+    assert tail.token_ids == full[5:]
+    assert chat_engine.chat_prompt_drift == 0  # the server's prompt ids were the engine's every time
+    # logprobs of sampled tokens come back from the chat answer's logprobs.content
+    (with_lp,) = chat_engine.generate([contract.GenerationRequest(prompt, contract.greedy(6, logprobs=True))])
+    (ref_lp,) = engine.generate([contract.GenerationRequest(prompt, contract.greedy(6, logprobs=True))])
+    assert with_lp.logprobs == pytest.approx(ref_lp.logprobs, abs=1e-4)
+
+
+def test_chat_api_refuses_what_it_cannot_do(server, vllm_cache, chat_engine):
+    from srd_worker.engines.registry import build_engine
+    from srd_worker.errors import EngineError
+    from srd_worker.settings import Settings
+
+    prompt = _chat_prompt(chat_engine)
+    with pytest.raises(EngineError, match="teacher-forced scoring of given token ids needs /v1/completions"):
+        chat_engine.logprobs([(prompt, (5, 6))])
+    strict = build_engine(
+        "openai",
+        SERVED,
+        Settings(cache_dir=vllm_cache, openai_base_url=server.url),
+        {"api": "chat", "continue_final_message": False},
+    )
+    try:
+        assert (
+            len(strict.generate([contract.GenerationRequest(prompt, contract.greedy(3))])[0].token_ids) == 3
+        )
+        with pytest.raises(EngineError, match="continues a partial answer .*continue_final_message=false"):
+            strict.generate([contract.GenerationRequest(prompt + (70, 71), contract.greedy(3))])
+    finally:
+        strict.close()
+    with pytest.raises(EngineError, match="is not the tokenizer's chat template"):
+        chat_engine.generate([contract.GenerationRequest((70, 71, 72), contract.greedy(3))])
+
+
+def test_runs_on_the_chat_api(server, tmp_path, monkeypatch, vllm_cache):
+    """`srdq run --engine openai --engine-arg api=chat`: best_of_n drafting its whole budget in one call (no
+    continuation) gives the records of the completions run; in chunked rounds (every round after the first
+    continues a kept prefix with continue_final_message) it runs to the end. The two are not equal there:
+    the random model's tokens are bytes that are often not UTF-8 on their own, and the chat API carries the
+    kept prefix as text (README, *The chat endpoint*). The run records its api."""
+    from srdq_cli.main import cli
+
+    from srd_worker.store import crud
+    from srd_worker.store.db import make_engine, session_scope, sqlite_url
+
+    monkeypatch.setenv("SRDQ_OPENAI_BASE_URL", server.url)
+    monkeypatch.setenv("SRDQ_CACHE_DIR", str(vllm_cache))
+    base = ["--method", "best_of_n", "--engine", "openai", "--model", SERVED, "--reward", "arithmetic", "--n", "3",
+            "--max-new-tokens", "24", "--seed", "3", "--limit", "3"]  # fmt: skip
+    records = {}
+    for api, chunk in (("completions", 0), ("chat", 0), ("chat", 8)):
+        out = tmp_path / f"{api}-{chunk}"
+        args = ["run", "gsm8k", *base, "--set", f"chunk_tokens={chunk}", "--engine-arg", f"api={api}"]
+        res = CliRunner().invoke(cli, [*args, "--out", str(out)], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        (path,) = out.glob("run-*/results.jsonl")
+        records[api, chunk] = [
+            {k: v for k, v in json.loads(line).items() if k not in ("timing", "run_id")}
+            for line in path.read_text().splitlines()
+        ]
+        db = make_engine(sqlite_url(out / "srdq.db"))
+        try:
+            with session_scope(db) as session:
+                run = crud.get_run(session=session, run_id=path.parent.name)
+                (runtime,) = run.versions["runtime"]
+                assert run.spec["engine_args"] == {"api": api}
+        finally:
+            db.dispose()
+        assert runtime["engine"]["args"] == {"api": api}
+        assert runtime["model"]["served_by"]["api"] == api
+    assert records["chat", 0] == records["completions", 0]
+    chunked = records["chat", 8]
+    assert len(chunked) == 3 and not any(r.get("error") for r in chunked)
+    assert all(len(r["candidates"]) == 3 for r in chunked)
+    assert any(r["ledger"]["lm_calls"] > 3 for r in chunked)  # rounds after the first: continuations

@@ -35,8 +35,8 @@ def lend_engine(monkeypatch, vllm_engine):
     """`srdq run` in this process builds no engine: it borrows the session's vLLM engine."""
     from srd_worker.engines import registry
 
-    def build(name, model, settings):
-        assert (name, model) == ("vllm", "tiny-random-llama")
+    def build(name, model, settings, engine_args=None):
+        assert (name, model, engine_args or {}) == ("vllm", "tiny-random-llama", {})
         return Borrowed(vllm_engine)
 
     monkeypatch.setattr(registry, "build_engine", build)

@@ -497,13 +497,13 @@ def test_vllm_in_a_daemonic_worker_runs_in_process(monkeypatch):
     from srd_worker.engines.vllm_engine import prepare_process
 
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-    prepare_process(2)  # not daemonic: nothing to do
+    prepare_process({"tensor_parallel_size": 2})  # not daemonic: nothing to do
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
     monkeypatch.setattr(multiprocessing, "current_process", lambda: types.SimpleNamespace(daemon=True))
-    prepare_process(1)
+    prepare_process({"tensor_parallel_size": 1})
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
-    with pytest.raises(EngineError, match="srdq run"):
-        prepare_process(2)
+    with pytest.raises(EngineError, match="--gpus-per-worker 2"):
+        prepare_process({"tensor_parallel_size": 2})
 
 
 @pytest.mark.parametrize(

@@ -331,8 +331,9 @@ def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: P
     assert proc.returncode == 0, proc.stderr
     png = tmp_path / "rep" / "accuracy_vs_tokens_gsm8k_4.png"  # the dataset's own name (its file)
     kcurve = tmp_path / "rep" / f"kcurve_{run_ids[0]}.png"  # Best-of-N keeps its 4 candidates
-    assert proc.stdout.split() == [str(tmp_path / "rep" / "report.md"), str(png), str(kcurve)]
-    assert kcurve.stat().st_size > 0
+    anytime = tmp_path / "rep" / f"anytime_{run_ids[1]}.png"  # SRD records its per-round answers
+    assert proc.stdout.split() == [str(tmp_path / "rep" / "report.md"), str(png), str(kcurve), str(anytime)]
+    assert kcurve.stat().st_size > 0 and anytime.stat().st_size > 0
     with Image.open(png) as image:
         image.verify()
     with Image.open(png) as image:
@@ -346,8 +347,10 @@ def test_report_of_two_real_runs_writes_a_png_and_markdown(two_runs, tmp_path: P
     assert "## Routing statistics (Table 6 layout)" in text
     routing = text.split("## Routing statistics (Table 6 layout)")[1]
     assert run_ids[1] in routing and run_ids[0] not in routing  # only SRD records routing statistics
-    kpart = text.split("## k-curves")[1].split("## Compute per component")[0]
+    kpart = text.split("## k-curves")[1].split("## Anytime curves")[0]
     assert f"### `{run_ids[0]}` (best_of_n, n=4, 4 problems)" in kpart and run_ids[1] not in kpart
+    apart = text.split("## Anytime curves")[1].split("## Compute per component")[0]
+    assert f"### `{run_ids[1]}` (srd, 4 problems)" in apart and run_ids[0] not in apart
 
 
 @pytest.mark.e2e
@@ -415,3 +418,40 @@ def test_accuracy_is_a_percentage_in_every_report_table(tmp_path: Path) -> None:
     text = build_report([bon_run(), srd_run()], tmp_path).markdown.read_text()
     assert "| 50.0% (1/2) |" in text  # the run table, as `srdq run` prints it
     assert "| 0.500 (1/2) |" not in text
+
+
+def test_reward_calls_and_cache_hits_are_reported_apart(tmp_path: Path) -> None:
+    """A score-cache hit is shown as a hit, never as a reward call (README, *Score cache*); records stored
+    before the cache (no hit counter) count none."""
+    run = srd_run()
+    run.records[0]["ledger"] = {**run.records[0]["ledger"], "rm_calls": 2, "rm_cache_hits": 6}
+    row = component_row(run)
+    assert row is not None
+    assert (row.rm_calls, row.rm_cache_hits, row.rm_cache_hits_total) == (1.5, 3.0, 6)
+    text = build_report([run, bon_run()], tmp_path).markdown.read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("| run-srd |") and "0.667" in ln)
+    assert line.split("|")[4:8] == [" 1.5 ", " 3.0 ", " 6 ", " 0.667 "]
+    bon = next(
+        ln for ln in text.splitlines() if ln.startswith("| run-bon |") and "n/a" not in ln and "| 0 |" in ln
+    )
+    assert " 0.000 " in bon
+
+
+def test_report_draws_the_anytime_curve_of_an_adaptive_run(tmp_path: Path) -> None:
+    run = srd_run()
+    for i, rec in enumerate(run.records):
+        rec["extra"] = {
+            **rec["extra"],
+            "anytime": [
+                {"round": 1, "tokens": 10 + i, "answer": None, "correct": False, "reward": None},
+                {"round": 2, "tokens": 30 + i, "answer": "1", "correct": rec["correct"], "reward": 0.5},
+            ],
+        }
+    report = build_report([run, bon_run()], tmp_path)
+    text = report.markdown.read_text()
+    assert (tmp_path / "anytime_run-srd.png").exists() and "anytime_run-bon.png" not in text
+    section = text.split("## Anytime curves")[1].split("\n## ")[0]
+    rows = [ln for ln in section.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
+    graded = [r for r in run.records if r.get("correct") is not None]
+    final = 100 * sum(bool(r["correct"]) for r in graded) / len(graded)
+    assert rows[0].split("|")[4].strip().startswith("0.0%") and f"{final:.1f}%" in rows[1]

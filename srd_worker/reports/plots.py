@@ -79,6 +79,21 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     return path
 
 
+def _save_accuracy_plot(fig: Any, ax: Any, path: str | Path, *, title: str, xlabel: str) -> Path:
+    """The k-curve's and the anytime curve's shared frame (accuracy 0-100% with bootstrap intervals, a
+    grid, the legend), written to ``path`` as PNG."""
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
+    _percent_axis(ax)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best")
+    out = Path(path)
+    fig.savefig(out, format="png")
+    return out
+
+
 def _percent_axis(ax: Any) -> None:
     """Accuracy (a fraction) shown in percent on the y axis, as the CLI and the tables show it."""
     from matplotlib.ticker import PercentFormatter
@@ -131,16 +146,7 @@ def plot_kcurve(rows: Sequence[KPoint], path: str | Path, *, title: str) -> Path
             )
     if rows and rows[-1].k >= 4:
         ax.set_xscale("log", base=2)
-    ax.set_ylim(0.0, 1.0)
-    ax.set_xlabel("k (candidates per problem)")
-    ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
-    _percent_axis(ax)
-    ax.set_title(title, fontsize=11)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    path = Path(path)
-    fig.savefig(path, format="png")
-    return path
+    return _save_accuracy_plot(fig, ax, path, title=title, xlabel="k (candidates per problem)")
 
 
 def plot_anytime(points: Sequence[AnytimePoint], path: str | Path, *, title: str) -> Path:
@@ -173,13 +179,6 @@ def plot_anytime(points: Sequence[AnytimePoint], path: str | Path, *, title: str
         )
         for p, x, y in zip(pts, xs, ys, strict=True):
             ax.annotate(str(p.round), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_ylim(0.0, 1.0)
-    ax.set_xlabel("Mean generated tokens per problem, spent by round r")
-    ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
-    _percent_axis(ax)
-    ax.set_title(title, fontsize=11)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="best")
-    path = Path(path)
-    fig.savefig(path, format="png")
-    return path
+    return _save_accuracy_plot(
+        fig, ax, path, title=title, xlabel="Mean generated tokens per problem, spent by round r"
+    )

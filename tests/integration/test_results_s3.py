@@ -344,7 +344,15 @@ def unflatten(row: dict) -> dict:
     timing: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for name, value in row.items():
-        if name in ("gen_tokens", "prefill_tokens", "lm_calls", "rm_calls", "rm_tokens"):
+        if name in (
+            "gen_tokens",
+            "prefill_tokens",
+            "lm_calls",
+            "rm_calls",
+            "rm_tokens",
+            "rm_cache_hits",
+            "rm_cache_hit_tokens",
+        ):
             ledger[name] = value
         elif name.startswith("components."):
             _, comp, count = name.split(".")

@@ -136,6 +136,13 @@ def ci_text(value: float, ci: tuple[float | None, float | None], digits: int) ->
     return f"{value:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
+def _figure_md(fig: Figure, heading: str = "###") -> list[str]:
+    """A figure's lines in report.md: heading, the image (when drawn), the caption (when any), its table."""
+    image = [f"![{fig.alt}]({fig.path.name})", ""] if fig.path is not None else []
+    caption = [fig.caption, ""] if fig.caption else []
+    return [f"{heading} {fig.title}", "", *image, *caption, fig.table.markdown(), ""]
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-") or "dataset"
 
@@ -251,8 +258,7 @@ def build_report(
             align="lrlrrrr",
         )
         done.frontiers.append(Figure(title, path, alt, caption, table))
-        image = [f"![{alt}]({path.name})", ""] if path is not None else []
-        md += [f"## {title}", "", *image, caption, "", table.markdown(), ""]
+        md += _figure_md(done.frontiers[-1], "##")
     if not groups:
         md += ["No run has graded items or rewards yet: nothing to plot.", ""]
 
@@ -288,8 +294,7 @@ def build_report(
             align="rrrrrl",
         )
         done.kcurves.append(Figure(title, path, f"k-curve of {run.run_id}", "", table))
-        image = [f"![k-curve of {run.run_id}]({path.name})", ""] if path is not None else []
-        md += [f"### {title}", "", *image, table.markdown(), ""]
+        md += _figure_md(done.kcurves[-1])
     md += [KCURVE_NOTE if curves else NO_KCURVE_NOTE, ""]
 
     md += ["## Anytime curves (adaptive runs, from each run's per-round answers)", ""]
@@ -318,8 +323,7 @@ def build_report(
             align="rrrr",
         )
         done.anytime.append(Figure(title, path, f"anytime curve of {run.run_id}", "", table))
-        image = [f"![anytime curve of {run.run_id}]({path.name})", ""] if path is not None else []
-        md += [f"### {title}", "", *image, table.markdown(), ""]
+        md += _figure_md(done.anytime[-1])
     md += [ANYTIME_NOTE if done.anytime else NO_ANYTIME_NOTE, ""]
 
     md += ["## Compute per component (Table 2 layout)", ""]

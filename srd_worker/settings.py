@@ -96,6 +96,14 @@ class Settings(BaseSettings):
         "a hit is counted apart from reward calls (ledger rm_cache_hits). false: every score is computed "
         "and nothing is read from or written to the cache.",
     )
+    rm_max_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="HF and vLLM reward models: padded tokens per scoring batch (count x longest); unset "
+        "keeps each reward's default (16384 for hf-orm/hf-prm, 65536 for vllm-rm). 1 scores every sequence "
+        "alone: slower, but a score then never depends on which other sequences shared its batch (float "
+        "rounding), so cached and recomputed scores agree bit for bit.",
+    )
     tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM engine: GPUs one model is split over (tensor parallel)."
     )

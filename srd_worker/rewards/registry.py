@@ -115,16 +115,24 @@ REWARDS: Registry[RewardEntry] = Registry(
 )
 
 
+def _batch_budget(settings: Settings) -> dict[str, int]:
+    """``max_tokens_per_batch`` from SRDQ_RM_MAX_BATCH_TOKENS when set (else the reward's own default)."""
+    n = settings.rm_max_batch_tokens
+    return {} if n is None else {"max_tokens_per_batch": int(n)}
+
+
 def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
     from srd_worker.rewards.hf_orm import HFOutcomeReward
 
-    return HFOutcomeReward(model, device=settings.device, dtype=settings.dtype)
+    return HFOutcomeReward(model, device=settings.device, dtype=settings.dtype, **_batch_budget(settings))
 
 
 def _hf_prm(model: str, style: str | None, settings: Settings) -> RewardModel:
     from srd_worker.rewards.hf_prm import HFProcessReward
 
-    return HFProcessReward(model, style=style or "qwen", device=settings.device, dtype=settings.dtype)
+    return HFProcessReward(
+        model, style=style or "qwen", device=settings.device, dtype=settings.dtype, **_batch_budget(settings)
+    )
 
 
 def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
@@ -141,6 +149,7 @@ def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
         gpu_memory_utilization=share,
         dtype=resolve_dtype(settings.dtype, "cuda"),  # vllm-rm runs beside the generator on a GPU
         tensor_parallel_size=settings.tensor_parallel_size,
+        **_batch_budget(settings),
     )
 
 

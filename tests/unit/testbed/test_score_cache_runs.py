@@ -1,6 +1,7 @@
 """The score cache in whole runs (``srdq run``'s code path) on the CPU testbed with its learned reward model:
 with the cache on, SRD then rejection sampling with the same seed give records identical to the same two
-runs with the cache off, apart from the reward-call counters (a hit is never a reward call: calls + hits
+runs with the cache off (the RM scoring each sequence alone, so no score depends on its batch-mates), apart
+from the reward-call counters (a hit is never a reward call: calls + hits
 with the cache equal the calls without it), and rejection sampling reads SRD's shared drafts' scores."""
 
 from __future__ import annotations
@@ -64,8 +65,10 @@ def cached_rows(out: Path) -> int:
 
 def test_cache_on_gives_the_records_of_cache_off_with_hits_counted_apart(tmp_path: Path) -> None:
     engine = build_engine("transformers", "testbed", Settings())
-    on = run_pair(tmp_path / "on", Settings(score_cache=True), engine)
-    off = run_pair(tmp_path / "off", Settings(score_cache=False), engine)
+    # every sequence scored alone (SRDQ_RM_MAX_BATCH_TOKENS=1): a batched RM's score of one text moves in
+    # the last float bits with its batch-mates (seen on another CPU), and the cache changes who they are
+    on = run_pair(tmp_path / "on", Settings(score_cache=True, rm_max_batch_tokens=1), engine)
+    off = run_pair(tmp_path / "off", Settings(score_cache=False, rm_max_batch_tokens=1), engine)
     assert cached_rows(tmp_path / "off") == 0 and cached_rows(tmp_path / "on") > 0
     for run_on, run_off in zip(on, off, strict=True):
         for a, b in zip(run_on, run_off, strict=True):

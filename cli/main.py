@@ -970,6 +970,7 @@ def plugins(as_json: bool) -> None:
 # shared helpers, so they are imported after it is defined).
 from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
+from srdq_cli.fork_cli import register as _register_fork  # noqa: E402
 from srdq_cli.merge_cli import register as _register_merge  # noqa: E402
 from srdq_cli.models_cli import register as _register_models  # noqa: E402
 from srdq_cli.results import register as _register_results  # noqa: E402
@@ -982,6 +983,7 @@ _register_datasets(cli)  # datasets
 _register_models(cli)  # models
 _register_testbed(cli)  # testbed build
 _register_calibrate(cli)  # calibrate (EASD / CSD)
+_register_fork(cli)  # fork
 _register_merge(cli)  # merge (the slices of `srdq run --num-shards K --shard-index I`)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -282,7 +282,7 @@ def run_local(
                 session=session,
                 run_id=run_id,
                 name=f"{spec.method}-{Path(spec.dataset).stem}",
-                spec=spec.model_dump(),
+                spec=spec.stored(),
                 config_hash=spec.config_hash(),
                 versions=versions(),
                 items=prepared.items,
@@ -363,7 +363,7 @@ def run_local(
                     engine=wired.engine,
                     reward=wired.reward,
                     run_seed=spec.seed,
-                    store=SqlShardStore(db, run_id, shard.index),
+                    store=SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds),
                     on_round=report,
                     score_cache=cache,
                 )
@@ -443,3 +443,48 @@ def run_local(
         },
     )
     return summary
+
+
+def fork_local(
+    parent_id: str,
+    at_round: int,
+    overrides: dict[str, str],
+    *,
+    out_dir: str | Path,
+    settings: Settings,
+    name: str | None = None,
+    engine: Any = None,
+    on_start: Callable[[str, int, int], None] | None = None,
+    on_round: Callable[[RoundReport], None] | None = None,
+) -> Summary:
+    """``srdq fork RUN --db OUT``: create the fork of ``parent_id`` at round ``at_round`` in OUT/srdq.db
+    (``fork.fork_run``: refused with nothing written when a change or the round is not allowed), then run
+    it here as ``srdq run`` runs a run (``run_local``: results in OUT/<fork id>/). Forking again with the
+    same changes resumes or re-reports the same fork."""
+    from srd_worker.fork import fork_run
+    from srd_worker.store import crud
+    from srd_worker.store.db import make_engine, session_scope, sqlite_url, upgrade
+    from srd_worker.tasks.base import Item
+    from srd_worker.tasks.registry import get_task
+
+    out = Path(out_dir)
+    if not (out / "srdq.db").is_file():
+        raise SrdqError(
+            f"--db {out}: no srdq.db there (give the --out folder of the `srdq run` that made {parent_id})"
+        )
+    url = sqlite_url(out / "srdq.db")
+    upgrade(url)
+    db = make_engine(url)
+    try:
+        forked = fork_run(db, parent_id, at_round, overrides, versions=versions(), name=name)
+        with session_scope(db) as session:
+            rows = crud.list_items(session=session, run_id=forked.run_id)
+    finally:
+        db.dispose()
+    spec = forked.plan.spec
+    items = [Item(id=r.item_key, question=r.question, gold=r.gold, meta=dict(r.meta or {})) for r in rows]
+    task = get_task(spec.task, fields=spec.fields, definition=spec.task_def)
+    prepared = PreparedRun(spec=spec, task=task, items=items, method=forked.plan.method)
+    return run_local(
+        prepared, out_dir=out, settings=settings, engine=engine, on_start=on_start, on_round=on_round
+    )

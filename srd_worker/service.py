@@ -40,6 +40,7 @@ from srd_worker.tasks.base import Item
 from srd_worker.wiring import check_spec, probe_sources, wire
 
 if TYPE_CHECKING:
+    from srd_worker.fork import Forked
     from srd_worker.settings import Settings
 
 log = logging.getLogger("srdq.service")
@@ -139,7 +140,7 @@ def submit(
             session=session,
             run_id=run_id,
             name=name or f"{spec.method}-{Path(spec.dataset).stem}",
-            spec=spec.model_dump(),
+            spec=spec.stored(),
             config_hash=spec.config_hash(),
             versions=versions or {},
             items=prepared.items,
@@ -210,6 +211,30 @@ def submit_sweep(
         shards = {run_id: crud.get_run(session=session, run_id=run_id).n_shards for run_id in created}
     enqueued = sum(_enqueue_run(run_id, shards[run_id], enqueue, enqueue_many) for run_id in created)
     return SweepSubmitted(plan.sweep_id, plan.run_ids, created, enqueued)
+
+
+def submit_fork(
+    parent_id: str,
+    at_round: int,
+    overrides: dict[str, str],
+    *,
+    db: Engine,
+    enqueue: Enqueue,
+    enqueue_many: EnqueueMany | None = None,
+    name: str | None = None,
+    versions: dict[str, Any] | None = None,
+    queue: str | None = None,
+) -> tuple[Forked, int]:
+    """``srdq fork RUN --submit``: create the fork of ``parent_id`` at round ``at_round`` (``fork.fork_run``:
+    one transaction, refused with nothing written when a change or the round is not allowed), then enqueue
+    its shards as ``submit`` does; workers run it like any run (its shards resume from the copied round-R
+    checkpoints). A fork that exists already is not enqueued again (``srdq resume`` restarts it). Returns
+    the fork and how many shards were enqueued."""
+    from srd_worker.fork import fork_run
+
+    forked = fork_run(db, parent_id, at_round, overrides, versions=versions or {}, name=name, queue=queue)
+    enqueued = _enqueue_run(forked.run_id, forked.n_shards, enqueue, enqueue_many) if forked.created else 0
+    return forked, enqueued
 
 
 # ----------------------------------------------------------------------------------- shard processing
@@ -364,7 +389,9 @@ def process_shard(
 
             # engine version, model and reward revisions, once per distinct record
             record_runtime(db, run_id, spec, wired.engine, settings=settings)
-            store = SqlShardStore(db, run_id, shard_index, lease=lease)
+            store = SqlShardStore(
+                db, run_id, shard_index, lease=lease, snapshot_rounds=settings.snapshot_rounds
+            )
 
             def slice_started(from_round: int) -> None:
                 # the fleet's fixed cost, visible per slice: lease → first round (engine build, wiring)

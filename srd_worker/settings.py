@@ -183,6 +183,13 @@ class Settings(BaseSettings):
         120.0, gt=0, description="A shard pending this long is re-enqueued by the reaper."
     )
     max_row_bytes: int = Field(1_000_000, ge=1, description="Largest dataset row accepted, in bytes.")
+    snapshot_rounds: int = Field(
+        64,
+        ge=0,
+        description="Rounds whose per-item states are kept (table checkpoint_round, zlib-compressed) besides "
+        "the latest checkpoint, so `srdq fork RUN --at-round R` can start from round R <= this; 0 keeps "
+        "none (such runs can be forked only at a round by which every item had finished).",
+    )
     tracking: Literal["none", "mlflow", "wandb"] = Field(
         "none",
         description="Experiment tracking of `srdq run` and `srdq report` (their --track): none, mlflow or "

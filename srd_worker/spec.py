@@ -62,16 +62,31 @@ class RunSpec(BaseModel):
         "same meaning, whose keys then leave engine_config",
     )
 
+    forked_from: dict[str, Any] | None = Field(
+        None,
+        description="`srdq fork`: {run: the parent run id, round: R}; the run starts from the parent's "
+        "states after round R (copied into its checkpoints) and goes on with this spec",
+    )
+
     def config_hash(self) -> str:
-        # fields, task_def, engine_config and engine_args enter the hash only when set: the ids of specs
-        # without them stay
-        empty = {k for k in ("fields", "task_def", "engine_config", "engine_args") if not getattr(self, k)}
+        # fields, task_def, engine_config, engine_args and forked_from enter the hash only when set: the ids
+        # of specs without them stay
+        empty = {
+            k
+            for k in ("fields", "task_def", "engine_config", "engine_args", "forked_from")
+            if not getattr(self, k)
+        }
         body = self.model_dump(exclude={"dataset"} | empty)
         text = sorted_json(body, compact=False, ascii=True, allow_nan=True)  # the format old run ids hashed
         return hashlib.sha256(text.encode()).hexdigest()
 
     def run_id(self) -> str:
         return "run-" + self.config_hash()[:12]
+
+    def stored(self) -> dict[str, Any]:
+        """The spec as the ``run`` row keeps it: ``forked_from`` only on a fork (a plain run's stored spec
+        is what it was before forks existed)."""
+        return self.model_dump(exclude={"forked_from"} if self.forked_from is None else set())
 
 
 def dataset_sha256(path: str | Path) -> str:

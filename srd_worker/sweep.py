@@ -310,7 +310,7 @@ def record_sweep(
             session=session,
             run_id=spec.run_id(),
             name=run_name(prepared),
-            spec=spec.model_dump(),
+            spec=spec.stored(),
             config_hash=spec.config_hash(),
             versions=versions,
             items=prepared.items,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol, cast
@@ -21,7 +22,17 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, SQLModel, col, select
 
 from srd_worker.errors import StoreError
-from srd_worker.store.models import Checkpoint, ItemRow, Result, Run, Shard, Status, SweepRow, utcnow
+from srd_worker.store.models import (
+    Checkpoint,
+    CheckpointRound,
+    ItemRow,
+    Result,
+    Run,
+    Shard,
+    Status,
+    SweepRow,
+    utcnow,
+)
 
 
 class ItemLike(Protocol):
@@ -295,8 +306,10 @@ def save_checkpoints(
     round: int,
     states: dict[str, dict[str, Any]],
     expected_version: int | None = None,
+    snapshot: bool = False,
 ) -> None:
-    """Upsert the state of every item in ``states`` (item_key -> state) and set the shard's round.
+    """Upsert the state of every item in ``states`` (item_key -> state) and set the shard's round; with
+    ``snapshot``, also keep each state as this round's snapshot (``checkpoint_round``, for ``srdq fork``).
 
     With ``expected_version``, the write is fenced: ``StoreError`` and nothing written unless the shard's
     version still equals it. The shard row is updated first, so on PostgreSQL its row lock keeps a
@@ -350,6 +363,35 @@ def save_checkpoints(
             for key, state in states.items()
         ],
     )
+    if snapshot:
+        snap = _dialect_insert(session, CheckpointRound)
+        # a round written again (a slice redone after its lease was taken over) replaces its snapshot
+        snap = snap.on_conflict_do_update(
+            index_elements=["item_id", "round"], set_={"state_z": snap.excluded.state_z}
+        )
+        session.exec(
+            snap,
+            params=[
+                {
+                    "item_id": rows[key][0],
+                    "run_id": run_id,
+                    "shard_index": shard_index,
+                    "round": round,
+                    "state_z": pack_state(state),
+                }
+                for key, state in states.items()
+            ],
+        )
+
+
+def pack_state(state: dict[str, Any]) -> bytes:
+    """A state as stored in ``checkpoint_round``: compact JSON (NaN kept), zlib-compressed."""
+    return zlib.compress(json.dumps(state, separators=(",", ":"), allow_nan=True).encode("utf-8"), 6)
+
+
+def unpack_state(blob: bytes) -> dict[str, Any]:
+    """The inverse of ``pack_state``."""
+    return cast(dict[str, Any], json.loads(zlib.decompress(blob).decode("utf-8")))
 
 
 def save_results(*, session: Session, run_id: str, shard_index: int, records: list[dict[str, Any]]) -> int:

@@ -3,7 +3,8 @@
 ``sweep`` holds a sweep file (its canonical content and expanded run ids), ``run`` a run's spec and
 status (``run.sweep_id``: the sweep that created it, if any), ``shard`` a contiguous row range of its dataset with the lease
 and fencing fields the queue uses, ``item`` one dataset row, ``checkpoint`` the latest method state of
-one item (one row per item, overwritten) and ``result`` the final record of one item (written once).
+one item (one row per item, overwritten), ``checkpoint_round`` the state of one item after one round (the
+snapshots ``srdq fork`` starts from; compressed, for rounds up to ``SRDQ_SNAPSHOT_ROUNDS``) and ``result`` the final record of one item (written once).
 ``score_cache`` holds reward scores by content, shared by every run of the store (``store.score_cache``).
 Unique keys make every write idempotent: a redelivered task can never create a second result.
 
@@ -18,7 +19,17 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, CheckConstraint, DateTime, Dialect, Index, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    Index,
+    LargeBinary,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlmodel import Field, SQLModel
 
 
@@ -204,6 +215,27 @@ class Checkpoint(SQLModel, table=True):
     )
     version: int = Field(description="The shard's fencing token when the state was written.")
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class CheckpointRound(SQLModel, table=True):
+    """The state of one item after one round (migration 0008): written with the checkpoint, never
+    overwritten by a later round, so ``srdq fork RUN --at-round R`` finds every item's state at round R (the
+    latest row with ``round <= R``: an item that finished earlier keeps its final state). ``state_z`` is the
+    state's JSON, zlib-compressed (``store.crud.pack_state``); rounds above ``SRDQ_SNAPSHOT_ROUNDS`` are not
+    kept."""
+
+    __tablename__ = "checkpoint_round"
+    __table_args__ = (
+        UniqueConstraint("item_id", "round", name="uq_checkpoint_round_item_id_round"),
+        Index("ix_checkpoint_round_run_id_shard_index", "run_id", "shard_index"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    item_id: int = Field(foreign_key="item.id", ondelete="CASCADE")
+    run_id: str = Field(foreign_key="run.id", ondelete="CASCADE")
+    shard_index: int
+    round: int = Field(description="Round the state was taken after.")
+    state_z: bytes = Field(sa_type=LargeBinary, description="The method's state: zlib-compressed JSON.")
 
 
 class Result(SQLModel, table=True):

@@ -2,7 +2,8 @@
 
 With a ``lease`` (service mode) every write is fenced by the lease's version: a worker whose lease was
 taken over (or whose shard was cancelled) gets ``LeaseLost`` and writes nothing. Without one (the
-embedded ``srdq run``, a single process) writes are unfenced.
+embedded ``srdq run``, a single process) writes are unfenced. Every checkpointed round up to
+``snapshot_rounds`` is also kept as a snapshot (``checkpoint_round``: what ``srdq fork`` starts from).
 """
 
 from __future__ import annotations
@@ -14,13 +15,25 @@ from sqlalchemy import Engine
 from srd_worker.store import crud, leases
 from srd_worker.store.db import session_scope
 
+#: Rounds kept as snapshots when the caller does not say (the default of ``SRDQ_SNAPSHOT_ROUNDS``).
+DEFAULT_SNAPSHOT_ROUNDS = 64
+
 
 class SqlShardStore:
-    def __init__(self, engine: Engine, run_id: str, shard_index: int, *, lease: leases.Lease | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: str,
+        shard_index: int,
+        *,
+        lease: leases.Lease | None = None,
+        snapshot_rounds: int = DEFAULT_SNAPSHOT_ROUNDS,
+    ):
         self.engine = engine
         self.run_id = run_id
         self.shard_index = shard_index
         self.lease = lease
+        self.snapshot_rounds = snapshot_rounds
 
     def load_checkpoints(self) -> dict[str, tuple[int, dict[str, Any]]]:
         with session_scope(self.engine) as session:
@@ -37,6 +50,7 @@ class SqlShardStore:
                 round=round_,
                 states=states,
                 expected_version=self.lease.version if self.lease else None,
+                snapshot=round_ <= self.snapshot_rounds,
             )
 
     def save_results(self, records: list[dict[str, Any]]) -> int:

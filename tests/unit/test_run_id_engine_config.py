@@ -73,9 +73,9 @@ def test_a_spec_without_engine_config_keeps_its_old_run_id() -> None:
     assert old.engine_config == {}
     assert old.run_id() != RunSpec(**body, engine_config={"dtype": "float32"}).run_id()
     # the id of a spec without the field is what the formula before the field gave (stored runs keep theirs);
-    # engine_args and task_def (issue 28), empty, are left out the same way
-    assert old.engine_args == {} and not old.task_def
-    dropped = ("dataset", "fields", "engine_config", "engine_args", "task_def")
+    # engine_args, task_def (issue 28) and forked_from (srdq fork), empty, are left out the same way
+    assert old.engine_args == {} and not old.task_def and not old.forked_from
+    dropped = ("dataset", "fields", "engine_config", "engine_args", "task_def", "forked_from")
     hashed = {k: v for k, v in old.model_dump().items() if k not in dropped}
     text = sorted_json(hashed, compact=False, ascii=True, allow_nan=True)
     assert old.run_id() == "run-" + hashlib.sha256(text.encode()).hexdigest()[:12]

@@ -37,12 +37,20 @@ from tests.cli import run_srdq, srdq_env
 PARAMS = {"n": 8, "max_new_tokens": 96, "chunk_tokens": 6}
 SEED = 3
 LIMIT = 3
-DETERMINISTIC = {"SRDQ_KV_REUSE": "false", "SRDQ_DTYPE": "float32", "SRDQ_DEVICE": "cpu"}
+# the score cache off: the in-process reference scores everything, and the cache would change the ledger
+# (hits) and the reward's batch-mates, and a batched RM's score moves in its last float bits with those
+# (tests/unit/testbed/test_score_cache_runs.py covers the cache)
+DETERMINISTIC = {
+    "SRDQ_KV_REUSE": "false",
+    "SRDQ_DTYPE": "float32",
+    "SRDQ_DEVICE": "cpu",
+    "SRDQ_SCORE_CACHE": "false",
+}
 
 
 @pytest.fixture(scope="module")
 def settings() -> Settings:
-    return Settings(kv_reuse=False, dtype="float32", device="cpu")
+    return Settings(kv_reuse=False, dtype="float32", device="cpu", score_cache=False)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +142,14 @@ def _reference(engine, settings) -> list[dict]:
 
 
 def _strip(recs: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "timing"} for r in recs]
+    """Records without timing and without the anytime curve (the shard runner's, from the per-round
+    checkpoints; the in-process reference has none, and the curve is compared with the parent's apart)."""
+    out = []
+    for r in recs:
+        r = {k: v for k, v in r.items() if k != "timing"}
+        r["extra"] = {k: v for k, v in (r.get("extra") or {}).items() if k != "anytime"}
+        out.append(r)
+    return out
 
 
 def test_fork_shares_the_parents_round_2_states_and_continues_as_a_fresh_run_of_its_definition(
@@ -154,6 +169,10 @@ def test_fork_shares_the_parents_round_2_states_and_continues_as_a_fresh_run_of_
     differs = 0
     for p, f in zip(parent_records, fork_records, strict=True):
         assert f["extra"]["round_log"][:2] == p["extra"]["round_log"][:2]
+        # the anytime curve up to the fork's round is the parent's (same states, same tokens)
+        assert [pt for pt in f["extra"]["anytime"] if pt["round"] <= 2] == [
+            pt for pt in p["extra"]["anytime"] if pt["round"] <= 2
+        ]
         differs += f["extra"]["round_log"][2:] != p["extra"]["round_log"][2:]
     assert differs >= 1
     assert [r["response"] for r in fork_records] != [r["response"] for r in parent_records]
@@ -333,3 +352,4 @@ def test_states_round_trip_through_the_snapshot_encoding() -> None:
     back = crud.unpack_state(crud.pack_state(copy.deepcopy(state)))
     assert back["text"] == "a\x00b" and back["ids"] == [1, 2, 3] and back["nested"] == state["nested"]
     assert back["reward"] != back["reward"]  # NaN kept
+

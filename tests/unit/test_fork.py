@@ -352,4 +352,3 @@ def test_states_round_trip_through_the_snapshot_encoding() -> None:
     back = crud.unpack_state(crud.pack_state(copy.deepcopy(state)))
     assert back["text"] == "a\x00b" and back["ids"] == [1, 2, 3] and back["nested"] == state["nested"]
     assert back["reward"] != back["reward"]  # NaN kept
-

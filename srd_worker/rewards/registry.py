@@ -115,23 +115,32 @@ REWARDS: Registry[RewardEntry] = Registry(
 )
 
 
-def _batch_budget(settings: Settings) -> dict[str, int]:
-    """``max_tokens_per_batch`` from SRDQ_RM_MAX_BATCH_TOKENS when set (else the reward's own default)."""
+def _batch_budget(settings: Settings, default: int) -> int:
+    """A reward's ``max_tokens_per_batch``: SRDQ_RM_MAX_BATCH_TOKENS when set, else ``default``."""
     n = settings.rm_max_batch_tokens
-    return {} if n is None else {"max_tokens_per_batch": int(n)}
+    return default if n is None else int(n)
 
 
 def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
     from srd_worker.rewards.hf_orm import HFOutcomeReward
 
-    return HFOutcomeReward(model, device=settings.device, dtype=settings.dtype, **_batch_budget(settings))
+    return HFOutcomeReward(
+        model,
+        device=settings.device,
+        dtype=settings.dtype,
+        max_tokens_per_batch=_batch_budget(settings, 16384),
+    )
 
 
 def _hf_prm(model: str, style: str | None, settings: Settings) -> RewardModel:
     from srd_worker.rewards.hf_prm import HFProcessReward
 
     return HFProcessReward(
-        model, style=style or "qwen", device=settings.device, dtype=settings.dtype, **_batch_budget(settings)
+        model,
+        style=style or "qwen",
+        device=settings.device,
+        dtype=settings.dtype,
+        max_tokens_per_batch=_batch_budget(settings, 16384),
     )
 
 
@@ -149,7 +158,7 @@ def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
         gpu_memory_utilization=share,
         dtype=resolve_dtype(settings.dtype, "cuda"),  # vllm-rm runs beside the generator on a GPU
         tensor_parallel_size=settings.tensor_parallel_size,
-        **_batch_budget(settings),
+        max_tokens_per_batch=_batch_budget(settings, 65536),
     )
 
 

@@ -278,6 +278,7 @@ def _build_model_reward(name: str, settings: Settings | None) -> RewardModel:
         settings.gpu_memory_utilization,
         settings.judge_engine,
         settings.judge_base_url,
+        settings.rm_max_batch_tokens,
     )
     if key in _BUILT:
         return _BUILT[key]

@@ -149,9 +149,12 @@ def plot_kcurve(rows: Sequence[KPoint], path: str | Path, *, title: str) -> Path
     return _save_accuracy_plot(fig, ax, path, title=title, xlabel="k (candidates per problem)")
 
 
-def plot_anytime(points: Sequence[AnytimePoint], path: str | Path, *, title: str) -> Path:
+def plot_anytime(
+    points: Sequence[AnytimePoint], path: str | Path, *, title: str, runs: Sequence[Point] = ()
+) -> Path:
     """One run's anytime curve (``reports.anytime``): accuracy against mean generated tokens after each
-    round, with 95% bootstrap intervals over problems on both axes."""
+    round, with 95% bootstrap intervals over problems on both axes; ``runs``: separate runs of the same
+    method (e.g. at smaller N) drawn as points of their own, labelled by their budget."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7.0, 4.6), dpi=150, layout="constrained")
@@ -179,6 +182,17 @@ def plot_anytime(points: Sequence[AnytimePoint], path: str | Path, *, title: str
         )
         for p, x, y in zip(pts, xs, ys, strict=True):
             ax.annotate(str(p.round), (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for i, run in enumerate(runs):
+        color = f"C{i + 1}"
+        ax.plot(
+            [run.x],
+            [run.y],
+            marker=MARKERS[(i + 1) % len(MARKERS)],
+            ls="none",
+            color=color,
+            label=f"separate run, {run.label}",
+        )
+        _error_bars(ax, [run], color)
     return _save_accuracy_plot(
         fig, ax, path, title=title, xlabel="Mean generated tokens per problem, spent by round r"
     )

@@ -13,7 +13,8 @@ problem's current best answer after round r, a finished problem keeping its own)
 whose mean generated tokens come closest to the small run's, and the two are compared per problem and
 seed (where even round 1 of the big run spends more than the small run in all, r* = 1 and the ratio of
 tokens says so): accuracy with its two-stage bootstrap interval (problems, then seeds), the paired difference
-(cut − small run) with its interval, wins / ties / losses and McNemar's p, and the tokens both spent.
+(cut − small run) with its interval, wins / ties / losses and McNemar's p, and the tokens both spent; and the first round at which the curve's accuracy reaches the
+small run's, with the tokens spent by then over the small run's.
 Writes a section of docs/PERFORMANCE.md and a plot (the curve with the small runs as separate points).
 """
 
@@ -96,6 +97,21 @@ def compare(big: list[list[dict]], small: list[list[dict]]) -> dict[str, Any]:
         [[float(bool(at_round(e, r_star).get("correct"))) if e else None for e in run] for run in curves]
     )
     cut_tok = matrix([[float(at_round(e, r_star)["tokens"]) if e else None for e in run] for run in curves])
+    # the first round whose accuracy reaches the small run's (point estimates), and what it has spent then
+    reach: tuple[int, float] | None = None
+    small_mean = bootstrap_ci(small_acc).mean or 0.0
+    for rnd in range(1, last + 1):
+        acc_r = bootstrap_ci(
+            matrix(
+                [[float(bool(at_round(e, rnd).get("correct"))) if e else None for e in run] for run in curves]
+            )
+        ).mean
+        if acc_r is not None and acc_r >= small_mean:
+            tok_r = bootstrap_ci(
+                matrix([[float(at_round(e, rnd)["tokens"]) if e else None for e in run] for run in curves])
+            ).mean
+            reach = (rnd, float(tok_r or 0.0))
+            break
     full_acc = matrix([[ok(r) for r in run] for run in big])
     full_tok = matrix([[tokens(r) for r in run] for run in big])
     return {
@@ -108,6 +124,7 @@ def compare(big: list[list[dict]], small: list[list[dict]]) -> dict[str, Any]:
         "full_acc": bootstrap_ci(full_acc),
         "full_tok": bootstrap_ci(full_tok),
         "diff": paired(cut_acc, small_acc),
+        "reach": reach,
     }
 
 
@@ -136,6 +153,7 @@ def table(rows: list[tuple[str, int, int, dict[str, Any]]]) -> str:
         "cut − small run, accuracy pts [95% CI]",
         "wins / ties / losses",
         "McNemar p",
+        "curve reaches the small run's accuracy at round (tokens ÷ small run's)",
         "big run uncut: accuracy % / tokens",
     ]
     out = ["| " + " | ".join(head) + " |", "|---|---:|" + "---:|" * (len(head) - 2)]
@@ -156,6 +174,11 @@ def table(rows: list[tuple[str, int, int, dict[str, Any]]]) -> str:
                     f"{100 * d.diff.mean:+.1f} [{100 * (d.diff.low or 0):+.1f}, {100 * (d.diff.high or 0):+.1f}]",
                     f"{d.wins} / {d.ties} / {d.losses}",
                     f"{d.mcnemar_p:.3f}" if d.mcnemar_p is not None else "—",
+                    (
+                        f"{c['reach'][0]} ({c['reach'][1] / c['small_tok'].mean:.2f})"
+                        if c["reach"] and c["small_tok"].mean
+                        else "never"
+                    ),
                     f"{pct(c['full_acc'])} / {c['full_tok'].mean:.1f}",
                 ]
             )

@@ -455,3 +455,41 @@ def test_report_draws_the_anytime_curve_of_an_adaptive_run(tmp_path: Path) -> No
     graded = [r for r in run.records if r.get("correct") is not None]
     final = 100 * sum(bool(r["correct"]) for r in graded) / len(graded)
     assert rows[0].split("|")[4].strip().startswith("0.0%") and f"{final:.1f}%" in rows[1]
+
+
+def test_the_anytime_plot_shows_the_same_methods_smaller_runs_as_points_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SRD run at N=8 with per-round answers beside SRD at N=4 and N=16 and Best-of-N at N=4: the N=8
+    curve's plot gets the N=4 SRD run (same method and dataset, smaller N) and nothing else."""
+    import srd_worker.reports.builder as builder
+
+    def srd_at(n: int, run_id: str, anytime: bool) -> RunRecords:
+        run = srd_run()
+        run.run_id, run.spec = run_id, {**run.spec, "params": {**run.spec["params"], "n": n}}
+        if anytime:
+            for rec in run.records:
+                rec["extra"] = {
+                    **rec["extra"],
+                    "anytime": [{"round": 1, "tokens": 10, "answer": "1", "correct": rec["correct"]}],
+                }
+        return run
+
+    seen: dict[str, list] = {}
+
+    def capture(curve, path, *, title, runs=()):
+        seen[Path(path).name] = list(runs)
+        return Path(path)
+
+    monkeypatch.setattr(builder, "plot_anytime", capture)
+    small, big, bigger = (
+        srd_at(4, "run-srd4", False),
+        srd_at(8, "run-srd8", True),
+        srd_at(16, "run-srd16", False),
+    )
+    bon = bon_run()
+    build_report([small, big, bigger, bon], tmp_path, plots=True)
+    (got,) = seen.values()
+    assert [(p.method, p.budget) for p in got] == [("srd", 4)]
+    expected = summarise(small)
+    assert (got[0].y, got[0].x) == pytest.approx((expected.accuracy, expected.mean_gen_tokens))

@@ -218,7 +218,7 @@ def test_specs_without_fields_keep_their_run_ids(tmp_path: Path) -> None:
     prepared = prepare_run(dataset=path, method="sampling", params={}, model="m", reward=None)
     assert prepared.spec.fields == {}
     assert prepared.spec.task_def == {}  # a built-in task: no task file definition either
-    body = prepared.spec.model_dump(exclude={"dataset", "fields", "task_def", "engine_args"})
+    body = prepared.spec.model_dump(exclude={"dataset", "fields", "task_def", "engine_args", "forked_from"})
     import hashlib
 
     assert (

@@ -1,14 +1,15 @@
 """The engine limit: how fast each engine generates on its own, and how much of that srdq's runner keeps.
 
 For every engine configuration, one child process (a fresh interpreter, so no engine shares memory,
-threads or caches with another) loads the model once and measures four workloads on the first
+threads or caches with another) loads the model once and measures five workloads on the first
 ``--items`` GSM8K problems × ``--n`` candidates, ``--max-new-tokens`` each:
 
 - raw: one seeded ``engine.generate`` call over all items × n requests (no rounds, reward or store);
 - Best-of-N, whole budget (``chunk_tokens`` 0) through ``srd_worker.local.run_local`` (rounds, the
   ``arithmetic`` reward, SQLite checkpoints, grading) into a temporary folder;
 - Best-of-N, chunked (``chunk_tokens`` = ``--chunk-tokens``);
-- SRD (Δ = ``--chunk-tokens``).
+- SRD (Δ = ``--chunk-tokens``), in its default incremental form and in the batch form (Algorithm A:
+  one engine batch per step over drafts and editor waves together).
 
 Engine configurations (``--configs``, comma-separated; all by default):
 
@@ -81,7 +82,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-padded-float32-2-threads": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 2}),
 }  # fmt: skip
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
-WORKLOADS = ("raw", "best_of_n", "chunked", "srd")
+WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch")
 RESULT = "ENGINE_LIMIT_RESULT "  # the child's one line of results on stdout starts with this
 
 
@@ -95,6 +96,7 @@ def workload_label(workload: str, chunk_tokens: int) -> str:
         "best_of_n": "runner: Best-of-N, whole budget",
         "chunked": f"runner: Best-of-N, chunked ({chunk_tokens})",
         "srd": f"runner: SRD (Δ = {chunk_tokens})",
+        "srd_batch": f"runner: SRD, batch form (Δ = {chunk_tokens})",
     }[workload]
 
 
@@ -124,6 +126,9 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
         "best_of_n": ("best_of_n", {**base, "chunk_tokens": 0}),
         "chunked": ("best_of_n", chunked),
         "srd": ("srd", chunked),
+        # Algorithm A: one engine batch per step holds the drafts of items still drafting AND the editor
+        # wave of the others (the incremental default drafts, then refines in waves of their own)
+        "srd_batch": ("srd", {**chunked, "form": "batch"}),
         "warm-up": ("best_of_n", {"n": 1, "max_new_tokens": 4}),
     }
     return {

@@ -84,34 +84,26 @@ def compare(big: list[list[dict]], small: list[list[dict]]) -> dict[str, Any]:
     curves = [[entries(r) for r in run] for run in big]
     last = max(int(e[-1]["round"]) for run in curves for e in run if e)
     target = bootstrap_ci(small_tok).mean or 0.0
-    best: tuple[float, int] | None = None
-    for rnd in range(1, last + 1):
-        mean = bootstrap_ci(
-            matrix([[float(at_round(e, rnd)["tokens"]) if e else None for e in run] for run in curves])
-        ).mean
-        if mean is not None and (best is None or abs(mean - target) < best[0]):
-            best = (abs(mean - target), rnd)
-    assert best is not None, "the big runs have no anytime entries"
-    r_star = best[1]
-    cut_acc = matrix(
-        [[float(bool(at_round(e, r_star).get("correct"))) if e else None for e in run] for run in curves]
-    )
-    cut_tok = matrix([[float(at_round(e, r_star)["tokens"]) if e else None for e in run] for run in curves])
+
+    def cut(rnd: int, key: str) -> list[list[Any]]:
+        """problems × seeds: each problem's ``key`` (tokens or correct) after round ``rnd``."""
+        return matrix([[float(at_round(e, rnd).get(key) or 0) if e else None for e in run] for run in curves])
+
+    means = {rnd: bootstrap_ci(cut(rnd, "tokens")).mean for rnd in range(1, last + 1)}
+    scored = [(abs(m - target), rnd) for rnd, m in means.items() if m is not None]
+    assert scored, "the big runs have no anytime entries"
+    r_star = min(scored)[1]
+    cut_acc, cut_tok = cut(r_star, "correct"), cut(r_star, "tokens")
     # the first round whose accuracy reaches the small run's (point estimates), and what it has spent then
-    reach: tuple[int, float] | None = None
     small_mean = bootstrap_ci(small_acc).mean or 0.0
-    for rnd in range(1, last + 1):
-        acc_r = bootstrap_ci(
-            matrix(
-                [[float(bool(at_round(e, rnd).get("correct"))) if e else None for e in run] for run in curves]
-            )
-        ).mean
-        if acc_r is not None and acc_r >= small_mean:
-            tok_r = bootstrap_ci(
-                matrix([[float(at_round(e, rnd)["tokens"]) if e else None for e in run] for run in curves])
-            ).mean
-            reach = (rnd, float(tok_r or 0.0))
-            break
+    reach: tuple[int, float] | None = next(
+        (
+            (rnd, float(means[rnd] or 0.0))
+            for rnd in range(1, last + 1)
+            if (acc := bootstrap_ci(cut(rnd, "correct")).mean) is not None and acc >= small_mean
+        ),
+        None,
+    )
     full_acc = matrix([[ok(r) for r in run] for run in big])
     full_tok = matrix([[tokens(r) for r in run] for run in big])
     return {

@@ -115,10 +115,11 @@ REWARDS: Registry[RewardEntry] = Registry(
 )
 
 
-def _batch_budget(settings: Settings, default: int) -> int:
-    """A reward's ``max_tokens_per_batch``: SRDQ_RM_MAX_BATCH_TOKENS when set, else ``default``."""
+def _batch_budget(settings: Settings) -> dict[str, Any]:
+    """``max_tokens_per_batch`` from SRDQ_RM_MAX_BATCH_TOKENS when set; else nothing, so each reward keeps
+    its constructor's own default."""
     n = settings.rm_max_batch_tokens
-    return default if n is None else int(n)
+    return {} if n is None else {"max_tokens_per_batch": int(n)}
 
 
 def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
@@ -128,7 +129,7 @@ def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
         model,
         device=settings.device,
         dtype=settings.dtype,
-        max_tokens_per_batch=_batch_budget(settings, 16384),
+        **_batch_budget(settings),
     )
 
 
@@ -140,7 +141,7 @@ def _hf_prm(model: str, style: str | None, settings: Settings) -> RewardModel:
         style=style or "qwen",
         device=settings.device,
         dtype=settings.dtype,
-        max_tokens_per_batch=_batch_budget(settings, 16384),
+        **_batch_budget(settings),
     )
 
 
@@ -158,7 +159,7 @@ def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
         gpu_memory_utilization=share,
         dtype=resolve_dtype(settings.dtype, "cuda"),  # vllm-rm runs beside the generator on a GPU
         tensor_parallel_size=settings.tensor_parallel_size,
-        max_tokens_per_batch=_batch_budget(settings, 65536),
+        **_batch_budget(settings),
     )
 
 

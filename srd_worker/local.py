@@ -366,6 +366,7 @@ def run_local(
                     store=SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds),
                     on_round=report,
                     score_cache=cache,
+                    max_rows=settings.batch_rows,
                 )
                 finished += len(rows)
                 counts = outcome.counts()

@@ -231,6 +231,28 @@ def _growth(
     }
 
 
+def admit(
+    method: Method, states: Sequence[dict[str, Any]], steps: dict[str, int], max_rows: int
+) -> list[dict[str, Any]]:
+    """The states to step this round, in shard order. ``max_rows`` 0: every unfinished one. Otherwise the
+    unfinished admitted ones (keys of ``steps``), then the next items in shard order while their rows
+    (``method.width``) fit in ``max_rows`` beside the admitted ones' (the first one always, when nothing is
+    running); admission stops at the first item that does not fit, so the same states admit the same items
+    after a resume. Admitted items are added to ``steps`` (at 0 rounds)."""
+    if not max_rows:
+        return [s for s in states if not _is_done(method, s)]
+    rows = sum(method.width(s) for s in states if s["item_id"] in steps and not _is_done(method, s))
+    for s in states:
+        if s["item_id"] in steps or _is_done(method, s):
+            continue
+        width = method.width(s)
+        if rows and rows + width > max_rows:
+            break
+        steps[s["item_id"]] = 0
+        rows += width
+    return [s for s in states if s["item_id"] in steps and not _is_done(method, s)]
+
+
 def run_shard(
     *,
     items: Sequence[Item],
@@ -246,13 +268,19 @@ def run_shard(
     on_round: Callable[[RoundReport], None] | None = None,
     on_slice_start: Callable[[int], None] | None = None,
     score_cache: ScoreCache | None = None,
+    max_rows: int = 0,
 ) -> ShardOutcome:
     """Run (or resume) a shard until every item is done, or until ``max_rounds`` rounds or
     ``max_seconds`` seconds have passed in this call (checked between rounds), whichever comes first.
     ``on_slice_start(round)`` is called once, just before the first round this call runs (not at all
     when nothing is left to run), with the checkpointed round it starts from. ``score_cache``: reward
     scores by content (``store.score_cache``); the scores a round computed are written right after its
-    checkpoint commits, so a round that is redone after a crash finds what the first try found."""
+    checkpoint commits, so a round that is redone after a crash finds what the first try found.
+
+    ``max_rows`` (``SRDQ_BATCH_ROWS``): 0 steps every unfinished item in each round; R > 0 admits the
+    shard's items in order while their rows (``method.width``) fit in R, and admits more as rows free
+    up (``admit``). Each item's checkpoint is written at its own round (the rounds it has stepped), so a
+    resume, a fork at round R and the anytime curve see per-item rounds whether or not it started late."""
     checkpoints = store.load_checkpoints()
     states: list[dict[str, Any]] = []
     for item in items:
@@ -279,8 +307,10 @@ def run_shard(
     rounds_this_call = 0
     started = time.perf_counter()
 
+    # rounds each item has stepped (its checkpoint round); items with a checkpoint have been admitted
+    steps = {item_id: r for item_id, (r, _) in checkpoints.items()}
     while True:
-        active = [s for s in states if not _is_done(method, s)]
+        active = admit(method, states, steps, max_rows)
         if not active:
             break
         if max_rounds is not None and rounds_this_call >= max_rounds:
@@ -297,7 +327,12 @@ def run_shard(
         t1 = time.perf_counter()
         shard_round += 1
         rounds_this_call += 1
-        store.save_checkpoints(shard_round, {s["item_id"]: s for s in active})
+        by_round: dict[int, dict[str, dict[str, Any]]] = {}
+        for s in active:
+            steps[s["item_id"]] = steps.get(s["item_id"], 0) + 1
+            by_round.setdefault(steps[s["item_id"]], {})[s["item_id"]] = s
+        for round_, group in sorted(by_round.items()):  # one write per round (one with no row cap)
+            store.save_checkpoints(round_, group)
         if score_cache is not None:
             score_cache.flush()
         t2 = time.perf_counter()

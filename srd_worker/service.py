@@ -419,6 +419,7 @@ def process_shard(
                 on_slice_start=slice_started,
                 on_round=lambda report: metrics.observe_round(run_id, owner, report),
                 score_cache=score_cache(db, spec, wired.engine, wired.reward, settings=settings),
+                max_rows=settings.batch_rows,
             )
     except leases.LeaseLost as exc:
         log.warning("%s", exc, extra={**event, "event": "lease_lost", "error": str(exc)})

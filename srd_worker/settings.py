@@ -66,6 +66,16 @@ class Settings(BaseSettings):
         "into chunks of this many, dummy rows fill the rest, finished rows stay in place); 0 = the row "
         "count follows the group (padding-invariant only: CPU kernels switch with the row count).",
     )
+    batch_rows: int = Field(
+        0,
+        ge=0,
+        description="Rows the runner keeps in flight per shard (srdq run and workers): 0 (default) steps "
+        "every unfinished item of a shard in each round, so an adaptive method's batch thins out as its "
+        "items keep, drop or finish candidates; R > 0 starts the shard's items in order while their live "
+        "candidates (the rows of their next round) fit in R, and starts the next ones as rows free up, so "
+        "SRD's rounds stay near R rows (docs/PERFORMANCE.md, *The engine limit*). The run id names it when "
+        "set: in the padded mode a request's tokens depend on its batch-mates.",
+    )
     kv_reuse: bool = Field(
         True,
         description="Transformers engine: keep each sequence's KV cache after a generate call (a "

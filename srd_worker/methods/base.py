@@ -416,6 +416,16 @@ class Method(Generic[StateT, ParamsT]):
     def done(self, state: StateT) -> bool:
         return bool(state["done"])
 
+    def width(self, state: StateT) -> int:
+        """Rows the item's next round generates, for the runner's row cap (``SRDQ_BATCH_ROWS``): its
+        candidates not finished yet (each one a row of the round's draft batch), else its ``n``, at least
+        1. An estimate for admission, not a limit: a method whose rounds are shaped otherwise (beams,
+        refinement waves) may override it."""
+        candidates = state.get("candidates")
+        if isinstance(candidates, list) and candidates:
+            return max(1, sum(1 for c in candidates if isinstance(c, dict) and c.get("finish") is None))
+        return max(1, int(getattr(self.params, "n", 1) or 1))
+
     def current_best(self, state: StateT, ctx: StepContext) -> tuple[str, float | None]:
         """(response, reward) the method would return if it were stopped after this round: its current
         best by reward, chosen as ``result`` chooses; ("", None) while it has nothing to return. Pure: the

@@ -1,0 +1,162 @@
+"""The runner's row cap (``SRDQ_BATCH_ROWS``, ``run_shard(max_rows=R)``): a shard's items start in order
+while their live candidates fit in R rows, and later items start as earlier ones keep, drop or finish
+candidates. On the batch-invariant engine the records do not depend on it (seeds are per item and per
+the item's own round), a crash resumes to the same records, and each item's checkpoint is written at
+its own round."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from srd_worker.methods.registry import build_method
+from srd_worker.provenance import engine_config
+from srd_worker.rewards.arithmetic import ArithmeticReward
+from srd_worker.runner import admit, run_shard
+from srd_worker.settings import Settings
+from srd_worker.tasks.base import Item
+from srd_worker.tasks.gsm8k import GSM8KTask
+from tests.doubles import Crash, CrashingEngine, MemoryStore
+
+QUESTIONS = [
+    "What is 3 + 4?",
+    "Tom has 5 apples and eats 2. How many are left?",
+    "A box holds 6 eggs. How many eggs are in 3 boxes?",
+    "Sam reads 12 pages a day. How many pages in 4 days?",
+    "What is 20 - 7?",
+    "Ann has 9 pens and buys 3 more. How many pens?",
+    "What is 8 times 2?",
+]
+ITEMS = [Item(f"q{i}", q, "7") for i, q in enumerate(QUESTIONS)]
+SRD = {"n": 3, "max_new_tokens": 24, "chunk_tokens": 8}
+
+
+class RowsEngine(CrashingEngine):
+    """The real engine, recording the number of requests of every generate call."""
+
+    def __init__(self, inner, crash_on=None) -> None:
+        super().__init__(inner, crash_on)
+        self.rows: list[int] = []
+
+    def _generate(self, requests):
+        self.rows.append(len(requests))
+        return self.inner.generate(requests)
+
+
+def _shard(engine, store, *, method="srd", params=SRD, max_rows=0):
+    return run_shard(
+        items=ITEMS,
+        positions=list(range(len(ITEMS))),
+        method=build_method(method, params),
+        task=GSM8KTask(),
+        engine=engine,
+        reward=ArithmeticReward(),
+        run_seed=11,
+        store=store,
+        max_rows=max_rows,
+    )
+
+
+def _records(records: list[dict[str, Any]]) -> str:
+    return json.dumps([{k: v for k, v in r.items() if k != "timing"} for r in records], sort_keys=True)
+
+
+@pytest.fixture(scope="module")
+def uncapped(tiny_engine):
+    engine = RowsEngine(tiny_engine)
+    outcome = _shard(engine, MemoryStore())
+    return outcome, engine.rows
+
+
+@pytest.mark.parametrize("cap", [4, 7])
+def test_a_row_cap_keeps_every_call_within_it_and_changes_no_record(tiny_engine, uncapped, cap):
+    reference, reference_rows = uncapped
+    assert max(reference_rows) == 3 * len(ITEMS)  # without a cap round 0 drafts every item at once
+    engine, store = RowsEngine(tiny_engine), MemoryStore()
+    outcome = _shard(engine, store, max_rows=cap)
+    assert outcome.finished and engine.rows and max(engine.rows) <= cap
+    assert _records(outcome.records) == _records(reference.records)
+    # items started late: the last one's own rounds are fewer than the shard's, and items overlapped
+    # (their own rounds add up to more than the shard ran)
+    own = {item_id: r for item_id, (r, _) in store.checkpoints.items()}
+    assert own[ITEMS[-1].id] < outcome.rounds
+    assert sum(own.values()) > outcome.rounds
+    # every checkpoint is written at the item's own round (SRD counts one per step)
+    for item_id, (r, text) in store.checkpoints.items():
+        assert json.loads(text)["round"] == r, item_id
+
+
+def test_a_capped_shard_resumes_after_a_crash_to_the_same_records(tiny_engine, uncapped):
+    reference, _ = uncapped
+    store = MemoryStore()
+    with pytest.raises(Crash):
+        _shard(RowsEngine(tiny_engine, crash_on=9), store, max_rows=4)
+    started = set(store.checkpoints)
+    assert started and started != {it.id for it in ITEMS}  # crashed with items not yet started
+    outcome = _shard(RowsEngine(tiny_engine), store, max_rows=4)
+    assert outcome.finished
+    assert _records(outcome.records) == _records(reference.records)
+
+
+def test_fixed_pools_and_rejection_sampling_under_a_cap(tiny_engine):
+    for method, params in (
+        ("best_of_n", {"n": 2, "max_new_tokens": 16, "chunk_tokens": 8}),
+        ("rejection_sampling", {"n": 3, "max_new_tokens": 16, "chunk_tokens": 8}),
+    ):
+        free = _shard(RowsEngine(tiny_engine), MemoryStore(), method=method, params=params)
+        engine = RowsEngine(tiny_engine)
+        capped = _shard(engine, MemoryStore(), method=method, params=params, max_rows=5)
+        assert max(engine.rows) <= 5, method
+        assert _records(capped.records) == _records(free.records), method
+
+
+class Widths:
+    """A method whose width is the state's ``w`` and whose states are done when ``done`` says so."""
+
+    def width(self, state):
+        return state["w"]
+
+    def done(self, state):
+        return state["done"]
+
+
+def _states(*widths: int) -> list[dict[str, Any]]:
+    return [{"item_id": f"i{k}", "w": w, "done": False} for k, w in enumerate(widths)]
+
+
+def test_admit_takes_items_in_order_while_they_fit_and_stops_at_the_first_that_does_not():
+    states, steps = _states(3, 3, 2, 1), {}
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 7)] == ["i0", "i1"]  # i3 would fit: order
+    assert steps == {"i0": 0, "i1": 0}
+    states[0]["w"] = 1  # i0 kept one candidate: rows 4, so i2 (2) and i3 (1) start
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 7)] == ["i0", "i1", "i2", "i3"]
+    states[1]["done"] = True
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 7)] == ["i0", "i2", "i3"]
+
+
+def test_admit_starts_one_item_wider_than_the_cap_alone_and_zero_means_every_item():
+    states, steps = _states(9, 2), {}
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i0"]
+    states[0]["done"] = True
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i1"]
+    everything = _states(9, 2, 5)
+    assert admit(Widths(), everything, {}, 0) == everything
+
+
+def test_admit_after_a_resume_keeps_the_checkpointed_items_first():
+    states = _states(2, 2, 2)
+    steps = {"i1": 3}  # i1 has a checkpoint (a resume), i0 was not started
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i0", "i1"]
+    assert [s["item_id"] for s in admit(Widths(), states, {"i2": 1}, 4)] == ["i0", "i2"]
+
+
+def test_the_run_id_names_a_row_cap_only_when_one_is_set():
+    plain = engine_config("transformers", Settings(device="cpu", dtype="float32"))
+    assert "batch_rows" not in plain
+    capped = engine_config("transformers", Settings(device="cpu", dtype="float32", batch_rows=64))
+    assert capped == {**plain, "batch_rows": 64}
+    assert engine_config("vllm", Settings(batch_rows=32))["batch_rows"] == 32
+    with pytest.raises(ValueError):
+        Settings(batch_rows=-1)

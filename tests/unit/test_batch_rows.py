@@ -217,3 +217,14 @@ def test_a_resumed_or_leased_run_takes_its_row_cap_from_its_spec_not_the_process
     capped = engine_config("transformers", Settings(device="cpu", dtype="float32", batch_rows=32))
     assert applied_settings(worker, capped).batch_rows == 32
     assert applied_settings(worker, {}) is worker  # a spec from before run ids named engine settings
+
+
+def test_a_worker_shares_one_engine_between_runs_that_differ_only_in_their_row_cap(tmp_path: Path) -> None:
+    from srd_worker.service import EngineCache
+
+    cache = EngineCache(Settings(cache_dir=tmp_path, device="cpu", dtype="float32"))
+    config = engine_config("transformers", Settings(device="cpu", dtype="float32"), resolve_device=False)
+    plain = cache.get("tiny-random-llama", "transformers", config, {})
+    assert cache.get("tiny-random-llama", "transformers", {**config, "batch_rows": 16}, {}) is plain
+    other = cache.get("tiny-random-llama", "transformers", {**config, "kv_reuse": not config["kv_reuse"]}, {})
+    assert other is not plain

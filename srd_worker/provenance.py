@@ -215,9 +215,9 @@ def engine_config(
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism; for every engine the
     runner's row cap (``batch_rows``) when one is set. The openai engine's server decides its own. Named
     by the run id (``RunSpec.engine_config``, with the device as configured: ``auto`` on a fleet means
-    each worker's own, and so does dtype ``auto``) and recorded with every runtime record (the transformers engine's device and dtype resolved). A key the run's ``engine_args``
-    set (``dtype``, ``tensor_parallel_size``) is left out: the engine argument wins, and the run id names
-    it there."""
+    each worker's own, and so does dtype ``auto``) and recorded with every runtime record (the
+    transformers engine's device and dtype resolved). A key the run's ``engine_args`` set (``dtype``,
+    ``tensor_parallel_size``) is left out: the engine argument wins, and the run id names it there."""
     config = _settings_config(engine_name, settings, resolve_device=resolve_device)
     if settings.batch_rows:  # the runner's row cap decides what shares a batch (any engine); 0 is unnamed
         config["batch_rows"] = int(settings.batch_rows)

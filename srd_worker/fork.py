@@ -8,6 +8,12 @@ fork would no longer continue them (``SPEC_FIXED``, ``PARAM_FIXED``): the model,
 seed, dataset, task, limit, shard layout and method; the drafter's temperature, top-p, top-k; ``n`` (the
 budget); ``form``; and ``max_new_tokens`` unless no draft of rounds <= R could have reached either budget.
 
+R counts the runner's rounds (its steps, the rounds checkpoints are written at). For most methods that
+is the method's round; SRD's incremental form takes a step to draft, score and route an item and a step
+for each refinement wave, so its state at runner round R may be between a routing and its waves (the
+queue was decided by the parent; the fork's parameters decide the waves' outcomes). An item's own
+routing rounds done by then are its state's ``round`` (the anytime curve's rounds).
+
 The fork's spec is the parent's with the changes and ``forked_from = {run, round}`` (so it hashes to its
 own run id, and forking again with the same changes names the same run). Its shards and items are the
 parent's; every item's checkpoint is the parent's latest snapshot at or before round R

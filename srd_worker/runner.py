@@ -188,13 +188,20 @@ def anytime_entry(
 
 
 def _record_anytime(
-    method: Method, task: Task, by_id: dict[str, Item], states: list[dict[str, Any]], ctx: StepContext
+    method: Method,
+    task: Task,
+    by_id: dict[str, Item],
+    states: list[dict[str, Any]],
+    ctx: StepContext,
+    rounds_before: dict[str, int],
 ) -> None:
-    """Append the round's anytime entry to each state's ``anytime`` list (adaptive methods only)."""
+    """Append the round's anytime entry to each state's ``anytime`` list (adaptive methods only): one per
+    round the item finished in this step (``state["round"]`` moved past ``rounds_before``); a step that
+    ends inside a round (SRD's refinement waves) adds none."""
     if not getattr(method, "anytime", False):
         return
     for state in states:
-        if state.get("error"):
+        if state.get("error") or state.get("round") == rounds_before.get(state["item_id"]):
             continue
         try:
             entry = anytime_entry(method, task, by_id[state["item_id"]], state, ctx)
@@ -235,22 +242,38 @@ def admit(
     method: Method, states: Sequence[dict[str, Any]], steps: dict[str, int], max_rows: int
 ) -> list[dict[str, Any]]:
     """The states to step this round, in shard order. ``max_rows`` 0: every unfinished one. Otherwise the
-    unfinished admitted ones (keys of ``steps``), then the next items in shard order while their rows
-    (``method.width``) fit in ``max_rows`` beside the admitted ones' (the first one always, when nothing is
-    running); admission stops at the first item that does not fit, so the same states admit the same items
-    after a resume. Admitted items are added to ``steps`` (at 0 rounds)."""
+    step's rows (``method.width``: the rows of a state's next step) are packed. Each admitted item (a key
+    of ``steps``), in shard order, steps when its rows fit beside those already taken, else it waits for a
+    later step; then, when no admitted item waits, the shard's next items are admitted in order while
+    they fit, stopping at the first that does not. The first unfinished admitted item (with none, the
+    first item) always steps, so every step makes progress. The choice depends only on the states and
+    ``steps``, so the same checkpoints choose the same items after a resume. Admitted items are added to
+    ``steps`` (at 0 rounds). A method whose items' widths change from step to step (SRD's drafts and
+    refinement waves) has its rows filled by other items' work instead of left empty."""
     if not max_rows:
         return [s for s in states if not _is_done(method, s)]
-    rows = sum(method.width(s) for s in states if s["item_id"] in steps and not _is_done(method, s))
-    for s in states:
-        if s["item_id"] in steps or _is_done(method, s):
+    live = [s for s in states if not _is_done(method, s)]
+    chosen: set[str] = set()
+    rows = 0
+    waiting = False
+    for s in live:  # the admitted items first, packed in shard order
+        if s["item_id"] in steps:
+            width = method.width(s)
+            if chosen and rows + width > max_rows:
+                waiting = True
+                continue
+            chosen.add(s["item_id"])
+            rows += width
+    for s in live if not waiting else ():  # then new items, in order, while they fit
+        if s["item_id"] in steps:
             continue
         width = method.width(s)
-        if rows and rows + width > max_rows:
+        if chosen and rows + width > max_rows:
             break
         steps[s["item_id"]] = 0
+        chosen.add(s["item_id"])
         rows += width
-    return [s for s in states if s["item_id"] in steps and not _is_done(method, s)]
+    return [s for s in live if s["item_id"] in chosen]
 
 
 def run_shard(
@@ -322,8 +345,9 @@ def run_shard(
         t0 = time.perf_counter()
         tokens_before = _gen_tokens(active)
         components_before = _component_totals(active)
+        rounds_before = {s["item_id"]: s.get("round") for s in active}
         isolation.step(method, active, ctx)
-        _record_anytime(method, task, by_id, active, ctx)
+        _record_anytime(method, task, by_id, active, ctx, rounds_before)
         t1 = time.perf_counter()
         shard_round += 1
         rounds_this_call += 1

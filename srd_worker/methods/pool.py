@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, TypedDict, TypeVar, cast, overload
+from typing import Any, ClassVar, NamedTuple, TypedDict, TypeVar, cast, overload
 
 from srd_worker.engines.base import Generation, SamplingParams
 from srd_worker.errors import ConfigError
@@ -312,20 +312,36 @@ def draft_round(
     """Extend every unfinished candidate (pool candidate or trajectory) of every state by one chunk, in
     ONE engine batch (states in order, candidates in pool order). Returns (state, candidate, length
     before) per drafted candidate, in batch order (the candidate typed as the states' candidates)."""
+    calls, drafts = draft_calls(states, ctx, p, kind=kind)
+    for d, gen in zip(drafts, ctx.generate(calls), strict=True):
+        apply_generation(ctx, d.state, d.cand, gen, d.budget, p.max_new_tokens)
+    return [(d.state, d.cand, d.before) for d in drafts]
+
+
+class Draft(NamedTuple):
+    """One candidate's chunk of a draft batch: its state, the candidate, its length before, its budget."""
+
+    state: Any
+    cand: Any
+    before: int
+    budget: int
+
+
+def draft_calls(
+    states: Sequence[TrajectoryState | PoolState], ctx: StepContext, p: DraftParams, *, kind: str = "draft"
+) -> tuple[list[GenCall], list[Draft]]:
+    """The calls of ``draft_round`` without running them (states in order, candidates in pool order), for a
+    method that puts them in one engine batch with other calls; apply each with ``apply_generation``."""
     calls: list[GenCall] = []
-    targets: list[tuple[_AnyPoolStateT, PoolCandidate, int]] = []
-    budgets: list[int] = []
+    drafts: list[Draft] = []
     for state in states:
         for index, cand in enumerate(state["candidates"]):
             if is_finished(cand):
                 continue
             call, budget = draft_call(ctx, state, cand, p, cid=candidate_id(cand, index), kind=kind)
             calls.append(call)
-            budgets.append(budget)
-            targets.append((state, cand, len(cand["tokens"])))
-    for (state, cand, _), budget, gen in zip(targets, budgets, ctx.generate(calls), strict=True):
-        apply_generation(ctx, state, cand, gen, budget, p.max_new_tokens)
-    return targets
+            drafts.append(Draft(state, cand, len(cand["tokens"]), budget))
+    return calls, drafts
 
 
 # ---------------------------------------------------------------------------------------------------

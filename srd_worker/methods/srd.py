@@ -105,6 +105,9 @@ class SRD(Method[SRDState, SRDParams]):
     def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
         return self.loop.step(states, ctx)
 
+    def width(self, state: SRDState) -> int:
+        return self.loop.width(state)
+
     anytime = True
 
     def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:

@@ -12,9 +12,11 @@ Implemented
           to EOS / max length at the drafter temperature before it is judged.
     §1.6  all refinement policies: reroute_global (default), keep_on_refine, self_compare (with the
           drop-both or fall-back-to-τ failure path), force_keep and refine_bob.
-    §1.7  Algorithm B, the incremental form (``form=incremental``, default): per round one batched
-          DRAFT, one batched SCORE, ROUTE, then REFINE in waves (one engine batch per wave over every
-          item; a wave is one generation of the refinement queue; decisions are applied sequentially in
+    §1.7  Algorithm B, the incremental form (``form=incremental``, default): per round DRAFT, SCORE,
+          ROUTE, then REFINE in waves (a wave is one generation of the refinement queue). Each item moves
+          through its own phases: a step drafts, scores and routes it, or runs its next wave, and ONE
+          engine batch (and one reward batch) carries every item's step, so one item's wave shares an
+          engine call with another's draft; decisions are applied sequentially in
           rank order per item, each τ' ranked against KEEP ∪ rest of the queue ∪ re-queued ∪ {τ'}, as the
           sequential Algorithm 1 processes its queue — see "Incremental vs batch" below for where the
           two forms differ); the min-1 guard; finished
@@ -82,7 +84,7 @@ from srd_worker.methods.pool import (
     continuation_call,
     cut_back,
     draft_call,
-    draft_round,
+    draft_calls,
     is_finished,
     new_positions,
     new_trajectory,
@@ -218,6 +220,9 @@ class SRDState(TrajectoryState):
     queue: list[int]  # batch form: ids waiting for the next wave, in order
     pending: list[PendingEdit]  # batch form: regenerations of the current wave awaiting completion
     wave: int
+    keep: list[Trajectory]  # incremental form, phase refine: the round's KEEP set so far
+    refining: list[Trajectory]  # incremental form, phase refine: the next wave's queue, in rank order
+    top: int | None  # incremental form: the id of the round's top-ranked candidate (the min-1 guard)
 
 
 class Edit(NamedTuple):
@@ -261,7 +266,17 @@ class SRDLoop:
             "queue": [],
             "pending": [],
             "wave": 0,
+            "keep": [],
+            "refining": [],
+            "top": None,
         }
+
+    def width(self, state: SRDState) -> int:
+        """Rows of the item's next step: its refinement wave's regenerations in phase refine (incremental
+        form), else its unfinished candidates (at least 1)."""
+        if state.get("phase") == "refine" and state.get("refining"):
+            return len(state["refining"]) * (self.cfg.bob_b if self.cfg.policy == "refine_bob" else 1)
+        return max(1, sum(not is_finished(c) for c in state["candidates"]))
 
     def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
         if self.cfg.form == "batch":
@@ -423,79 +438,81 @@ class SRDLoop:
 
     # -- Algorithm B: incremental form (§1.7) ----------------------------------------------------------
     def _step_incremental(self, states: list[SRDState], ctx: StepContext) -> None:
+        """One step of every item in its own phase, in ONE engine batch and ONE reward batch: items in
+        ``draft`` extend their unfinished candidates by a chunk, are scored and routed; items in ``refine``
+        run their next refinement wave (lazy scoring first fills, in one reward batch, the checkpoints their
+        boundaries need), are scored and decided. An item whose refinement queue is empty closes its round
+        (survivors, the min-1 guard, the stop rule) in the same step and drafts in the next. Every draw is
+        seeded by the item's round and the trajectory's edit count, never by the step, so an item's draws,
+        ledger and record are those of running its round's draft and waves back to back, whichever items
+        share its steps; the phases only let one item's wave share an engine call with another's draft."""
         p = self.cfg
-        # (1) DRAFT: one engine batch over every unfinished candidate of every item
-        drafted = draft_round(states, ctx, p)
-        jobs = [
-            (state, cand, new_positions(p.scoring_interval, old, len(cand["tokens"]), self._eager))
-            for state, cand, old in drafted
-        ]
-        # (2) SCORE: one reward batch (chunk ends; every new checkpoint if eager)
-        score_positions(ctx, jobs)
+        for s in states:  # a checkpoint written before the phases existed is at a round's start
+            s.setdefault("keep", [])
+            s.setdefault("refining", [])
+            s.setdefault("top", None)
+        drafting = [s for s in states if s["phase"] != "refine"]
+        waving = [s for s in states if s["phase"] == "refine"]
+        if waving and not self._eager:
+            self._fill_boundaries(ctx, [(s, c) for s in waving for c in s["refining"]])
+        calls, drafts = draft_calls(drafting, ctx, p)
+        made: list[tuple[SRDState, list[Edit]]] = []
+        for s in waving:
+            s["stats"]["rounds"][-1]["waves"].append(len(s["refining"]))
+            for cand in s["refining"]:
+                made.append((s, self._edits(ctx, s, cand)))
+        gens = iter(ctx.generate(calls + [e.call for _, edits in made for e in edits]))
+        jobs = []
+        for d in drafts:
+            apply_generation(ctx, d.state, d.cand, next(gens), d.budget, p.max_new_tokens)
+            positions = new_positions(p.scoring_interval, d.before, len(d.cand["tokens"]), self._eager)
+            jobs.append((d.state, d.cand, positions))
+        for s, edits in made:
+            for e in edits:
+                apply_generation(ctx, s, e.new, next(gens), e.budget, p.max_new_tokens)
+                positions = new_positions(p.scoring_interval, e.boundary, len(e.new["tokens"]), self._eager)
+                jobs.append((s, e.new, positions))
+        score_positions(ctx, jobs)  # chunk ends (every new checkpoint if eager) of drafts and edits
         for state, cand, _ in jobs:
             self._archive(state, cand)
-        # (3) ROUTE every item's pool
-        keeps: dict[int, list[Trajectory]] = {}
-        queues: dict[int, list[Trajectory]] = {}
-        tops: dict[int, Trajectory | None] = {}
-        for i, state in enumerate(states):
-            cands = state["candidates"]
-            pool = [c for c in cands if not is_finished(c)] if p.rank_unfinished_only else list(cands)
-            bypass = [c for c in cands if is_finished(c)] if p.rank_unfinished_only else []
-            tops[i] = pool[rank_order(scores(pool))[0]] if pool else None
-            if pool:
-                keeps[i], queues[i] = self._initial_route(state, pool)
-            else:
-                keeps[i], queues[i] = [], []
-            keeps[i].extend(bypass)
-        # (4) REFINE in waves: each wave is ONE editor batch and ONE reward batch over every item
-        while any(queues.values()):
-            self._refine_wave(states, ctx, keeps, queues)
-        # (5) survivors; min-1 guard; stop rule
-        for i, state in enumerate(states):
-            survivors = keeps[i]
-            top = tops[i]
-            if not survivors and top is not None:
-                survivors = [top]
-                if top["id"] in state["dropped"]:
-                    state["dropped"].remove(top["id"])
-            state["candidates"] = sorted(survivors, key=lambda c: c["id"])
-            state["round"] += 1
-            state["done"] = all(is_finished(c) for c in state["candidates"])
-            if state["done"]:
-                state["phase"] = "done"
+        for s in drafting:
+            self._route_pool(s)
+        by_item: dict[int, list[list[Trajectory]]] = {id(s): [] for s in waving}
+        for s, edits in made:
+            by_item[id(s)].append([e.new for e in edits])
+        for s in waving:
+            s["refining"] = self._decide(s, s["keep"], s["refining"], by_item[id(s)])
+        for s in states:
+            if not s["refining"]:
+                self._close_round(s)
 
-    def _refine_wave(
-        self,
-        states: list[SRDState],
-        ctx: StepContext,
-        keeps: dict[int, list[Trajectory]],
-        queues: dict[int, list[Trajectory]],
-    ) -> None:
-        p = self.cfg
-        active = [i for i in queues if queues[i]]
-        if not self._eager:
-            self._fill_boundaries(ctx, [(states[i], c) for i in active for c in queues[i]])
-        made: list[tuple[int, list[Edit]]] = []
-        for i in active:
-            states[i]["stats"]["rounds"][-1]["waves"].append(len(queues[i]))
-            for cand in queues[i]:
-                made.append((i, self._edits(ctx, states[i], cand)))
-        gens = iter(ctx.generate([e.call for _, edits in made for e in edits]))
-        jobs = []
-        for i, edits in made:
-            for e in edits:
-                apply_generation(ctx, states[i], e.new, next(gens), e.budget, p.max_new_tokens)
-                positions = new_positions(p.scoring_interval, e.boundary, len(e.new["tokens"]), self._eager)
-                jobs.append((states[i], e.new, positions))
-        score_positions(ctx, jobs)
-        for state, new, _ in jobs:
-            self._archive(state, new)
-        by_item: dict[int, list[list[Trajectory]]] = {i: [] for i in active}
-        for i, edits in made:
-            by_item[i].append([e.new for e in edits])
-        for i in active:
-            queues[i] = self._decide(states[i], keeps[i], queues[i], by_item[i])
+    def _route_pool(self, state: SRDState) -> None:
+        """ROUTE the item's pool after its draft: KEEP → ``keep``, the refinement queue → ``refining`` (rank
+        order, ``phase`` refine), the top-ranked candidate's id → ``top`` (the min-1 guard)."""
+        cands = state["candidates"]
+        finished = self.cfg.rank_unfinished_only
+        pool = [c for c in cands if not is_finished(c)] if finished else list(cands)
+        state["top"] = pool[rank_order(scores(pool))[0]]["id"] if pool else None
+        keep, queue = self._initial_route(state, pool) if pool else ([], [])
+        if finished:
+            keep.extend(c for c in cands if is_finished(c))
+        state["keep"], state["refining"] = keep, queue
+        state["phase"] = "refine" if queue else "draft"
+
+    def _close_round(self, state: SRDState) -> None:
+        """The round's survivors (the min-1 guard restores the top-ranked when nothing survived), the next
+        round, the stop rule."""
+        survivors = state["keep"]
+        top = state["top"]
+        if not survivors and top is not None:
+            survivors = [c for c in state["candidates"] if c["id"] == top]
+            if top in state["dropped"]:
+                state["dropped"].remove(top)
+        state["candidates"] = sorted(survivors, key=lambda c: c["id"])
+        state["keep"], state["refining"], state["top"] = [], [], None
+        state["round"] += 1
+        state["done"] = all(is_finished(c) for c in state["candidates"])
+        state["phase"] = "done" if state["done"] else "draft"
 
     # -- Algorithm A: batch form (§1.5) ----------------------------------------------------------------
     def _step_batch(self, states: list[SRDState], ctx: StepContext) -> None:

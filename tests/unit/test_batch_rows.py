@@ -85,7 +85,7 @@ def test_a_row_cap_keeps_every_call_within_it_and_changes_no_record(tiny_engine,
     own = {item_id: r for item_id, (r, _) in store.checkpoints.items()}
     assert own[ITEMS[-1].id] < outcome.rounds
     assert sum(own.values()) > outcome.rounds
-    # every checkpoint is written at the item's own round (SRD counts one per step)
+    # every checkpoint is written at the item's own round (n = 3 has no REFINE band: a round per step)
     for item_id, (r, text) in store.checkpoints.items():
         assert json.loads(text)["round"] == r, item_id
 
@@ -152,6 +152,21 @@ def test_admit_after_a_resume_keeps_the_checkpointed_items_first():
     steps = {"i1": 3}  # i1 has a checkpoint (a resume), i0 was not started
     assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i0", "i1"]
     assert [s["item_id"] for s in admit(Widths(), states, {"i2": 1}, 4)] == ["i0", "i2"]
+
+
+def test_admit_lets_an_item_too_wide_for_this_step_wait_while_later_ones_fill_the_rows():
+    states, steps = _states(3, 3, 2, 2), {"i0": 1, "i1": 1, "i2": 1}
+    states[0]["w"], states[1]["w"], states[2]["w"] = 1, 5, 2  # i0 in a wave, i1 drafting again
+    # i1 does not fit beside i0 (1 + 5 > 4) and waits; i2 (2) fits; i3 is not started while i1 waits
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i0", "i2"]
+    assert "i3" not in steps
+    states[0]["done"] = True  # i1 now comes first and steps alone; i2 waits
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i1"]
+    states[1]["w"] = 1  # nothing waits: i3 starts in the room left
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i1", "i2"]
+    states[2]["w"] = 1
+    assert [s["item_id"] for s in admit(Widths(), states, steps, 4)] == ["i1", "i2", "i3"]
+    assert steps["i3"] == 0
 
 
 def test_the_run_id_names_a_row_cap_only_when_one_is_set():

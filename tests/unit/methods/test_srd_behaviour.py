@@ -4,8 +4,8 @@ Every case builds an item whose drafts are already written (ASCII text, one byte
 a prefix of n characters is the first n tokens) and finished by the length cap, with a scripted reward
 written in the test: the reward of an original prefix is a table indexed by its length, the reward of
 any other text (an editor's regeneration) is a fixed value per candidate, recognised by the candidate's
-first character. One ``step`` then routes the pool and runs the refinement queue with the real engine;
-a spy on the engine records every ``GenerationRequest``. Expected boundaries, budgets and routing tiers
+first character. One routing round (``one_round``: a step that routes the pool, then a step per
+refinement wave) runs the refinement queue with the real engine; a spy on the engine records every ``GenerationRequest``. Expected boundaries, budgets and routing tiers
 are computed by hand in the comments.
 """
 
@@ -102,6 +102,16 @@ def setup(engine, params: dict[str, Any], rewards: Callable[[str], float], metho
     return m, spy, reward, ctx, state, prompt
 
 
+def one_round(m, ctx, state, steps: int = 10):
+    """Step until the item's routing round closes (its draft and routing step, then a step per wave)."""
+    start = state["round"]
+    for _ in range(steps):
+        m.step([state], ctx)
+        if m.done(state) or state["round"] > start:
+            return state
+    raise AssertionError("the round did not close")
+
+
 def run(m, ctx, state, steps: int = 10):
     for _ in range(steps):
         if m.done(state):
@@ -167,7 +177,7 @@ def test_boundary_from_reward_drops_sets_the_edit_budget(tiny_engine, table1, l_
     if scoring == "eager":  # eager: every checkpoint was scored while drafting
         cand["S"] = {str(j): table1[j] for j in (5, 10, 15, 20)}
     tau = list(cand["tokens"])
-    m.step([state], ctx)
+    one_round(m, ctx, state)
     (req,) = spy.requests
     assert req.params.max_new_tokens == LENGTH - j_star
     assert list(req.prompt_ids) == prompt + tau[:j_star]
@@ -202,7 +212,7 @@ def test_every_refinement_keeps_the_prefix(tiny_engine):
     params = {"n": 5, "theta_high": 0.8, "theta_low": 0.2, "scoring_interval": 5, "l_max": 0, "n_refine": 1}
     m, spy, _, ctx, state, prompt = setup(tiny_engine, params, scripted(table, {1: 0.95, 2: 0.97, 3: 0.99}))
     taus = {c["id"]: list(c["tokens"]) for c in state["candidates"]}
-    m.step([state], ctx)
+    one_round(m, ctx, state)
     assert len(spy.requests) == 3
     for req in spy.requests:
         cont = list(req.prompt_ids)[len(prompt) :]
@@ -361,7 +371,7 @@ def test_boundary_search_sets_the_edit_budget(tiny_engine, search, j_star, scori
     if scoring == "eager":
         cand["S"] = {str(j): table1[j] for j in (5, 10, 15, 20)}
     tau = list(cand["tokens"])
-    m.step([state], ctx)
+    one_round(m, ctx, state)
     (req,) = spy.requests
     assert req.params.max_new_tokens == LENGTH - j_star
     assert list(req.prompt_ids) == prompt + tau[:j_star]

@@ -193,7 +193,7 @@ def _record_anytime(
     by_id: dict[str, Item],
     states: list[dict[str, Any]],
     ctx: StepContext,
-    rounds_before: dict[str, int],
+    rounds_before: dict[str, Any],
 ) -> None:
     """Append the round's anytime entry to each state's ``anytime`` list (adaptive methods only): one per
     round the item finished in this step (``state["round"]`` moved past ``rounds_before``); a step that

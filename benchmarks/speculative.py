@@ -125,7 +125,7 @@ def table(rows: list[dict], baseline: dict[str, dict]) -> str:
         acc = r["accuracy"]
         counts = ", ".join(f"{k} {v}" for k, v in r["counts"].items()) or "–"
         lines.append(
-            f"| {r['label']} | {acc.mean:.3f} [{acc.low:.3f}, {acc.high:.3f}] | {r['tokens']} | "
+            f"| {r['label']} | {_fmt(acc.mean, 3)} [{_fmt(acc.low, 3)}, {_fmt(acc.high, 3)}] | {r['tokens']} | "
             f"{_fmt(r['acceptance'], 3)} | {_fmt(r['accepted_length'], 2)} | "
             f"{r['target_passes']:.1f} | {r['draft_passes']:.1f} | {counts} | {r['tps']:.1f} | "
             f"{r['tps'] / base['tps']:.2f}x | {r['tpcs']:.1f} | {r['tpcs'] / base['tpcs']:.2f}x |"

@@ -417,10 +417,10 @@ class Method(Generic[StateT, ParamsT]):
         return bool(state["done"])
 
     def width(self, state: StateT) -> int:
-        """Rows the item's next round generates, for the runner's row cap (``SRDQ_BATCH_ROWS``): its
-        candidates not finished yet (each one a row of the round's draft batch), else its ``n``, at least
-        1. An estimate for admission, not a limit: a method whose rounds are shaped otherwise (beams,
-        refinement waves) may override it."""
+        """Rows the item's next step generates, for the runner's row cap (``SRDQ_BATCH_ROWS``, which packs
+        each step's items by it): its candidates not finished yet (each one a row of the step's draft
+        batch), else its ``n``, at least 1. A method whose steps are shaped otherwise overrides it (SRD:
+        a refinement wave's regenerations); an estimate, not a limit, for the others (beams)."""
         candidates = state.get("candidates")
         if isinstance(candidates, list) and candidates:
             return max(1, sum(1 for c in candidates if isinstance(c, dict) and c.get("finish") is None))

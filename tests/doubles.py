@@ -80,3 +80,21 @@ def run_to_done(method, states, ctx, max_steps: int = 100) -> None:
             return
         method.step(active, ctx)
     assert all(method.done(s) for s in states), f"not done after {max_steps} steps"
+
+
+def run_items(items, method, engine, reward, store, *, seed, positions=None, max_rows=0):
+    """``run_shard`` over ``items`` (GSM8K's grading) with the given method, engine, reward and store."""
+    from srd_worker.runner import run_shard
+    from srd_worker.tasks.gsm8k import GSM8KTask
+
+    return run_shard(
+        items=items,
+        positions=list(range(len(items))) if positions is None else positions,
+        method=method,
+        task=GSM8KTask(),
+        engine=engine,
+        reward=reward,
+        run_seed=seed,
+        store=store,
+        max_rows=max_rows,
+    )

@@ -15,12 +15,11 @@ import pytest
 from srd_worker.methods.registry import build_method
 from srd_worker.provenance import engine_config
 from srd_worker.rewards.arithmetic import ArithmeticReward
-from srd_worker.runner import admit, run_shard
+from srd_worker.runner import admit
 from srd_worker.settings import Settings
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.gsm8k import GSM8KTask
 from tests.cli import ROOT, run_srdq, srdq_env, tiny_run_args
-from tests.doubles import Crash, CrashingEngine, MemoryStore
+from tests.doubles import Crash, CrashingEngine, MemoryStore, run_items
 
 QUESTIONS = [
     "What is 3 + 4?",
@@ -48,16 +47,8 @@ class RowsEngine(CrashingEngine):
 
 
 def _shard(engine, store, *, method="srd", params=SRD, max_rows=0):
-    return run_shard(
-        items=ITEMS,
-        positions=list(range(len(ITEMS))),
-        method=build_method(method, params),
-        task=GSM8KTask(),
-        engine=engine,
-        reward=ArithmeticReward(),
-        run_seed=11,
-        store=store,
-        max_rows=max_rows,
+    return run_items(
+        ITEMS, build_method(method, params), engine, ArithmeticReward(), store, seed=11, max_rows=max_rows
     )
 
 

@@ -14,10 +14,8 @@ import pytest
 
 from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
-from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
-from srd_worker.tasks.gsm8k import GSM8KTask
-from tests.doubles import Crash, CrashingEngine, HashReward, MemoryStore, run_to_done
+from tests.doubles import Crash, CrashingEngine, HashReward, MemoryStore, run_items, run_to_done
 
 ITEMS = [Item(f"q{i}", f"What is {i} + {3 * i}?", str(4 * i)) for i in range(5)]
 DRAFT_T, EDIT_T = 0.7, 1.0
@@ -47,16 +45,10 @@ class CallsEngine(CrashingEngine):
 
 
 def _shard(engine, store, items=ITEMS, *, max_rows=0, params=SRD):
-    return run_shard(
-        items=items,
-        positions=[ITEMS.index(it) for it in items],
-        method=build_method("srd", params),
-        task=GSM8KTask(),
-        engine=engine,
-        reward=HashReward(),
-        run_seed=5,
-        store=store,
-        max_rows=max_rows,
+    positions = [ITEMS.index(it) for it in items]
+    method = build_method("srd", params)
+    return run_items(
+        items, method, engine, HashReward(), store, seed=5, positions=positions, max_rows=max_rows
     )
 
 

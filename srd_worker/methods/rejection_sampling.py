@@ -110,9 +110,6 @@ class RejectionSampling(Method[SRDState, RejectionSamplingParams]):
     def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
         return self.loop.step(states, ctx)
 
-    def width(self, state: SRDState) -> int:
-        return self.loop.width(state)
-
     anytime = True
 
     def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:

@@ -106,7 +106,8 @@ class SRD(Method[SRDState, SRDParams]):
         return self.loop.step(states, ctx)
 
     def width(self, state: SRDState) -> int:
-        return self.loop.width(state)
+        """A refinement wave's rows, else (drafting) the unfinished candidates, as ``Method.width``."""
+        return self.loop.wave_rows(state) or super().width(state)
 
     anytime = True
 

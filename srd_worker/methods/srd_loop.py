@@ -271,12 +271,12 @@ class SRDLoop:
             "top": None,
         }
 
-    def width(self, state: SRDState) -> int:
-        """Rows of the item's next step: its refinement wave's regenerations in phase refine (incremental
-        form), else its unfinished candidates (at least 1)."""
+    def wave_rows(self, state: SRDState) -> int:
+        """Rows of the item's next refinement wave in phase refine (incremental form; ``bob_b`` per queued
+        trajectory with refine_bob), else 0: the item drafts next."""
         if state.get("phase") == "refine" and state.get("refining"):
             return len(state["refining"]) * (self.cfg.bob_b if self.cfg.policy == "refine_bob" else 1)
-        return max(1, sum(not is_finished(c) for c in state["candidates"]))
+        return 0
 
     def step(self, states: list[SRDState], ctx: StepContext) -> list[SRDState]:
         if self.cfg.form == "batch":

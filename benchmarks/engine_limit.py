@@ -326,7 +326,9 @@ def report(
             "engine-limit": "### The engine limit on this machine",
             "engine-limit-rows": "### The runner with a row cap",
             "engine-limit-0.5b": "### The engine limit on the real 0.5B model",
-        }.get(args.section, "### The transformers engine's CPU defaults"),
+            "engine-limit-cpu-defaults": "### The transformers engine's CPU defaults",
+            "engine-limit-problems": "### The same problems for raw calls and the runner",
+        }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
         f"{'yes' if cpu_has_native_bf16() else 'no'}; {os.cpu_count()} cores, "

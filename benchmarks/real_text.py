@@ -5,7 +5,7 @@ CPU build (``--dataset math500`` for MATH500, the paper's Tables 2, 6 and 7 sett
     .venv-vllm/bin/python benchmarks/real_text.py [--items 200] [--seeds 0,1] [--budgets 4,8]
         [--rewards logprob,judge:qwen2.5-coder-1.5b] [--model qwen2.5-coder-0.5b] [--engine vllm]
         [--max-new-tokens 512] [--chunk-tokens 128] [--work /tmp/srdq-real-text] [--methods M,...]
-        [--analyse-only [FOLDER...]] [--no-write]
+        [--analyse-only [FOLDER...]] [--no-write] [--state DIR [--save-state]]
 
 Per reward, one sweep (``srd_worker.testbed.experiment.run_grid``: the ``srdq run --sweep`` runner, so an
 interrupted benchmark resumes where it stopped, shard by shard) of ``best_of_n`` at the largest N (its
@@ -68,6 +68,52 @@ def real_sweep(
             {"method": "speculative_rejection", "n": budgets, "params": adaptive},
         ],
     }
+
+
+def save_state(work: Path, state: Path) -> Path | None:
+    """A consistent copy of the grid's store ``work/srdq.db`` (safe while a run writes to it: SQLite's
+    ``VACUUM INTO`` reads one snapshot), gzipped to ``state/<work name>.db.gz``; None without a store.
+    The store is what the runner resumes from (finished shards, checkpoints), so a new machine carries a
+    long grid on from the copy (``restore_state``)."""
+    import gzip
+    import shutil
+    import sqlite3
+    import tempfile
+
+    db = work / "srdq.db"
+    if not db.is_file():
+        return None
+    state.mkdir(parents=True, exist_ok=True)
+    out = state / f"{work.name}.db.gz"
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "srdq.db"
+        con = sqlite3.connect(db)
+        try:
+            con.execute("VACUUM INTO ?", (str(copy),))
+        finally:
+            con.close()
+        part = out.with_name(out.name + ".part")
+        with copy.open("rb") as src, gzip.GzipFile(part, "wb", mtime=0) as dst:
+            shutil.copyfileobj(src, dst)
+        part.replace(out)
+    return out
+
+
+def restore_state(work: Path, state: Path) -> bool:
+    """Unpack ``state/<work name>.db.gz`` into ``work/srdq.db`` when ``work`` has no store yet (never over
+    one: the store in ``work`` is newer); True when it did."""
+    import gzip
+    import shutil
+
+    src = state / f"{work.name}.db.gz"
+    if (work / "srdq.db").exists() or not src.is_file():
+        return False
+    work.mkdir(parents=True, exist_ok=True)
+    part = work / "srdq.db.part"
+    with gzip.open(src, "rb") as f, part.open("wb") as dst:
+        shutil.copyfileobj(f, dst)
+    part.replace(work / "srdq.db")
+    return True
 
 
 def auroc(scores: list[float], labels: list[bool]) -> float | None:
@@ -225,7 +271,18 @@ def main() -> None:
         "best_of_n and srd are needed; without rejection_sampling there is no coupled table",
     )
     ap.add_argument("--analyse-only", nargs="*", default=None, metavar="FOLDER")
+    ap.add_argument(
+        "--state",
+        default=None,
+        metavar="DIR",
+        help="carry the grid across machines: before running, a reward's store missing from --work is "
+        "unpacked from DIR/<name>.db.gz (benchmarks/state/real_text holds the committed copies); with "
+        "--save-state, write those copies from --work (safe while a run is writing) and exit",
+    )
+    ap.add_argument("--save-state", action="store_true", help="only snapshot the stores into --state")
     args = ap.parse_args()
+    if args.save_state and not args.state:
+        ap.error("--save-state needs --state DIR")
 
     import matplotlib
 
@@ -254,6 +311,13 @@ def main() -> None:
             if args.dataset == "gsm8k"
             else f"{args.dataset}_{reward.replace(':', '_')}"
         )
+        if args.state:
+            if args.save_state:
+                saved = save_state(work, Path(args.state))
+                print(f"{reward}: " + (f"store saved to {saved}" if saved else f"no store in {work}"))
+                continue
+            if restore_state(work, Path(args.state)):
+                print(f"{reward}: store restored from {Path(args.state) / (work.name + '.db.gz')}")
         without = {m for m in args.without.split(",") if m}
         sweep["methods"] = [m for m in sweep["methods"] if m["method"] not in without]
         if args.methods:

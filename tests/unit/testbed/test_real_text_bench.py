@@ -31,3 +31,40 @@ def test_reward_auroc_pools_candidates_and_bootstraps_problems():
     out = reward_auroc(runs, resamples=200)
     assert out["auroc"] == 1.0 and (out["low"], out["high"]) == (1.0, 1.0)
     assert (out["responses"], out["correct"], out["problems"]) == (4, 2, 2)  # unscored candidates left out
+
+
+def test_state_snapshot_round_trips_a_store_and_never_overwrites_one(tmp_path):
+    """The grid's store carried to a new machine: a snapshot taken while a connection holds the store
+    open (WAL, as a running grid does) restores to the same rows; a store already in --work is newer and
+    is left alone; no store, no snapshot."""
+    import sqlite3
+
+    from benchmarks.real_text import restore_state, save_state
+
+    work, state = tmp_path / "run" / "logprob", tmp_path / "state"
+    assert save_state(work, state) is None
+    work.mkdir(parents=True)
+    live = sqlite3.connect(work / "srdq.db")
+    live.execute("PRAGMA journal_mode=WAL")
+    live.execute("CREATE TABLE shard (id INTEGER PRIMARY KEY, status TEXT)")
+    live.executemany("INSERT INTO shard (status) VALUES (?)", [("done",), ("done",), ("pending",)])
+    live.commit()  # committed to the WAL, not yet checkpointed into the main file
+    saved = save_state(work, state)
+    assert saved == state / "logprob.db.gz"
+    live.execute("UPDATE shard SET status = 'done'")
+    live.commit()
+    assert not restore_state(work, state)  # the store in work is newer: kept
+    live.close()
+
+    elsewhere = tmp_path / "new-machine" / "logprob"
+    assert restore_state(elsewhere, state)
+    got = sqlite3.connect(elsewhere / "srdq.db")
+    try:
+        assert got.execute("SELECT status FROM shard ORDER BY id").fetchall() == [
+            ("done",),
+            ("done",),
+            ("pending",),
+        ]
+    finally:
+        got.close()
+    assert not restore_state(elsewhere, state)  # restored once; never over a store

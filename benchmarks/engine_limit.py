@@ -73,6 +73,10 @@ from srd_worker.settings import cpu_has_native_bf16  # noqa: E402
 CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "vllm": ("vllm", {"vllm_enforce_eager": False}),
     "vllm-float32": ("vllm", {"vllm_enforce_eager": False, "dtype": "float32"}),
+    # KV blocks of 32 tokens (srdq's default on the CPU build) or vLLM's own 128: prefix caching reuses
+    # whole blocks only
+    "vllm-block-32": ("vllm", {"vllm_enforce_eager": False, "vllm_cpu_block_size": 32}),
+    "vllm-block-128": ("vllm", {"vllm_enforce_eager": False, "vllm_cpu_block_size": 0}),
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
     "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
     "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
@@ -328,6 +332,7 @@ def report(
             "engine-limit-0.5b": "### The engine limit on the real 0.5B model",
             "engine-limit-cpu-defaults": "### The transformers engine's CPU defaults",
             "engine-limit-problems": "### The same problems for raw calls and the runner",
+            "engine-limit-vllm-blocks": "### vLLM's KV block size on the CPU",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "

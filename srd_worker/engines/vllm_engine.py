@@ -10,6 +10,7 @@ and read status. ALGORITHMS.md §0.4 lists what the offline API gives; this adap
   ``kv_cache_memory_bytes`` = ``SRDQ_VLLM_CPU_KV_CACHE_GB`` (default 2 GiB): vLLM's CPU backend reads
   ``gpu_memory_utilization`` as a share of the machine's RAM and refuses to start when that much is not
   free. A start-up that fails for memory is re-raised as an EngineError naming srdq's setting;
+  ``SRDQ_VLLM_CPU_BLOCK_SIZE`` sets the CPU build's KV block size (prefix caching reuses whole blocks);
   ``SRDQ_VLLM_ENFORCE_EAGER`` skips torch.compile (faster start-up, slower decoding); chunked prefill is
   off on the CPU build (``cpu_prefill_kwargs``: vLLM 0.32's CPU build crashes on seeded chunked prefills);
 - continuation from token ids: each request is ``TokensPrompt(prompt_token_ids=prompt + kept prefix)``,
@@ -482,6 +483,8 @@ class VLLMEngine:
             kwargs["enforce_eager"] = True
         if on_cpu:
             kwargs.update(cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len")))
+            if settings.vllm_cpu_block_size:
+                kwargs["block_size"] = int(settings.vllm_cpu_block_size)
         kwargs.update(llm_kwargs)  # the run's engine arguments win over srdq's settings
         if on_cpu:
             bind = cpu_threads(str(settings.vllm_cpu_threads))

@@ -331,6 +331,25 @@ def test_vllm_cpu_build_gets_a_fixed_kv_cache_not_a_memory_share(tiny_engine, tm
     assert llm.shutdowns == 1 and engine.llm is None
 
 
+def test_vllm_cpu_block_size_from_settings_and_an_engine_arg_wins(tiny_engine, tmp_path):
+    """SRDQ_VLLM_CPU_BLOCK_SIZE reaches vLLM's CPU build as block_size (default 32; 0: vLLM's own,
+    nothing passed); a run's --engine-arg block_size wins; a GPU build never gets it from the setting."""
+    assert Settings().vllm_cpu_block_size == 32
+    built = {}
+    for label, cpu, size, args in [
+        ("vLLM's own", True, 0, {}),
+        ("set", True, 32, {}),
+        ("engine arg", True, 32, {"block_size": 64}),
+        ("gpu", False, 32, {}),
+    ]:
+        settings = Settings(cache_dir=tmp_path, vllm_cpu_block_size=size)
+        with fake_vllm.installed(backend=tiny_engine, cpu=cpu) as vllm:
+            build_engine("vllm", "tiny-random-llama", settings, args)
+            (llm,) = vllm.LLM.instances
+        built[label] = llm.kwargs.get("block_size")
+    assert built == {"vLLM's own": None, "set": 32, "engine arg": 64, "gpu": None}
+
+
 def test_vllm_cpu_kv_cache_larger_than_free_ram_names_srdq_setting(tiny_engine, tmp_path):
     pytest.importorskip("psutil")
     settings = Settings(cache_dir=tmp_path, vllm_cpu_kv_cache_gb=1e6)

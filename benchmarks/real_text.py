@@ -16,7 +16,7 @@ with two-stage bootstrap intervals over problems then seeds; SRD's routing stati
 gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N and self-consistency − Best-of-N
 paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
 (an interval from a bootstrap over problems). Writes docs/real_text_<slug>.png and the
-``real-text-<slug>`` section of docs/PERFORMANCE.md.
+``real-text-<slug>`` section of docs/PERFORMANCE.md (``--tag T``: ``<slug>_T``).
 """
 
 from __future__ import annotations
@@ -280,6 +280,12 @@ def main() -> None:
         "--save-state, write those copies from --work (safe while a run is writing) and exit",
     )
     ap.add_argument("--save-state", action="store_true", help="only snapshot the stores into --state")
+    ap.add_argument(
+        "--tag",
+        default="",
+        help="write docs/real_text_<slug>_<tag>.png and the real-text-<slug>_<tag> section, so a partial or "
+        "differently sized grid does not replace another's",
+    )
     args = ap.parse_args()
     if args.save_state and not args.state:
         ap.error("--save-state needs --state DIR")
@@ -335,6 +341,8 @@ def main() -> None:
         slug = reward.split(":")[0].replace("-", "_")
         if args.dataset != "gsm8k":
             slug = f"{args.dataset}_{slug}"
+        if args.tag:
+            slug = f"{slug}_{args.tag}"
         png = None if args.no_write else ROOT / "docs" / f"real_text_{slug}.png"
         pool_only = "srd" in without  # a grid of Best-of-N alone: its k-curves
         if pool_only:
@@ -386,7 +394,10 @@ def main() -> None:
             f"--items {args.items} "
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
             f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
-            f"--shard-size {args.shard_size}" + (f" --without {args.without}" if args.without else "") + "`"
+            f"--shard-size {args.shard_size}"
+            + (f" --without {args.without}" if args.without else "")
+            + (f" --tag {args.tag}" if args.tag else "")
+            + "`"
         )
         text = "\n".join(body)
         print(text, flush=True)

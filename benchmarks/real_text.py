@@ -70,6 +70,11 @@ def real_sweep(
     }
 
 
+def state_file(work: Path, state: Path) -> Path:
+    """Where the snapshot of the store in ``work`` lives under ``state``: ``state/<work name>.db.gz``."""
+    return state / f"{work.name}.db.gz"
+
+
 def save_state(work: Path, state: Path) -> Path | None:
     """A consistent copy of the grid's store ``work/srdq.db`` (safe while a run writes to it: SQLite's
     ``VACUUM INTO`` reads one snapshot), gzipped to ``state/<work name>.db.gz``; None without a store.
@@ -84,7 +89,7 @@ def save_state(work: Path, state: Path) -> Path | None:
     if not db.is_file():
         return None
     state.mkdir(parents=True, exist_ok=True)
-    out = state / f"{work.name}.db.gz"
+    out = state_file(work, state)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "srdq.db"
         con = sqlite3.connect(db)
@@ -99,21 +104,21 @@ def save_state(work: Path, state: Path) -> Path | None:
     return out
 
 
-def restore_state(work: Path, state: Path) -> bool:
+def restore_state(work: Path, state: Path) -> Path | None:
     """Unpack ``state/<work name>.db.gz`` into ``work/srdq.db`` when ``work`` has no store yet (never over
-    one: the store in ``work`` is newer); True when it did."""
+    one: the store in ``work`` is newer); the snapshot it unpacked, or None."""
     import gzip
     import shutil
 
-    src = state / f"{work.name}.db.gz"
+    src = state_file(work, state)
     if (work / "srdq.db").exists() or not src.is_file():
-        return False
+        return None
     work.mkdir(parents=True, exist_ok=True)
     part = work / "srdq.db.part"
     with gzip.open(src, "rb") as f, part.open("wb") as dst:
         shutil.copyfileobj(f, dst)
     part.replace(work / "srdq.db")
-    return True
+    return src
 
 
 def auroc(scores: list[float], labels: list[bool]) -> float | None:
@@ -322,8 +327,9 @@ def main() -> None:
                 saved = save_state(work, Path(args.state))
                 print(f"{reward}: " + (f"store saved to {saved}" if saved else f"no store in {work}"))
                 continue
-            if restore_state(work, Path(args.state)):
-                print(f"{reward}: store restored from {Path(args.state) / (work.name + '.db.gz')}")
+            restored = restore_state(work, Path(args.state))
+            if restored:
+                print(f"{reward}: store restored from {restored}")
         without = {m for m in args.without.split(",") if m}
         sweep["methods"] = [m for m in sweep["methods"] if m["method"] not in without]
         if args.methods:

@@ -213,7 +213,7 @@ def engine_config(
 ) -> dict[str, Any]:
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism; for every engine the
-    runner's row cap (``batch_rows``) when one is set. The openai engine's server decides its own. Named
+    runner's row cap (``batch_rows``) when one is set and its shard window when it is off. The openai engine's server decides its own. Named
     by the run id (``RunSpec.engine_config``, with the device as configured: ``auto`` on a fleet means
     each worker's own, and so does dtype ``auto``) and recorded with every runtime record (the
     transformers engine's device and dtype resolved). A key the run's ``engine_args`` set (``dtype``,
@@ -221,6 +221,8 @@ def engine_config(
     config = _settings_config(engine_name, settings, resolve_device=resolve_device)
     if settings.batch_rows:  # the runner's row cap decides what shares a batch (any engine); 0 is unnamed
         config["batch_rows"] = int(settings.batch_rows)
+    if not settings.shard_window:  # one shard at a time: other batches than the default window's
+        config["shard_window"] = False
     return {k: v for k, v in config.items() if k not in (engine_args or {})}
 
 
@@ -251,11 +253,12 @@ def _settings_config(engine_name: str, settings: Settings, *, resolve_device: bo
 def applied_settings(settings: Settings, engine_config: dict[str, Any]) -> Settings:
     """``settings`` with a run's engine configuration (``RunSpec.engine_config``) applied: the engine a
     run is resumed or leased with is built the way its run id says, whatever this process's SRDQ_*
-    variables say; a config without ``batch_rows`` runs with no row cap (0). A spec without one (made
+    variables say; a config without ``batch_rows`` runs with no row cap (0), one without
+    ``shard_window`` with the window on. A spec without one (made
     before run ids named it) leaves the settings as they are."""
     if not engine_config:
         return settings
-    return settings.model_copy(update={"batch_rows": 0, **engine_config})
+    return settings.model_copy(update={"batch_rows": 0, "shard_window": True, **engine_config})
 
 
 def config_conflict(

@@ -276,6 +276,39 @@ def admit(
     return [s for s in live if s["item_id"] in chosen]
 
 
+@dataclass
+class ShardWork:
+    """One shard for ``run_shards``: its items in order, their dataset positions and its store."""
+
+    items: Sequence[Item]
+    positions: Sequence[int]
+    store: ShardStore
+
+
+class WindowStore(Protocol):
+    """Writes one step's checkpoints of several shards in one transaction (``run_shards``): ``writes`` is
+    a list of (shard position in the call's list, round, states by item id)."""
+
+    def save_window(self, writes: list[tuple[int, int, dict[str, dict[str, Any]]]]) -> None: ...
+
+
+def fresh_width(method: Method, task: Task, engine: Engine, item: Item) -> int:
+    """Rows a fresh item's first step takes (``method.width`` of its initial state): with a shard's size,
+    the width of a run's window over its shards (``run_shards``)."""
+    state = _prompt_state(method, task, engine, item)
+    return 1 if state.get("error") else method.width(state)
+
+
+@dataclass
+class _Open:
+    """A shard of the window: its states (shard order) and the outcome it will return."""
+
+    index: int
+    work: ShardWork
+    states: list[dict[str, Any]]
+    outcome: ShardOutcome
+
+
 def run_shard(
     *,
     items: Sequence[Item],
@@ -304,16 +337,53 @@ def run_shard(
     shard's items in order while their rows (``method.width``) fit in R, and admits more as rows free
     up (``admit``). Each item's checkpoint is written at its own round (the rounds it has stepped), so a
     resume, a fork at round R and the anytime curve see per-item rounds whether or not it started late."""
-    checkpoints = store.load_checkpoints()
-    states: list[dict[str, Any]] = []
-    for item in items:
-        if item.id in checkpoints:
-            states.append(checkpoints[item.id][1])
-        else:
-            states.append(_prompt_state(method, task, engine, item))
-    shard_round = max((r for r, _ in checkpoints.values()), default=0)
-    if checkpoints:
-        log.info("resuming from checkpointed round %d (%d items checkpointed)", shard_round, len(checkpoints))
+    (outcome,) = run_shards(
+        [ShardWork(items, positions, store)],
+        method=method,
+        task=task,
+        engine=engine,
+        reward=reward,
+        run_seed=run_seed,
+        max_rounds=max_rounds,
+        max_seconds=max_seconds,
+        on_round=on_round,
+        on_slice_start=on_slice_start,
+        score_cache=score_cache,
+        max_rows=max_rows,
+    )
+    return outcome
+
+
+def run_shards(
+    shards: Sequence[ShardWork],
+    *,
+    method: Method,
+    task: Task,
+    engine: Engine,
+    reward: RewardModel | None,
+    run_seed: int,
+    max_rounds: int | None = None,
+    max_seconds: float | None = None,
+    on_round: Callable[[RoundReport], None] | None = None,
+    on_slice_start: Callable[[int], None] | None = None,
+    on_shard_done: Callable[[int, ShardOutcome], None] | None = None,
+    score_cache: ScoreCache | None = None,
+    max_rows: int = 0,
+    window_store: WindowStore | None = None,
+) -> list[ShardOutcome]:
+    """Run (or resume) ``shards`` in order through one window of rows (``run_shard`` is the one-shard
+    case). With ``max_rows`` R > 0 the shards' items are admitted in order, across shard boundaries,
+    while their rows fit in R (``admit``): when a shard's items keep, drop or finish candidates, the next
+    shard's items take the rows they free, so the engine's batches stay as wide as R until the last
+    shard's tail (``srdq run`` passes its row cap, or a shard's size × a fresh item's width). R = 0 steps
+    every unfinished item of one shard at a time. A shard is opened (its checkpoints loaded, its states
+    built) when the window could admit its items, and finished (records graded, ``save_results``,
+    ``on_shard_done(position, outcome)``) as soon as its items are done, so shards may finish out of
+    order. Each step's checkpoints go to the shards' stores, in one transaction when a ``window_store``
+    is given; what opens and what steps depends only on the checkpoints, so a resumed call steps the
+    same items together as the uninterrupted one. Returns one outcome per shard, in order
+    (``finished`` False for those not reached before ``max_rounds`` / ``max_seconds``)."""
+    outcomes = [ShardOutcome(finished=False, rounds=0) for _ in shards]
     ctx = StepContext(
         engine,
         reward,
@@ -322,28 +392,106 @@ def run_shard(
         stop=getattr(task, "stop", ()),
         score_cache=score_cache,
     )
-    by_id = {item.id: item for item in items}
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
-    outcome = ShardOutcome(finished=False, rounds=shard_round)
     isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)
-    outcome.isolation = isolation.log
+    for outcome in outcomes:
+        outcome.isolation = isolation.log
+    # rounds each item has stepped (its checkpoint round); items with a checkpoint have been admitted
+    steps: dict[str, int] = {}
+    opened: list[_Open] = []
+    next_shard = 0
+    shard_round = 0
+
+    def open_next(checkpoints: dict[str, tuple[int, dict[str, Any]]] | None = None) -> None:
+        nonlocal next_shard, shard_round
+        work = shards[next_shard]
+        if checkpoints is None:
+            checkpoints = work.store.load_checkpoints()
+        states = [
+            checkpoints[item.id][1] if item.id in checkpoints else _prompt_state(method, task, engine, item)
+            for item in work.items
+        ]
+        steps.update({item_id: r for item_id, (r, _) in checkpoints.items()})
+        round_ = max((r for r, _ in checkpoints.values()), default=0)
+        if checkpoints:
+            log.info("resuming from checkpointed round %d (%d items checkpointed)", round_, len(checkpoints))
+        shard_round = max(shard_round, round_)
+        outcomes[next_shard].rounds = round_
+        opened.append(_Open(next_shard, work, states, outcomes[next_shard]))
+        next_shard += 1
+
+    def live() -> list[dict[str, Any]]:
+        return [s for o in opened for s in o.states if not _is_done(method, s)]
+
+    def resume() -> None:
+        """Open the first shard and, after it, every shard with checkpoints: the window as the call that
+        wrote them had it (shards open in order, and one is checkpointed only once it was open)."""
+        open_next()
+        while next_shard < len(shards):
+            checkpoints = shards[next_shard].store.load_checkpoints()
+            if not checkpoints:
+                return
+            open_next(checkpoints)
+
+    def widen() -> None:
+        """Open the next shards while the window could admit their items: with no row cap, the next
+        when the open ones are done; with a cap, the next when every live item of the open ones is
+        admitted and their rows leave room. A function of the states alone, so a resumed call opens
+        what the uninterrupted one opened."""
+        while next_shard < len(shards):
+            if not opened:
+                open_next()
+                continue
+            if not max_rows:
+                if live():
+                    return
+                open_next()
+                continue
+            waiting = [s for s in live() if s["item_id"] not in steps]
+            if waiting:
+                return
+            rows = sum(method.width(s) for s in live())
+            if rows >= max_rows and rows:
+                return
+            open_next()
+
+    def finish_done() -> None:
+        """Grade, store and report every open shard whose items are all done (shard order)."""
+        for o in [o for o in opened if all(_is_done(method, s) for s in o.states)]:
+            o.outcome.records = [
+                build_record(method, task, item, pos, state)
+                for item, pos, state in zip(o.work.items, o.work.positions, o.states, strict=True)
+            ]
+            o.work.store.save_results(o.outcome.records)
+            o.outcome.finished = True
+            opened.remove(o)
+            if on_shard_done is not None:
+                on_shard_done(o.index, o.outcome)
+
+    by_id: dict[str, Item] = {item.id: item for work in shards for item in work.items}
     rounds_this_call = 0
     started = time.perf_counter()
-
-    # rounds each item has stepped (its checkpoint round); items with a checkpoint have been admitted
-    steps = {item_id: r for item_id, (r, _) in checkpoints.items()}
+    if shards:
+        resume()
     while True:
-        active = admit(method, states, steps, max_rows)
-        if not active:
+        widen()
+        finish_done()
+        if not opened and next_shard >= len(shards):
             break
+        if not opened:
+            continue
+        states = [s for o in opened for s in o.states]
+        active = admit(method, states, steps, max_rows)
+        if not active:  # every open shard is done: finish_done closes them next time round
+            continue
         if max_rounds is not None and rounds_this_call >= max_rounds:
-            return outcome
+            return outcomes
         if max_seconds is not None and rounds_this_call and time.perf_counter() - started >= max_seconds:
-            return outcome
+            return outcomes
         if on_slice_start is not None and not rounds_this_call:
             on_slice_start(shard_round)
         t0 = time.perf_counter()
-        tokens_before = _gen_tokens(active)
+        step_tokens_before = _gen_tokens(active)
         components_before = _component_totals(active)
         rounds_before = {s["item_id"]: s.get("round") for s in active}
         isolation.step(method, active, ctx)
@@ -351,38 +499,42 @@ def run_shard(
         t1 = time.perf_counter()
         shard_round += 1
         rounds_this_call += 1
-        by_round: dict[int, dict[str, dict[str, Any]]] = {}
+        owner = {s["item_id"]: pos for pos, o in enumerate(opened) for s in o.states}
+        writes: dict[tuple[int, int], dict[str, dict[str, Any]]] = {}
         for s in active:
             steps[s["item_id"]] = steps.get(s["item_id"], 0) + 1
-            by_round.setdefault(steps[s["item_id"]], {})[s["item_id"]] = s
-        for round_, group in sorted(by_round.items()):  # one write per round (one with no row cap)
-            store.save_checkpoints(round_, group)
+            writes.setdefault((owner[s["item_id"]], steps[s["item_id"]]), {})[s["item_id"]] = s
+        if window_store is not None:
+            window_store.save_window([(opened[p].index, r, g) for (p, r), g in sorted(writes.items())])
+        else:  # one write per shard and round (one per shard without a row cap)
+            for (p, round_), group in sorted(writes.items()):
+                opened[p].work.store.save_checkpoints(round_, group)
         if score_cache is not None:
             score_cache.flush()
         t2 = time.perf_counter()
-        outcome.rounds = shard_round
-        outcome.round_seconds += t2 - t0
-        outcome.checkpoint_seconds += t2 - t1
+        for p in sorted({p for p, _ in writes}):
+            o = opened[p].outcome
+            o.rounds += 1
+            o.round_seconds += t2 - t0
+            o.checkpoint_seconds += t2 - t1
         if on_round is not None:
+            open_states = [s for o in opened for s in o.states]
+            finished_items = sum(len(outcomes[i].records) for i in range(len(shards)) if outcomes[i].finished)
+            finished_tokens = sum(
+                _gen_tokens(outcomes[i].records) for i in range(len(shards)) if outcomes[i].finished
+            )
             on_round(
                 RoundReport(
                     round=shard_round,
-                    items_done=sum(_is_done(method, s) for s in states),
-                    items_total=len(states),
-                    gen_tokens=_gen_tokens(states),
+                    items_done=finished_items + sum(_is_done(method, s) for s in open_states),
+                    items_total=sum(len(work.items) for work in shards),
+                    gen_tokens=finished_tokens + _gen_tokens(open_states),
                     round_seconds=t2 - t0,
                     checkpoint_seconds=t2 - t1,
-                    round_tokens=_gen_tokens(active) - tokens_before,
+                    round_tokens=_gen_tokens(active) - step_tokens_before,
                     components=_growth(_component_totals(active), components_before),
                 )
             )
         if crash_after and shard_round == crash_after:
             os._exit(86)
-
-    outcome.records = [
-        build_record(method, task, item, pos, state)
-        for item, pos, state in zip(items, positions, states, strict=True)
-    ]
-    store.save_results(outcome.records)
-    outcome.finished = True
-    return outcome
+    return outcomes

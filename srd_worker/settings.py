@@ -69,12 +69,20 @@ class Settings(BaseSettings):
     batch_rows: int = Field(
         0,
         ge=0,
-        description="Rows the runner keeps in flight per shard (srdq run and workers): 0 (default) steps "
-        "every unfinished item of a shard in each round, so an adaptive method's batch thins out as its "
-        "items keep, drop or finish candidates; R > 0 starts the shard's items in order while their live "
-        "candidates (the rows of their next round) fit in R, and starts the next ones as rows free up, so "
-        "SRD's rounds stay near R rows (docs/PERFORMANCE.md, *The engine limit*). The run id names it when "
-        "set: in the padded mode a request's tokens depend on its batch-mates.",
+        description="Rows the runner keeps in flight (srdq run: across its shards; a worker: in its "
+        "shard): R > 0 starts the items in order while their live candidates (the rows of their next "
+        "round) fit in R, and starts the next ones (in srdq run, from the next shard) as rows free up, so "
+        "SRD's rounds stay near R rows (docs/PERFORMANCE.md, *SRD's thin batches*). 0 (default): srdq run "
+        "keeps a full shard's first-round rows in flight (shard_window), a worker steps every unfinished "
+        "item of its shard. The run id names it when set: in the padded mode a request's tokens depend on "
+        "its batch-mates.",
+    )
+    shard_window: bool = Field(
+        True,
+        description="srdq run without a row cap: keep the rows of a full shard's first round (--shard-size "
+        "x a fresh item's width, e.g. SRD's n) in flight across shards, so as a shard's items keep, drop "
+        "or finish candidates the next shard's items start in the rows they free, instead of the batch "
+        "thinning to the shard's last item. false: one shard at a time (the run id names it).",
     )
     kv_reuse: bool = Field(
         True,

@@ -41,17 +41,21 @@ class SqlShardStore:
 
     def save_checkpoints(self, round_: int, states: dict[str, dict[str, Any]]) -> None:
         with session_scope(self.engine) as session:
-            if self.lease is not None:
-                leases.check(session=session, lease=self.lease)
-            crud.save_checkpoints(
-                session=session,
-                run_id=self.run_id,
-                shard_index=self.shard_index,
-                round=round_,
-                states=states,
-                expected_version=self.lease.version if self.lease else None,
-                snapshot=round_ <= self.snapshot_rounds,
-            )
+            self.write_checkpoints(session, round_, states)
+
+    def write_checkpoints(self, session: Any, round_: int, states: dict[str, dict[str, Any]]) -> None:
+        """``save_checkpoints`` inside the caller's transaction (``SqlWindowStore``)."""
+        if self.lease is not None:
+            leases.check(session=session, lease=self.lease)
+        crud.save_checkpoints(
+            session=session,
+            run_id=self.run_id,
+            shard_index=self.shard_index,
+            round=round_,
+            states=states,
+            expected_version=self.lease.version if self.lease else None,
+            snapshot=round_ <= self.snapshot_rounds,
+        )
 
     def save_results(self, records: list[dict[str, Any]]) -> int:
         """Insert the shard's results and mark it done, in one transaction."""
@@ -68,3 +72,19 @@ class SqlShardStore:
                     session=session, run_id=self.run_id, shard_index=self.shard_index, status="done"
                 )
             return n
+
+
+class SqlWindowStore:
+    """``run_shards``' window store over the stores of the shards it runs: one step's checkpoints of every
+    shard, written in one transaction, so a crash leaves the shards at the same step (a resumed call then
+    steps the same items together as the uninterrupted one)."""
+
+    def __init__(self, stores: list[SqlShardStore]):
+        self.stores = stores
+
+    def save_window(self, writes: list[tuple[int, int, dict[str, dict[str, Any]]]]) -> None:
+        if not writes:
+            return
+        with session_scope(self.stores[writes[0][0]].engine) as session:
+            for position, round_, states in writes:
+                self.stores[position].write_checkpoints(session, round_, states)

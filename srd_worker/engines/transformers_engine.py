@@ -56,6 +56,7 @@ from srd_worker.engines.base import (
     CAP_SAMPLING,
     Generation,
     GenerationRequest,
+    SamplingParams,
     token_budget,
 )
 from srd_worker.engines.prefix_kv import BLOCK, KVEntry, PrefixKVStore
@@ -115,6 +116,30 @@ class HFTokenizer:
         return list(self.hf.encode(text, add_special_tokens=False))
 
 
+#: A call's long prompts are fed apart when that cuts the prompt positions it computes to this share or less.
+PREFILL_APART_SHARE = 0.5
+
+
+def prefill_split(fed: Sequence[int], prompts: Sequence[tuple[int, ...]]) -> int | None:
+    """The fed length above which a padded call's rows are better fed apart first, or None. One padded
+    batch computes rows × the longest fed suffix; feeding the distinct prompts of the rows above a
+    threshold t first costs their count × their longest, and then every row is fed at most t tokens
+    (those rows one: their prompt is stored). The t that costs least, when it cuts the positions to
+    ``PREFILL_APART_SHARE`` of one batch's or less."""
+    if len(fed) < 2:
+        return None
+    full = len(fed) * max(fed)
+    best: tuple[int, int] | None = None
+    for t in sorted(set(fed))[:-1] + [0]:
+        long = {p: f for p, f in zip(prompts, fed, strict=True) if f > t}
+        cost = len(long) * max(long.values()) + len(fed) * max(t, 1)
+        if best is None or cost < best[0]:
+            best = (cost, t)
+    if best is None or best[0] > PREFILL_APART_SHARE * full:
+        return None
+    return best[1]
+
+
 @dataclass
 class EngineStats:
     """Counters since the engine was built (for benchmarks and the ledger's sanity checks)."""
@@ -126,6 +151,7 @@ class EngineStats:
     reuse_crops: int = 0  # requests served by a stored sequence cut back (an SRD edit at j*)
     generate_seconds: float = 0.0
     forward_passes: int = 0
+    prefills_apart: int = 0  # calls whose long prompts were fed apart first (``_prefill_apart``)
 
 
 class TransformersEngine:
@@ -159,6 +185,8 @@ class TransformersEngine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stats = EngineStats()
         self.kv_store = PrefixKVStore(int(kv_reuse_mb * (1 << 20))) if kv_reuse else None
+        #: feed a padded call's long prompts apart first when that saves positions (``_prefill_apart``)
+        self.prefill_apart = True
         # transformers >= 5.2x names the KV cache argument `cache`; older releases `past_key_values`
         import inspect
 
@@ -250,6 +278,8 @@ class TransformersEngine:
         run = self._generate_fixed_rows if self.fixed_rows else self._generate_batch
         # every lookup happens before anything runs, so the batches' order cannot change what is reused
         plan = self._reuse_plan(requests)
+        if not self.batch_invariant and self._prefill_apart(requests, plan):
+            plan = self._reuse_plan(requests)  # the long prompts now come from the store
         # batch-invariant: grouped by (cached length, prompt length), so every pass stays unpadded (fresh
         # requests, cached length 0, first); otherwise one padded batch in input order whatever each
         # row's cached length (chunks of max_batch_size)
@@ -266,6 +296,45 @@ class TransformersEngine:
         if len(out) != len(requests):
             raise EngineError(f"engine returned {len(out)} generations for {len(requests)} requests")
         return out
+
+    def _prefill_apart(
+        self, requests: Sequence[GenerationRequest], plan: Sequence[tuple[KVEntry, int] | None]
+    ) -> bool:
+        """The padded mode (not batch-invariant) with the prefix store: when the call's padded batch would compute far more prompt
+        positions than it feeds (new prompts of hundreds of tokens beside continuations fed a few
+        tokens each: a shard window's or a row cap's next items, or n candidates of one prompt), first
+        feed each distinct long prompt once, in a batch of its own, into the prefix store; the call then
+        feeds every row a short suffix (``prefill_split``). One forward pass more; next-token
+        distributions are those of a full feed up to float rounding (as for any prefix reuse)."""
+        if self.kv_store is None or not self.prefill_apart:
+            return False
+        rows = [
+            i
+            for i, r in enumerate(requests)
+            if len(r.prompt_ids) < self.max_context and r.params.max_new_tokens > 0
+        ]
+        cached = [0 if p is None else p[1] for p in plan]
+        fed = [len(requests[i].prompt_ids) - cached[i] for i in rows]
+        threshold = prefill_split(fed, [tuple(requests[i].prompt_ids) for i in rows])
+        if threshold is None:
+            return False
+        distinct: dict[tuple[int, ...], GenerationRequest] = {}
+        for i, f in zip(rows, fed, strict=True):
+            if f > threshold and len(requests[i].prompt_ids) > BLOCK:
+                one = SamplingParams(temperature=0.0, max_new_tokens=1)  # the token is dropped
+                distinct.setdefault(
+                    tuple(requests[i].prompt_ids), GenerationRequest(requests[i].prompt_ids, one)
+                )
+        if not distinct:
+            return False
+        firsts = list(distinct.values())
+        firsts_plan = self._reuse_plan(firsts)
+        generated = self.stats.generated_tokens
+        for batch in self._batches([0] * len(firsts)):
+            self._generate_batch([firsts[i] for i in batch], [firsts_plan[i] for i in batch])
+        self.stats.generated_tokens = generated  # not a generation of the call's
+        self.stats.prefills_apart += 1
+        return True
 
     def _reuse_plan(self, requests: Sequence[GenerationRequest]) -> list[tuple[KVEntry, int] | None]:
         """Per request: (stored entry, cached length L) when at least ``BLOCK`` prompt tokens can come

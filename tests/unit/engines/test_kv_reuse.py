@@ -389,14 +389,18 @@ def test_padded_prefix_cache_with_holes_gives_each_rows_refed_logits(attn):
 
 def test_packed_batch_mixes_cached_lengths_and_matches_each_row_alone(model):
     """batch_invariant=False with reuse: cached rows of different cached and fed lengths and an uncached
-    row run as ONE padded batch (forward passes = the longest generation), and each row gets the tokens
-    and (to float rounding) the logprobs it gets alone with a full re-feed."""
+    row run as ONE padded batch (forward passes = the longest generation), after the uncached prompt,
+    fed whole beside rows fed 1-4 tokens, went through the prefix store in a pass of its own
+    (``_prefill_apart``), and each row gets the tokens and (to float rounding) the logprobs it gets
+    alone with a full re-feed."""
     engine = _engine(model, kv_reuse=True, batch_invariant=False)
     reqs = _mixed_requests(engine)
     before = dict(vars(engine.stats))
     got = engine.generate(reqs)
     d = {k: v - before[k] for k, v in vars(engine.stats).items()}
-    assert d["forward_passes"] == max(len(g.token_ids) for g in got)
+    assert d["prefills_apart"] == 1
+    assert d["forward_passes"] == max(len(g.token_ids) for g in got) + 1
+    assert d["generated_tokens"] == sum(len(g.token_ids) for g in got)  # the pass apart's token: not counted
     plan_lens = [len(r.prompt_ids) for r in reqs]
     assert d["reused_tokens"] > 0 and d["prefill_tokens"] < sum(plan_lens) / 2
     ref = _engine(model)  # deterministic: every prompt re-fed, each request alone
@@ -441,7 +445,8 @@ def test_snapshot_after_a_packed_batch_holds_only_the_rows_real_positions(model)
 
 def test_packing_takes_fewer_forward_passes_than_grouping(model):
     """The same call grouped by (cached length, prompt length) (batch-invariant, rows following the
-    group) runs one batch per group; packed, one batch in all."""
+    group) runs one batch per group; packed, one batch in all (after one pass over the uncached prompt,
+    fed apart)."""
     packed = _engine(model, kv_reuse=True, batch_invariant=False)
     grouped = _engine(model, kv_reuse=True, invariant_rows=0)
     results = []
@@ -452,6 +457,38 @@ def test_packing_takes_fewer_forward_passes_than_grouping(model):
         results.append((engine.stats.forward_passes - before, [g.token_ids for g in gens]))
     (p_passes, p_tokens), (g_passes, g_tokens) = results
     assert p_tokens == g_tokens  # same tokens on this model and these seeds
-    assert p_passes == max(len(t) for t in p_tokens)
+    assert p_passes == max(len(t) for t in p_tokens) + 1
     assert g_passes == sum(len(t) for t in g_tokens)  # four groups of one: one pass per token
     assert p_passes < g_passes
+
+
+def test_prefill_split_feeds_long_prompts_apart_only_when_it_saves_half_the_positions():
+    from srd_worker.engines.transformers_engine import prefill_split
+
+    a, b = (1,) * 200, (2,) * 200
+    # n = 4 candidates of two fresh prompts: one pass over the two distinct prompts, then 1 token each
+    assert prefill_split([200] * 8, [a] * 4 + [b] * 4) == 0
+    # a new item's prompt beside continuations fed a few tokens: the prompt goes apart
+    assert prefill_split([200, 3, 2, 3, 1], [a, (3,), (4,), (5,), (6,)]) == 3
+    # distinct prompts of equal length, or rows fed about as much: one padded batch
+    assert prefill_split([200, 190, 210], [a, b, (3,) * 210]) is None
+    assert prefill_split([30, 20, 25, 28], [(k,) for k in range(4)]) is None
+    assert prefill_split([200], [a]) is None
+
+
+def test_n_candidates_of_one_prompt_feed_it_once_and_keep_their_tokens(model):
+    """A fresh call of 4 candidates of each of 2 prompts (a shard's first round): each prompt is fed
+    once, apart, then every row is fed its last prompt token from the store; the rows' tokens are those
+    of the same call without the store (every row fed its whole prompt), and about a quarter of the
+    prompt positions are computed."""
+    reuse = _engine(model, kv_reuse=True, batch_invariant=False)
+    plain = _engine(model, kv_reuse=False, batch_invariant=False)
+    prompts = _prompts(reuse)[:2]
+    reqs = [_req(list(p), 100 + k, n=8) for p in prompts for k in range(4)]
+    before = dict(vars(reuse.stats))
+    got = reuse.generate(reqs)
+    d = {k: v - before[k] for k, v in vars(reuse.stats).items()}
+    want = plain.generate(reqs)
+    assert d["prefills_apart"] == 1
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert d["prefill_tokens"] < 0.5 * sum(len(r.prompt_ids) for r in reqs)

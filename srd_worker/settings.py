@@ -161,7 +161,8 @@ class Settings(BaseSettings):
         description="vLLM's CPU build: the context length it is built with (vLLM's max_model_len); 0 = "
         "the model's own. Without chunked prefill (which the CPU build cannot seed) the engine's token "
         "budget per step is the context length, and vLLM warms up with a dummy batch that long: for a "
-        "model of 32k context that warm-up took over 25 minutes on a 2-core CPU without native bf16. "
+        "model of 32k context (Qwen2.5-Coder-0.5B, bf16) that warm-up had not finished after 20 minutes "
+        "on a 2-core CPU without native bf16. "
         "Prompts longer than it become error rows, so it does not change other items' results and is "
         "not part of the run id. An --engine-arg max_model_len wins.",
     )

@@ -162,17 +162,6 @@ def test_killed_with_two_shards_in_its_window_then_resumed_is_byte_identical(
     assert resumed.returncode == 0, resumed.stderr
     (results,) = out.glob("run-*/results.jsonl")
     assert results.read_bytes() == srd_uninterrupted.read_bytes()
-    one_at_a_time = srdq(
-        "run",
-        str(gsm8k_small),
-        *SRD_ARGS,
-        "--out",
-        str(tmp_path / "alone"),
-        env={"SRDQ_SHARD_WINDOW": "false"},
-    )
-    assert one_at_a_time.returncode == 0, one_at_a_time.stderr
-    (alone,) = (tmp_path / "alone").glob("run-*/results.jsonl")
-    assert alone.parent.name != results.parent.name  # another run id: other batches, other tokens
 
 
 def test_rerun_with_settings_that_change_results_is_a_new_run(tmp_path, gsm8k_small):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from srd_worker.methods.registry import build_method
-from srd_worker.provenance import engine_config
+from srd_worker.provenance import applied_settings, engine_config
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import admit
 from srd_worker.settings import Settings
@@ -168,6 +168,11 @@ def test_the_run_id_names_a_row_cap_only_when_one_is_set():
     assert engine_config("vllm", Settings(batch_rows=32))["batch_rows"] == 32
     with pytest.raises(ValueError):
         Settings(batch_rows=-1)
+    # the shard window: on by default and unnamed; off is another run (other batches)
+    alone = engine_config("transformers", Settings(device="cpu", dtype="float32", shard_window=False))
+    assert alone == {**plain, "shard_window": False}
+    assert applied_settings(Settings(shard_window=False), plain).shard_window is True
+    assert applied_settings(Settings(), alone).shard_window is False
 
 
 def _dry_run_id(*extra: str, **env: str) -> str:

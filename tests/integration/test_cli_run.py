@@ -43,31 +43,29 @@ def gsm8k_small(tmp_path_factory, datasets_dir) -> Path:
     return path
 
 
-RUN_ARGS = [
-    "--method",
-    "best_of_n",
-    "--n",
-    "3",
-    "--reward",
-    "arithmetic",
-    "--model",
-    "tiny-random-llama",
-    "--max-new-tokens",
-    "40",
-    "--set",
-    "chunk_tokens=8",
-    "--seed",
-    "7",
-]
+def _args(method: str, max_new_tokens: int, *extra: str) -> list[str]:
+    return [
+        "--method", method, "--n", "3", "--reward", "arithmetic", "--model", "tiny-random-llama",
+        "--max-new-tokens", str(max_new_tokens), "--set", "chunk_tokens=8", "--seed", "7", *extra,
+    ]  # fmt: skip
+
+
+RUN_ARGS = _args("best_of_n", 40)
+SRD_ARGS = _args("srd", 24, "--shard-size", "2")  # 5 problems: shards of 2, 2 and 1
+
+
+def _clean_run(tmp_path_factory, dataset: Path, args: list[str]) -> Path:
+    """results.jsonl of a run of ``args`` that was never interrupted."""
+    out = tmp_path_factory.mktemp("clean")
+    proc = srdq("run", str(dataset), *args, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    (results,) = out.glob("run-*/results.jsonl")
+    return results
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, gsm8k_small) -> Path:
-    out = tmp_path_factory.mktemp("clean")
-    proc = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    (results,) = out.glob("run-*/results.jsonl")
-    return results
+    return _clean_run(tmp_path_factory, gsm8k_small, RUN_ARGS)
 
 
 def test_uninterrupted_run_writes_one_record_per_item(uninterrupted):
@@ -102,33 +100,9 @@ def test_killed_after_round_k_then_resumed_is_byte_identical(
     assert results.read_bytes() == uninterrupted.read_bytes()
 
 
-SRD_ARGS = [
-    "--method",
-    "srd",
-    "--n",
-    "3",
-    "--reward",
-    "arithmetic",
-    "--model",
-    "tiny-random-llama",
-    "--max-new-tokens",
-    "24",
-    "--set",
-    "chunk_tokens=8",
-    "--seed",
-    "7",
-    "--shard-size",
-    "2",
-]
-
-
 @pytest.fixture(scope="module")
 def srd_uninterrupted(tmp_path_factory, gsm8k_small) -> Path:
-    out = tmp_path_factory.mktemp("srd-clean")
-    proc = srdq("run", str(gsm8k_small), *SRD_ARGS, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    (results,) = out.glob("run-*/results.jsonl")
-    return results
+    return _clean_run(tmp_path_factory, gsm8k_small, SRD_ARGS)
 
 
 def _open_shards(out: Path) -> list[int]:

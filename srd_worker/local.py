@@ -236,10 +236,12 @@ def window_rows(spec: Any, settings: Settings, wired: Any, works: list[ShardWork
     """Rows ``srdq run`` keeps in flight across its shards (``run_shards``' ``max_rows``): the row cap
     (``SRDQ_BATCH_ROWS``) when one is set, else the rows of a full shard's first step (``--shard-size`` ×
     a fresh item's width, e.g. SRD's n), so as a shard's candidates are kept, dropped or finish, the next
-    shard's items take their rows; 0 (one shard at a time) when ``SRDQ_SHARD_WINDOW`` is false."""
+    shard's items take their rows; 0 (one shard at a time) when the window is off (``shard_window_on``)."""
     if settings.batch_rows:
         return int(settings.batch_rows)
-    if not settings.shard_window or not works or not works[0].items:
+    from srd_worker.provenance import shard_window_on
+
+    if not shard_window_on(spec.engine, settings) or not works or not works[0].items:
         return 0
     return spec.shard_size * fresh_width(wired.method, wired.task, wired.engine, works[0].items[0])
 

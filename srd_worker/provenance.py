@@ -213,7 +213,7 @@ def engine_config(
 ) -> dict[str, Any]:
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism; for every engine the
-    runner's row cap (``batch_rows``) when one is set and its shard window when it is off. The openai engine's server decides its own. Named
+    runner's row cap (``batch_rows``) and its shard window (``shard_window``) when they are set. The openai engine's server decides its own. Named
     by the run id (``RunSpec.engine_config``, with the device as configured: ``auto`` on a fleet means
     each worker's own, and so does dtype ``auto``) and recorded with every runtime record (the
     transformers engine's device and dtype resolved). A key the run's ``engine_args`` set (``dtype``,
@@ -221,9 +221,20 @@ def engine_config(
     config = _settings_config(engine_name, settings, resolve_device=resolve_device)
     if settings.batch_rows:  # the runner's row cap decides what shares a batch (any engine); 0 is unnamed
         config["batch_rows"] = int(settings.batch_rows)
-    if not settings.shard_window:  # one shard at a time: other batches than the default window's
-        config["shard_window"] = False
+    if settings.shard_window is not None:  # set: named (unset is shard_window_on's default)
+        config["shard_window"] = bool(settings.shard_window)
     return {k: v for k, v in config.items() if k not in (engine_args or {})}
+
+
+def shard_window_on(engine_name: str, settings: Settings) -> bool:
+    """Whether ``srdq run`` keeps a window of rows across its shards (``runner.run_shards``): the
+    ``shard_window`` setting when set; unset, on except in the transformers engine's re-fed mode (no KV
+    reuse, no batch invariance), whose records depend on their batch and are byte-identical to a fleet
+    run's of the same run id, and a worker steps one shard at a time."""
+    if settings.shard_window is not None:
+        return bool(settings.shard_window)
+    refed = engine_name == "transformers" and not settings.kv_reuse and not settings.batch_invariant
+    return not refed
 
 
 def _settings_config(engine_name: str, settings: Settings, *, resolve_device: bool) -> dict[str, Any]:
@@ -254,11 +265,11 @@ def applied_settings(settings: Settings, engine_config: dict[str, Any]) -> Setti
     """``settings`` with a run's engine configuration (``RunSpec.engine_config``) applied: the engine a
     run is resumed or leased with is built the way its run id says, whatever this process's SRDQ_*
     variables say; a config without ``batch_rows`` runs with no row cap (0), one without
-    ``shard_window`` with the window on. A spec without one (made
+    ``shard_window`` with its default (``shard_window_on``). A spec without one (made
     before run ids named it) leaves the settings as they are."""
     if not engine_config:
         return settings
-    return settings.model_copy(update={"batch_rows": 0, "shard_window": True, **engine_config})
+    return settings.model_copy(update={"batch_rows": 0, "shard_window": None, **engine_config})
 
 
 def config_conflict(

@@ -77,12 +77,15 @@ class Settings(BaseSettings):
         "item of its shard. The run id names it when set: in the padded mode a request's tokens depend on "
         "its batch-mates.",
     )
-    shard_window: bool = Field(
-        True,
+    shard_window: bool | None = Field(
+        None,
         description="srdq run without a row cap: keep the rows of a full shard's first round (--shard-size "
         "x a fresh item's width, e.g. SRD's n) in flight across shards, so as a shard's items keep, drop "
         "or finish candidates the next shard's items start in the rows they free, instead of the batch "
-        "thinning to the shard's last item. false: one shard at a time (the run id names it).",
+        "thinning to the shard's last item. Unset (default): on, except in the transformers engine's "
+        "re-fed mode (kv_reuse false without batch invariance), whose records depend on their batch and "
+        "equal a fleet run's of the same run id (a worker steps one shard at a time). true / false: on / "
+        "off, named by the run id.",
     )
     kv_reuse: bool = Field(
         True,

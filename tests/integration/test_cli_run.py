@@ -52,12 +52,14 @@ def _args(method: str, max_new_tokens: int, *extra: str) -> list[str]:
 
 RUN_ARGS = _args("best_of_n", 40)
 SRD_ARGS = _args("srd", 24, "--shard-size", "2")  # 5 problems: shards of 2, 2 and 1
+#: the window on in the re-fed mode (srdq()'s), where it is off unless set: batches that change tokens
+WINDOW = {"SRDQ_SHARD_WINDOW": "true"}
 
 
-def _clean_run(tmp_path_factory, dataset: Path, args: list[str]) -> Path:
+def _clean_run(tmp_path_factory, dataset: Path, args: list[str], env: dict[str, str] | None = None) -> Path:
     """results.jsonl of a run of ``args`` that was never interrupted."""
     out = tmp_path_factory.mktemp("clean")
-    proc = srdq("run", str(dataset), *args, "--out", str(out))
+    proc = srdq("run", str(dataset), *args, "--out", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     (results,) = out.glob("run-*/results.jsonl")
     return results
@@ -102,7 +104,7 @@ def test_killed_after_round_k_then_resumed_is_byte_identical(
 
 @pytest.fixture(scope="module")
 def srd_uninterrupted(tmp_path_factory, gsm8k_small) -> Path:
-    return _clean_run(tmp_path_factory, gsm8k_small, SRD_ARGS)
+    return _clean_run(tmp_path_factory, gsm8k_small, SRD_ARGS, WINDOW)
 
 
 def _open_shards(out: Path) -> list[int]:
@@ -118,8 +120,8 @@ def _open_shards(out: Path) -> list[int]:
 def test_killed_with_two_shards_in_its_window_then_resumed_is_byte_identical(
     tmp_path, gsm8k_small, srd_uninterrupted, crash_round
 ):
-    """The default window runs the next shard's items in the rows SRD's items free (shards of 2 items,
-    6 rows); in the padded mode a request's tokens depend on its batch-mates, so a resumed run is
+    """The window runs the next shard's items in the rows SRD's items free (shards of 2 items, 6 rows;
+    set here: the re-fed mode leaves it off unless asked); in the padded mode a request's tokens depend on its batch-mates, so a resumed run is
     byte-identical only if it steps the same items together as the uninterrupted one."""
     out = tmp_path / "out"
     crashed = srdq(
@@ -128,11 +130,11 @@ def test_killed_with_two_shards_in_its_window_then_resumed_is_byte_identical(
         *SRD_ARGS,
         "--out",
         str(out),
-        env={"SRDQ_CRASH_AFTER_ROUND": str(crash_round)},
+        env={**WINDOW, "SRDQ_CRASH_AFTER_ROUND": str(crash_round)},
     )
     assert crashed.returncode == 86, crashed.stderr
     assert len(_open_shards(out)) >= 2  # died with two shards part-way
-    resumed = srdq("run", str(gsm8k_small), *SRD_ARGS, "--out", str(out))
+    resumed = srdq("run", str(gsm8k_small), *SRD_ARGS, "--out", str(out), env=WINDOW)
     assert resumed.returncode == 0, resumed.stderr
     (results,) = out.glob("run-*/results.jsonl")
     assert results.read_bytes() == srd_uninterrupted.read_bytes()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from srd_worker.methods.registry import build_method
-from srd_worker.provenance import applied_settings, engine_config
+from srd_worker.provenance import applied_settings, engine_config, shard_window_on
 from srd_worker.rewards.arithmetic import ArithmeticReward
 from srd_worker.runner import admit
 from srd_worker.settings import Settings
@@ -168,11 +168,23 @@ def test_the_run_id_names_a_row_cap_only_when_one_is_set():
     assert engine_config("vllm", Settings(batch_rows=32))["batch_rows"] == 32
     with pytest.raises(ValueError):
         Settings(batch_rows=-1)
-    # the shard window: on by default and unnamed; off is another run (other batches)
+    # the shard window: unset by default and unnamed; set (either way) is named
     alone = engine_config("transformers", Settings(device="cpu", dtype="float32", shard_window=False))
     assert alone == {**plain, "shard_window": False}
-    assert applied_settings(Settings(shard_window=False), plain).shard_window is True
+    assert applied_settings(Settings(shard_window=False), plain).shard_window is None
     assert applied_settings(Settings(), alone).shard_window is False
+
+
+def test_the_shard_window_is_on_by_default_except_in_the_refed_mode():
+    """The re-fed mode's records depend on their batch and equal a fleet run's (one shard per step)."""
+    default = Settings(device="cpu")
+    assert shard_window_on("transformers", default) and shard_window_on("vllm", default)
+    refed = Settings(device="cpu", kv_reuse=False)
+    assert not shard_window_on("transformers", refed)
+    assert shard_window_on("transformers", Settings(device="cpu", kv_reuse=False, batch_invariant=True))
+    assert shard_window_on("vllm", refed)  # the transformers engine's modes only
+    assert shard_window_on("transformers", Settings(device="cpu", kv_reuse=False, shard_window=True))
+    assert not shard_window_on("vllm", Settings(shard_window=False))
 
 
 def _dry_run_id(*extra: str, **env: str) -> str:

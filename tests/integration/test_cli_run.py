@@ -121,8 +121,9 @@ def test_killed_with_two_shards_in_its_window_then_resumed_is_byte_identical(
     tmp_path, gsm8k_small, srd_uninterrupted, crash_round
 ):
     """The window runs the next shard's items in the rows SRD's items free (shards of 2 items, 6 rows;
-    set here: the re-fed mode leaves it off unless asked); in the padded mode a request's tokens depend on its batch-mates, so a resumed run is
-    byte-identical only if it steps the same items together as the uninterrupted one."""
+    set here: the re-fed mode leaves it off unless asked); in the padded mode a request's tokens depend
+    on its batch-mates, so a resumed run is byte-identical only if it steps the same items together as
+    the uninterrupted one."""
     out = tmp_path / "out"
     crashed = srdq(
         "run",

@@ -393,20 +393,16 @@ def run_local(
                         },
                     )
 
-            stores = [
-                SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds)
-                for shard in pending
-            ]
-            works = [
-                ShardWork(
-                    items=[by_key[r.item_key] for r in rows],
-                    positions=[r.position for r in rows],
-                    store=store,
+            stores: list[SqlShardStore] = []
+            works: list[ShardWork] = []
+            for shard in pending:
+                rows = [r for r in items if r.shard_index == shard.index]
+                stores.append(
+                    SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds)
                 )
-                for store, rows in zip(
-                    stores, ([r for r in items if r.shard_index == s.index] for s in pending), strict=True
+                works.append(
+                    ShardWork([by_key[r.item_key] for r in rows], [r.position for r in rows], stores[-1])
                 )
-            ]
             run_shards(
                 works,
                 method=wired.method,

@@ -213,7 +213,8 @@ def engine_config(
 ) -> dict[str, Any]:
     """The settings of engine ``engine_name`` that change a run's results: the transformers engine's dtype,
     device, batching mode and prefix KV reuse; vLLM's dtype and tensor parallelism; for every engine the
-    runner's row cap (``batch_rows``) and its shard window (``shard_window``) when they are set. The openai engine's server decides its own. Named
+    runner's row cap (``batch_rows``) and its shard window (``shard_window``) when they are set. The
+    openai engine's server decides its own. Named
     by the run id (``RunSpec.engine_config``, with the device as configured: ``auto`` on a fleet means
     each worker's own, and so does dtype ``auto``) and recorded with every runtime record (the
     transformers engine's device and dtype resolved). A key the run's ``engine_args`` set (``dtype``,

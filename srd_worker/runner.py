@@ -447,13 +447,15 @@ def run_shards(
                     return
                 open_next()
                 continue
-            waiting = [s for s in live() if s["item_id"] not in steps]
-            if waiting:
+            open_live = live()
+            if any(s["item_id"] not in steps for s in open_live):  # an open item waits to start
                 return
-            rows = sum(method.width(s) for s in live())
+            rows = sum(method.width(s) for s in open_live)
             if rows >= max_rows and rows:
                 return
             open_next()
+
+    finished = {"items": 0, "tokens": 0}  # of the shards finished in this call
 
     def finish_done() -> None:
         """Grade, store and report every open shard whose items are all done (shard order)."""
@@ -464,6 +466,8 @@ def run_shards(
             ]
             o.work.store.save_results(o.outcome.records)
             o.outcome.finished = True
+            finished["items"] += len(o.outcome.records)
+            finished["tokens"] += _gen_tokens(o.outcome.records)
             opened.remove(o)
             if on_shard_done is not None:
                 on_shard_done(o.index, o.outcome)
@@ -519,16 +523,12 @@ def run_shards(
             o.checkpoint_seconds += t2 - t1
         if on_round is not None:
             open_states = [s for o in opened for s in o.states]
-            finished_items = sum(len(outcomes[i].records) for i in range(len(shards)) if outcomes[i].finished)
-            finished_tokens = sum(
-                _gen_tokens(outcomes[i].records) for i in range(len(shards)) if outcomes[i].finished
-            )
             on_round(
                 RoundReport(
                     round=shard_round,
-                    items_done=finished_items + sum(_is_done(method, s) for s in open_states),
+                    items_done=finished["items"] + sum(_is_done(method, s) for s in open_states),
                     items_total=sum(len(work.items) for work in shards),
-                    gen_tokens=finished_tokens + _gen_tokens(open_states),
+                    gen_tokens=finished["tokens"] + _gen_tokens(open_states),
                     round_seconds=t2 - t0,
                     checkpoint_seconds=t2 - t1,
                     round_tokens=_gen_tokens(active) - step_tokens_before,

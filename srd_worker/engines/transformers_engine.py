@@ -300,9 +300,9 @@ class TransformersEngine:
     def _prefill_apart(
         self, requests: Sequence[GenerationRequest], plan: Sequence[tuple[KVEntry, int] | None]
     ) -> bool:
-        """The padded mode (not batch-invariant) with the prefix store: when the call's padded batch would compute far more prompt
-        positions than it feeds (new prompts of hundreds of tokens beside continuations fed a few
-        tokens each: a shard window's or a row cap's next items, or n candidates of one prompt), first
+        """The padded mode (not batch-invariant) with the prefix store: when the call's padded batch
+        would compute far more prompt positions than it feeds (new prompts of hundreds of tokens beside
+        continuations fed a few tokens each: a shard window's or a row cap's next items, or n candidates of one prompt), first
         feed each distinct long prompt once, in a batch of its own, into the prefix store; the call then
         feeds every row a short suffix (``prefill_split``). One forward pass more; next-token
         distributions are those of a full feed up to float rounding (as for any prefix reuse)."""
@@ -319,9 +319,9 @@ class TransformersEngine:
         if threshold is None:
             return False
         distinct: dict[tuple[int, ...], GenerationRequest] = {}
+        one = SamplingParams(temperature=0.0, max_new_tokens=1)  # the token it generates is dropped
         for i, f in zip(rows, fed, strict=True):
             if f > threshold and len(requests[i].prompt_ids) > BLOCK:
-                one = SamplingParams(temperature=0.0, max_new_tokens=1)  # the token is dropped
                 distinct.setdefault(
                     tuple(requests[i].prompt_ids), GenerationRequest(requests[i].prompt_ids, one)
                 )

@@ -131,7 +131,10 @@ def prefill_split(fed: Sequence[int], prompts: Sequence[tuple[int, ...]]) -> int
     full = len(fed) * max(fed)
     best: tuple[int, int] | None = None
     for t in sorted(set(fed))[:-1] + [0]:
-        long = {p: f for p, f in zip(prompts, fed, strict=True) if f > t}
+        long: dict[tuple[int, ...], int] = {}  # distinct long prompts, each fed its longest suffix
+        for p, f in zip(prompts, fed, strict=True):
+            if f > t:
+                long[p] = max(long.get(p, 0), f)
         cost = len(long) * max(long.values()) + len(fed) * max(t, 1)
         if best is None or cost < best[0]:
             best = (cost, t)

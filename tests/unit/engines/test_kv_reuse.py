@@ -474,6 +474,10 @@ def test_prefill_split_feeds_long_prompts_apart_only_when_it_saves_half_the_posi
     assert prefill_split([200, 190, 210], [a, b, (3,) * 210]) is None
     assert prefill_split([30, 20, 25, 28], [(k,) for k in range(4)]) is None
     assert prefill_split([200], [a]) is None
+    # one prompt fed whole in one row and mostly cached in another costs its longest suffix apart
+    # (200 + 2 positions against one batch's 400: not worth a pass), whichever row comes last
+    assert prefill_split([200, 10], [a, a]) is None
+    assert prefill_split([10, 200], [a, a]) is None
 
 
 def test_n_candidates_of_one_prompt_feed_it_once_and_keep_their_tokens(model):

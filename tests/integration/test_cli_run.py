@@ -65,6 +65,21 @@ def _clean_run(tmp_path_factory, dataset: Path, args: list[str], env: dict[str, 
     return results
 
 
+def _crash_after(
+    round_: int, dataset: Path, args: list[str], out: Path, env: dict[str, str] | None = None
+) -> None:
+    """``srdq run`` of ``args`` into OUT, dying (os._exit) right after committing round ``round_``."""
+    crashed = srdq(
+        "run",
+        str(dataset),
+        *args,
+        "--out",
+        str(out),
+        env={**(env or {}), "SRDQ_CRASH_AFTER_ROUND": str(round_)},
+    )
+    assert crashed.returncode == 86, crashed.stderr
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory, gsm8k_small) -> Path:
     return _clean_run(tmp_path_factory, gsm8k_small, RUN_ARGS)
@@ -85,15 +100,7 @@ def test_killed_after_round_k_then_resumed_is_byte_identical(
     tmp_path, gsm8k_small, uninterrupted, crash_round
 ):
     out = tmp_path / "out"
-    crashed = srdq(
-        "run",
-        str(gsm8k_small),
-        *RUN_ARGS,
-        "--out",
-        str(out),
-        env={"SRDQ_CRASH_AFTER_ROUND": str(crash_round)},
-    )
-    assert crashed.returncode == 86, crashed.stderr  # died right after committing round k
+    _crash_after(crash_round, gsm8k_small, RUN_ARGS, out)
     assert not list(out.glob("run-*/results.jsonl"))
     resumed = srdq("run", str(gsm8k_small), *RUN_ARGS, "--out", str(out))
     assert resumed.returncode == 0, resumed.stderr
@@ -125,15 +132,7 @@ def test_killed_with_two_shards_in_its_window_then_resumed_is_byte_identical(
     on its batch-mates, so a resumed run is byte-identical only if it steps the same items together as
     the uninterrupted one."""
     out = tmp_path / "out"
-    crashed = srdq(
-        "run",
-        str(gsm8k_small),
-        *SRD_ARGS,
-        "--out",
-        str(out),
-        env={**WINDOW, "SRDQ_CRASH_AFTER_ROUND": str(crash_round)},
-    )
-    assert crashed.returncode == 86, crashed.stderr
+    _crash_after(crash_round, gsm8k_small, SRD_ARGS, out, WINDOW)
     assert len(_open_shards(out)) >= 2  # died with two shards part-way
     resumed = srdq("run", str(gsm8k_small), *SRD_ARGS, "--out", str(out), env=WINDOW)
     assert resumed.returncode == 0, resumed.stderr

@@ -331,23 +331,31 @@ def test_vllm_cpu_build_gets_a_fixed_kv_cache_not_a_memory_share(tiny_engine, tm
     assert llm.shutdowns == 1 and engine.llm is None
 
 
+def _vllm_kwargs(tiny_engine, tmp_path, setting: str, cases, *keys: str) -> dict[str, tuple]:
+    """Per case (label, on the CPU build?, the setting's value, the run's engine arguments): the values of
+    ``keys`` among the keyword arguments srdq built ``vllm.LLM`` with (None: not passed)."""
+    built = {}
+    for label, cpu, value, args in cases:
+        settings = Settings(cache_dir=tmp_path, **{setting: value})
+        with fake_vllm.installed(backend=tiny_engine, cpu=cpu) as vllm:
+            build_engine("vllm", "tiny-random-llama", settings, args)
+            (llm,) = vllm.LLM.instances
+        built[label] = tuple(llm.kwargs.get(k) for k in keys)
+    return built
+
+
 def test_vllm_cpu_block_size_from_settings_and_an_engine_arg_wins(tiny_engine, tmp_path):
     """SRDQ_VLLM_CPU_BLOCK_SIZE reaches vLLM's CPU build as block_size (default 32; 0: vLLM's own,
     nothing passed); a run's --engine-arg block_size wins; a GPU build never gets it from the setting."""
     assert Settings().vllm_cpu_block_size == 32
-    built = {}
-    for label, cpu, size, args in [
+    cases = [
         ("vLLM's own", True, 0, {}),
         ("set", True, 32, {}),
         ("engine arg", True, 32, {"block_size": 64}),
         ("gpu", False, 32, {}),
-    ]:
-        settings = Settings(cache_dir=tmp_path, vllm_cpu_block_size=size)
-        with fake_vllm.installed(backend=tiny_engine, cpu=cpu) as vllm:
-            build_engine("vllm", "tiny-random-llama", settings, args)
-            (llm,) = vllm.LLM.instances
-        built[label] = llm.kwargs.get("block_size")
-    assert built == {"vLLM's own": None, "set": 32, "engine arg": 64, "gpu": None}
+    ]
+    built = _vllm_kwargs(tiny_engine, tmp_path, "vllm_cpu_block_size", cases, "block_size")
+    assert built == {"vLLM's own": (None,), "set": (32,), "engine arg": (64,), "gpu": (None,)}
 
 
 def test_vllm_cpu_max_model_len_from_settings_sets_the_token_budget_and_an_engine_arg_wins(
@@ -357,18 +365,15 @@ def test_vllm_cpu_max_model_len_from_settings_sets_the_token_budget_and_an_engin
     (no chunked prefill there) follows it instead of the model's context; 0 (default) passes nothing; an
     --engine-arg max_model_len wins; a GPU build never gets it from the setting."""
     assert Settings().vllm_cpu_max_model_len == 0
-    built = {}
-    for label, cpu, length, args in [
+    cases = [
         ("model's own", True, 0, {}),
         ("set", True, 4096, {}),
         ("engine arg", True, 4096, {"max_model_len": 2048}),
         ("gpu", False, 4096, {}),
-    ]:
-        settings = Settings(cache_dir=tmp_path, vllm_cpu_max_model_len=length)
-        with fake_vllm.installed(backend=tiny_engine, cpu=cpu) as vllm:
-            build_engine("vllm", "tiny-random-llama", settings, args)
-            (llm,) = vllm.LLM.instances
-        built[label] = (llm.kwargs.get("max_model_len"), llm.kwargs.get("max_num_batched_tokens"))
+    ]
+    built = _vllm_kwargs(
+        tiny_engine, tmp_path, "vllm_cpu_max_model_len", cases, "max_model_len", "max_num_batched_tokens"
+    )
     assert built["set"] == (4096, 8192)  # the budget is never below 8192
     assert built["engine arg"] == (2048, 8192)
     assert built["model's own"][0] is None and built["gpu"] == (None, None)

@@ -83,6 +83,12 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     # whole blocks only
     "vllm-block-32": ("vllm", {"vllm_enforce_eager": False, "vllm_cpu_block_size": 32}),
     "vllm-block-128": ("vllm", {"vllm_enforce_eager": False, "vllm_cpu_block_size": 0}),
+    # vLLM detokenizing every request token by token (its own default; srdq's engine asks for it only
+    # where stop strings need it)
+    "vllm-detokenize": ("vllm", {"vllm_enforce_eager": False, "detokenize": True}),
+    # teacher-forced scoring (the logprob and judge rewards) without reading vLLM's prefix cache: every
+    # scoring a pass over prompt + response (vLLM's own default for prompt logprobs)
+    "vllm-score-full": ("vllm", {"vllm_enforce_eager": False, "score_from_cache": False}),
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
     "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
     "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
@@ -99,6 +105,11 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     "transformers-padded-float32-1-thread": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 1}),
     "transformers-padded-float32-2-threads": ("transformers", {"batch_invariant": False, "kv_reuse": True, "dtype": "float32", "threads": 2}),
 }  # fmt: skip
+ENGINE_ATTRS = (
+    "prefill_apart",
+    "detokenize",
+    "score_from_cache",
+)  # set on the built engine, not Settings fields
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
 WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch", "srd_uncapped", "srd_no_window")
 DEFAULT_WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch")
@@ -133,7 +144,8 @@ def child_settings(config: str, args: argparse.Namespace) -> Any:
 
     fields = {"dtype": args.dtype, **CONFIGS[config][1]}
     fields.pop("threads", None)
-    fields.pop("prefill_apart", None)  # an engine attribute (child), not a setting
+    for attr in ENGINE_ATTRS:  # engine attributes (child), not settings
+        fields.pop(attr, None)
     return Settings(device="cpu", vllm_cpu_kv_cache_gb=args.kv_cache_gb, batch_rows=args.batch_rows, **fields)
 
 
@@ -165,7 +177,7 @@ def prepare_workloads(args: argparse.Namespace, engine_name: str, settings: Any)
             method=method,
             params=params,
             model=args.model,
-            reward="arithmetic",
+            reward=args.reward,
             limit=1 if workload == "warm-up" else runner_items(args),
             shard_size=args.shard_size or None,
             engine=engine_name,
@@ -223,8 +235,9 @@ def child(config: str, args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     engine = build_engine(engine_name, args.model, settings)
     startup_s = time.perf_counter() - t0
-    if "prefill_apart" in CONFIGS[config][1]:
-        engine.prefill_apart = CONFIGS[config][1]["prefill_apart"]
+    for attr in ENGINE_ATTRS:
+        if attr in CONFIGS[config][1]:
+            setattr(engine, attr, CONFIGS[config][1][attr])
     for lib in ("torch", "transformers", "vllm"):
         if lib in sys.modules:
             versions[lib] = getattr(sys.modules[lib], "__version__", "?")
@@ -353,13 +366,14 @@ def report(
             "engine-limit-problems": "### The same problems for raw calls and the runner",
             "engine-limit-vllm-blocks": "### vLLM's KV block size on the CPU",
             "engine-limit-window": "### SRD through the shard window",
+            "engine-limit-scoring": "### Teacher-forced scoring through vLLM's prefix cache",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
         f"{'yes' if cpu_has_native_bf16() else 'no'}; {os.cpu_count()} cores, "
         f"{platform.platform()}; {versions}), model {args.model}, {args.items} GSM8K problems × n={args.n} = batch "
         f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
-        f"arithmetic; {args.reps} repetition(s), each one fresh process per engine configuration (order "
+        f"{args.reward}; {args.reps} repetition(s), each one fresh process per engine configuration (order "
         "rotating over repetitions, workload order rotating inside each process); each engine's dtype and "
         f"torch threads beside its name; batch-invariant modes: invariant_rows {one['invariant_rows']}"
         + (
@@ -499,6 +513,12 @@ def main() -> None:
         "--workloads",
         default=",".join(DEFAULT_WORKLOADS),
         help="comma-separated: raw (always) and any of " + ", ".join(WORKLOADS[1:]),
+    )
+    ap.add_argument(
+        "--reward",
+        default="arithmetic",
+        help="the runner workloads' reward: arithmetic (rule-based, no model) or logprob (teacher-forced "
+        "passes of the policy on the engine measured, its cost in the runner's tokens/s)",
     )
     ap.add_argument("--reps", type=int, default=3, help="repetitions (one process per configuration each)")
     ap.add_argument(

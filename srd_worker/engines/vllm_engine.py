@@ -58,6 +58,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -73,6 +74,7 @@ from srd_worker.engines.base import (
     SamplingParams,
     token_budget,
 )
+from srd_worker.engines.logprob_memo import PrefixLogprobs
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
 
@@ -416,6 +418,15 @@ def _logprob_value(entry: Any, token_id: int, where: str) -> float:
     return float(getattr(lp, "logprob", lp))
 
 
+def _prefix_cache_block(llm: Any) -> int | None:
+    """The KV block size of ``llm``'s prefix cache, or None where prefix caching is off or unknown."""
+    cache = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
+    if cache is None or not getattr(cache, "enable_prefix_caching", False):
+        return None
+    block = getattr(cache, "block_size", None)
+    return int(block) if isinstance(block, int) and block > 0 else None
+
+
 def _max_model_len(llm: Any) -> int:
     engine: Any = getattr(llm, "llm_engine", None)  # None (or an older API) raises AttributeError below
     for get in (lambda: engine.model_config.max_model_len, lambda: engine.get_model_config().max_model_len):
@@ -442,6 +453,12 @@ class VLLMEngine:
         self.model_name = model_name
         self.max_context = int(max_context) if max_context else _max_model_len(llm)
         self.stats = EngineStats()
+        # vLLM detokenizes every request token by token unless told not to; srdq decodes each
+        # completion once itself, so it asks only where stop strings need it (True: always, as vLLM)
+        self.detokenize = False
+        block = _prefix_cache_block(llm)  # None: no prefix cache to read, every scoring a full pass
+        self._logprob_memo = PrefixLogprobs(block) if block else None
+        self.score_from_cache = True  # False: every teacher-forced scoring a full pass (vLLM's default)
         self._procs = LLMProcesses()  # vLLM's processes (from_name), reaped by close()
 
     def close(self) -> None:
@@ -528,6 +545,7 @@ class VLLMEngine:
             max_tokens=int(budget),
             seed=(int(p.seed) & _SEED_MASK) if p.seed is not None else None,
             stop=list(p.stop) or None,
+            detokenize=self.detokenize or bool(p.stop),
             stop_token_ids=sorted(self.tokenizer.eos_token_ids),
             include_stop_str_in_output=True,
             logprobs=1 if p.logprobs else None,
@@ -594,10 +612,15 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ scoring
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-        """Teacher-forced logprobs via ``prompt_logprobs=1`` (functional; speed not representative)."""
+        """Teacher-forced logprobs via ``prompt_logprobs=1``, reading vLLM's prefix cache.
+
+        vLLM returns prompt logprobs only past its cache hit, so the tokens a hit covers come from the
+        logprobs of sequences scored before (``PrefixLogprobs``); a sequence whose hit reaches past what
+        is remembered is scored again without the cache. So a response re-scored as it grows (SRD every
+        Δ tokens) costs a pass over its new tokens, not over prompt + response.
+        """
         out: list[list[float]] = [[] for _ in pairs]
-        todo: list[int] = []
-        prompts: list[Any] = []
+        seqs: dict[int, list[int]] = {}
         for i, (p, c) in enumerate(pairs):
             if not p:
                 raise EngineError(f"pair {i}: teacher-forced scoring needs a non-empty prefix")
@@ -605,23 +628,60 @@ class VLLMEngine:
             if n >= self.max_context:  # vLLM also samples one token, which needs a free position
                 raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
             if c:
-                todo.append(i)
-                prompts.append(
-                    self._tokens_prompt(prompt_token_ids=[int(t) for t in p] + [int(t) for t in c])
-                )
-        if not prompts:
-            return out
-        params = self._sampling_params_cls(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=1)
-        results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
-        if len(results) != len(todo):
-            raise EngineError(f"vLLM returned {len(results)} outputs for {len(todo)} scoring requests")
-        for i, res in zip(todo, results, strict=True):
-            prefix, cont = pairs[i]
-            entries = res.prompt_logprobs
-            if entries is None or len(entries) != len(prefix) + len(cont):
-                raise EngineError(f"pair {i}: vLLM returned no prompt logprobs for the whole sequence")
-            out[i] = [
-                _logprob_value(entries[len(prefix) + j], int(t), f"pair {i}, token {j}")
-                for j, t in enumerate(cont)
-            ]
+                seqs[i] = [int(t) for t in p] + [int(t) for t in c]
+        todo = list(seqs)
+        memo = self._logprob_memo if self.score_from_cache else None
+        for cached in (memo is not None, False):
+            if not todo:
+                break
+            rows = self._prompt_logprobs([seqs[i] for i in todo], cached=cached)
+            missed = []
+            for i, row in zip(todo, rows, strict=True):
+                need = len(pairs[i][0])  # the first continuation token
+                if any(math.isnan(x) for x in row[need:]):
+                    missed.append(i)
+                    continue
+                out[i] = row[need:]
+                if memo is not None:
+                    memo.remember(seqs[i], row)
+            todo = missed
+        if todo:
+            raise EngineError(
+                f"vLLM returned no prompt logprobs for {len(todo)} sequences scored without its cache"
+            )
         return out
+
+    def _prompt_logprobs(self, seqs: list[list[int]], *, cached: bool) -> list[list[float]]:
+        """One vLLM call: each sequence's logprobs of tokens 0 … n−1 (NaN where vLLM's cache hit covers
+        a token and no scored sequence remembers it; token 0 is always NaN)."""
+        params = self._sampling_params_cls(
+            n=1,
+            temperature=0.0,
+            max_tokens=1,
+            prompt_logprobs=1,
+            detokenize=False,  # no text is read; vLLM would otherwise decode every prompt position
+            skip_reading_prefix_cache=not cached,
+        )
+        prompts = [self._tokens_prompt(prompt_token_ids=s) for s in seqs]
+        results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        if len(results) != len(seqs):
+            raise EngineError(f"vLLM returned {len(results)} outputs for {len(seqs)} scoring requests")
+        rows = []
+        for i, (seq, res) in enumerate(zip(seqs, results, strict=True)):
+            entries = res.prompt_logprobs
+            n = len(seq)
+            if entries is None or len(entries) != n:
+                raise EngineError(f"scoring request {i}: vLLM returned no prompt logprobs for its sequence")
+            # vLLM computes no logits inside its cache hit of k tokens, yet returns a full-length list:
+            # the entries of tokens 1 … k hold whatever the buffer held. Never read them.
+            hit = getattr(res, "num_cached_tokens", None)
+            k = (n - 1 if cached else 0) if hit is None else int(hit)  # an unknown hit: nothing trusted
+            known = self._logprob_memo.lookup(seq, k) if (k and self._logprob_memo is not None) else None
+            row = [math.nan] * (k + 1) if known is None else [math.nan, *known[1:]]
+            row += [
+                _logprob_value(entries[j], seq[j], f"scoring request {i}, token {j}") for j in range(k + 1, n)
+            ]
+            rows.append(row)
+            self.stats.prefill_tokens += n - k
+            self.stats.reused_tokens += k
+        return rows

@@ -26,3 +26,20 @@ def test_prefix_caching_is_on(engine):
     cfg = engine.llm.llm_engine.vllm_config.cache_config
     assert cfg.enable_prefix_caching is True
     assert cfg.kv_cache_memory_bytes == 1 << 30  # SRDQ_VLLM_CPU_KV_CACHE_GB=1, not a share of RAM
+
+
+def test_scoring_reads_the_prefix_cache_and_equals_a_full_pass(engine):
+    """A response re-scored as it grows: the second call reads the blocks the first one cached (vLLM
+    returns prompt logprobs only past the hit; the memo fills the rest) and gives a full pass's logprobs."""
+    p = tuple(engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "Count on from 100."}]))
+    r = tuple(range(100, 180))
+    engine.logprobs([(p, r[:40])])
+    reused = engine.stats.reused_tokens
+    (grown,) = engine.logprobs([(p, r)])
+    assert engine.stats.reused_tokens - reused > len(p)  # the hit reached into the response
+    engine.score_from_cache = False
+    try:
+        (full,) = engine.logprobs([(p, r)])  # the cache skipped: every position computed
+    finally:
+        engine.score_from_cache = True
+    assert len(grown) == len(r) and grown == pytest.approx(full, abs=1e-3)

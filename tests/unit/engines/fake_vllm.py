@@ -42,6 +42,7 @@ class SamplingParams:
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         detokenize: bool = True,
+        skip_reading_prefix_cache: bool | None = None,
     ) -> None:
         if n != 1:
             raise ValueError("fake vllm: n must be 1")
@@ -53,6 +54,10 @@ class SamplingParams:
         self.max_tokens, self.seed, self.stop, self.stop_token_ids = max_tokens, seed, stop, stop_token_ids
         self.include_stop_str_in_output, self.logprobs = include_stop_str_in_output, logprobs
         self.prompt_logprobs, self.detokenize = prompt_logprobs, detokenize
+        # vLLM V1: a request with prompt logprobs skips the prefix cache unless told otherwise
+        self.skip_reading_prefix_cache = (
+            prompt_logprobs is not None if skip_reading_prefix_cache is None else skip_reading_prefix_cache
+        )
 
 
 def TokensPrompt(*, prompt_token_ids: list[int]) -> dict[str, Any]:  # noqa: N802 - vLLM's name
@@ -74,6 +79,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     prompt_logprobs: list[dict[int, Logprob] | None] | None
     outputs: list[CompletionOutput]
+    num_cached_tokens: int | None = 0
 
 
 @dataclass
@@ -89,12 +95,16 @@ class PoolingRequestOutput:
 
 class LLM:
     """``LLM(**kwargs)``; ``backend`` (class attribute, set by ``installed``) serves generate calls,
-    ``pooler`` (a function of token ids) serves reward calls."""
+    ``pooler`` (a function of token ids) serves reward calls. With ``cache_block`` set (``installed``) it
+    keeps vLLM's prefix cache as far as prompt logprobs see it: every scored or generated sequence's
+    block-aligned prefixes are cached, and a prompt-logprobs request that reads the cache gets real
+    entries only past its hit (``num_cached_tokens``), as vLLM 0.32 does."""
 
     backend: Any = None
     pooler: Any = None
     instances: list[LLM] = []  # noqa: RUF012
     reject_runner = False
+    cache_block: int | None = None
 
     def __init__(self, **kwargs: Any) -> None:
         if "runner" in kwargs and self.reject_runner:
@@ -107,6 +117,14 @@ class LLM:
             model_config=types.SimpleNamespace(max_model_len=max_len),
             engine_core=types.SimpleNamespace(shutdown=self._shutdown),
         )
+        self.cached: set[tuple[int, ...]] = set()  # block-aligned prefixes in the prefix cache
+        if self.cache_block:
+            self.llm_engine.vllm_config = types.SimpleNamespace(
+                cache_config=types.SimpleNamespace(
+                    block_size=self.cache_block,
+                    enable_prefix_caching=bool(kwargs.get("enable_prefix_caching")),
+                )
+            )
         type(self).instances.append(self)
 
     def _shutdown(self) -> None:  # vLLM 0.32: llm.llm_engine.engine_core.shutdown()
@@ -126,8 +144,15 @@ class LLM:
                 raise ValueError("prompt longer than max_model_len")
             if sp.prompt_logprobs:
                 lps = self.backend.logprobs([(ids[:1], ids[1:])])[0]
-                plp = [None] + [{t: Logprob(v, 1)} for t, v in zip(ids[1:], lps, strict=True)]
-                out[i] = RequestOutput(ids, plp, [CompletionOutput(0, "", [0], None, "length")])
+                hit = 0 if sp.skip_reading_prefix_cache else self._hit(ids)
+                # vLLM 0.32: n entries, those of tokens 1 … hit hold no data (here: the right token
+                # with a wrong logprob, so an adapter that reads them fails the tests)
+                plp = [None] + [
+                    {t: Logprob(0.0 if j < hit else v, 1)}
+                    for j, (t, v) in enumerate(zip(ids[1:], lps, strict=True))
+                ]
+                out[i] = RequestOutput(ids, plp, [CompletionOutput(0, "", [0], None, "length")], hit)
+                self._cache(ids)
             else:
                 gen_rows.append(i)
         reqs = []
@@ -169,7 +194,21 @@ class LLM:
                 None,
                 [CompletionOutput(0, "(vllm text: not used)", list(g.token_ids), lps, reason, why)],
             )
+            self._cache(list(prompts[i]["prompt_token_ids"]) + list(g.token_ids))
         return [o for o in out if o is not None]
+
+    def _hit(self, ids: list[int]) -> int:
+        """The longest cached block-aligned prefix of ``ids``, short of its last token (as vLLM)."""
+        b = self.cache_block or 0
+        hit = 0
+        while b and hit + b <= len(ids) - 1 and tuple(ids[: hit + b]) in self.cached:
+            hit += b
+        return hit
+
+    def _cache(self, ids: list[int]) -> None:
+        if self.cache_block and self.kwargs.get("enable_prefix_caching"):
+            b = self.cache_block
+            self.cached.update(tuple(ids[:j]) for j in range(b, len(ids) + 1, b))
 
     def reward(self, prompts: list[dict[str, Any]], use_tqdm: bool = True) -> list[PoolingRequestOutput]:
         self.calls.append((prompts, []))
@@ -180,9 +219,17 @@ class LLM:
 
 
 @contextlib.contextmanager
-def installed(backend: Any = None, pooler: Any = None, *, reject_runner: bool = False, cpu: bool = False):
+def installed(
+    backend: Any = None,
+    pooler: Any = None,
+    *,
+    reject_runner: bool = False,
+    cpu: bool = False,
+    cache_block: int | None = None,
+):
     """``import vllm`` / ``vllm.inputs`` / ``vllm.platforms`` give this fake inside the block; ``cpu``
-    makes it look like vLLM's CPU build (``current_platform.is_cpu()``), else a CUDA build."""
+    makes it look like vLLM's CPU build (``current_platform.is_cpu()``), else a CUDA build;
+    ``cache_block`` gives it a prefix cache of blocks of that many tokens (``LLM``)."""
     mod = types.ModuleType("vllm")
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = TokensPrompt
@@ -197,6 +244,7 @@ def installed(backend: Any = None, pooler: Any = None, *, reject_runner: bool = 
             "pooler": staticmethod(pooler) if pooler else None,
             "instances": [],
             "reject_runner": reject_runner,
+            "cache_block": cache_block,
         },
     )
     mod.LLM, mod.SamplingParams, mod.inputs = llm_cls, SamplingParams, inputs

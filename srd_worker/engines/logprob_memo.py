@@ -1,0 +1,85 @@
+"""Teacher-forced logprobs remembered by token prefix, so a scorer can read an engine's prefix cache.
+
+vLLM computes ``prompt_logprobs`` only for the positions it does not find in its prefix cache: a
+sequence whose first k tokens hit cached KV blocks (``RequestOutput.num_cached_tokens``) gets real
+logprobs for tokens k+1 … n−1 only (the logits at position j predict token j+1); vLLM 0.32 still returns
+n entries, those of tokens 1 … k holding no data. vLLM therefore skips the cache for such requests by
+default, and a reward that re-scores a growing response (SRD scores every Δ tokens) pays a full prefill
+of prompt + response each time.
+
+``PrefixLogprobs`` keeps the logprobs of the sequences already scored, indexed at the cache's block
+boundaries: after scoring a sequence s, for every block multiple b with b < len(s) the logprobs of tokens
+1 … b of s are known. When a new sequence hits k cached tokens (k is a block multiple), its tokens 1 … k
+are read from any remembered sequence sharing its first k + 1 tokens; a miss (the cache was filled by a
+request this memo never saw, e.g. a generation, or the memo evicted it) is reported, and the caller
+re-runs that sequence without the cache. Bounded: the least recently used sequences are dropped.
+
+Pure Python: the vLLM engine uses it (``VLLMEngine.logprobs``) and the unit tests drive it directly.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class PrefixLogprobs:
+    """Remembered per-token logprobs of scored sequences, looked up by a shared block-aligned prefix."""
+
+    def __init__(self, block_size: int, capacity: int = 4096) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.block_size = int(block_size)
+        self.capacity = int(capacity)
+        # sequence id -> (tokens, logprobs of tokens 1 … n-1 at indices 1 … n-1; index 0 unused)
+        self._seqs: OrderedDict[int, tuple[tuple[int, ...], list[float]]] = OrderedDict()
+        # (hash of the first b + 1 tokens, b) -> sequence ids that hold tokens 1 … b
+        self._index: dict[tuple[int, int], list[int]] = {}
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    def _keys(self, tokens: tuple[int, ...]) -> list[tuple[int, int]]:
+        bs = self.block_size
+        return [(hash(tokens[: b + 1]), b) for b in range(bs, len(tokens), bs)]
+
+    def remember(self, tokens: Sequence[int], logprobs: Sequence[float]) -> None:
+        """Keep ``logprobs`` (one per token, the first unused) of the scored sequence ``tokens``."""
+        seq = tuple(int(t) for t in tokens)
+        if len(logprobs) != len(seq):
+            raise ValueError(f"{len(logprobs)} logprobs for {len(seq)} tokens")
+        keys = self._keys(seq)
+        if not keys:
+            return  # shorter than a block and one token: no cache hit can ever need it
+        sid = self._next_id
+        self._next_id += 1
+        self._seqs[sid] = (seq, [float(x) for x in logprobs])
+        for key in keys:
+            self._index.setdefault(key, []).append(sid)
+        while len(self._seqs) > self.capacity:
+            old, (old_seq, _) = self._seqs.popitem(last=False)
+            for key in self._keys(old_seq):
+                ids = self._index.get(key)
+                if ids is not None:
+                    ids[:] = [i for i in ids if i != old]
+                    if not ids:
+                        del self._index[key]
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[float] | None:
+        """The logprobs of tokens 1 … ``k`` of ``tokens`` (index 0 unused), or None if no remembered
+        sequence shares its first ``k`` + 1 tokens."""
+        if k <= 0:
+            return [0.0]
+        seq = tuple(int(t) for t in tokens)
+        if k >= len(seq):
+            return None
+        head = seq[: k + 1]
+        for sid in reversed(self._index.get((hash(head), k), ())):
+            stored, lps = self._seqs[sid]
+            if stored[: k + 1] == head:
+                self._seqs.move_to_end(sid)
+                return lps[: k + 1]
+        return None

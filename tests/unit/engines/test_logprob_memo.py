@@ -1,0 +1,96 @@
+"""Teacher-forced scoring that reads vLLM's prefix cache (``PrefixLogprobs``, ``VLLMEngine.logprobs``).
+
+vLLM returns prompt logprobs only past a cache hit, so the tokens the hit covers come from remembered
+sequences; a hit past what is remembered is scored again without the cache. Driven through the fake
+vLLM of ``fake_vllm.py`` with a prefix cache of 4-token blocks, its logprobs from a real tiny Llama: every
+score must equal a full teacher-forced pass of the same model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from srd_worker.engines.base import GenerationRequest, SamplingParams
+from srd_worker.engines.logprob_memo import PrefixLogprobs
+from tests.unit.engines import fake_vllm
+
+pytestmark = pytest.mark.unit
+
+
+def test_memo_finds_a_sequence_sharing_the_block_aligned_prefix_and_evicts_the_oldest():
+    memo = PrefixLogprobs(block_size=4, capacity=2)
+    a = list(range(10, 23))  # 13 tokens: blocks end at 4, 8, 12
+    memo.remember(a, [math.nan] + [-float(t) for t in a[1:]])
+    # a sequence sharing a's first 9 tokens reads tokens 1 … 8 of a; one sharing only 8 cannot
+    got = memo.lookup([*a[:9], 99, 98], 8)
+    assert got is not None and len(got) == 9 and got[1:] == [-float(t) for t in a[1:9]]
+    assert memo.lookup([*a[:8], 99, 98, 97], 8) is None
+    assert memo.lookup(a, 6) is None  # not a block boundary: never a vLLM hit
+    assert memo.lookup(a, 13) is None and memo.lookup(a, 0) == [0.0]
+    b, c = [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]
+    memo.remember(b, [0.0] * 6)
+    memo.remember(c, [0.0] * 6)  # capacity 2: a, the least recently used, goes
+    assert len(memo) == 2 and memo.lookup(a, 8) is None and memo.lookup(c, 4) == [0.0] * 5
+    with pytest.raises(ValueError, match="3 logprobs for 6 tokens"):
+        memo.remember(b, [0.0] * 3)
+    with pytest.raises(ValueError, match="block_size"):
+        PrefixLogprobs(0)
+
+
+@pytest.fixture
+def cached(tiny_engine):
+    from srd_worker.engines.vllm_engine import VLLMEngine
+
+    with fake_vllm.installed(backend=tiny_engine, cache_block=4) as vllm:
+        yield VLLMEngine(vllm.LLM(model="tiny", enable_prefix_caching=True), tiny_engine.tokenizer)
+
+
+def _same(engine, tiny_engine, pairs) -> bool:
+    """``engine``'s scores of ``pairs`` equal a full teacher-forced pass of the tiny Llama."""
+    got, want = engine.logprobs(pairs), tiny_engine.logprobs(pairs)
+    assert [len(r) for r in got] == [len(c) for _, c in pairs]
+    return [x for r in got for x in r] == pytest.approx([x for r in want for x in r], abs=1e-5)
+
+
+def test_a_growing_response_is_scored_past_the_cache_hit_and_equals_a_full_pass(cached, tiny_engine):
+    p = tuple(cached.tokenizer.chat_prompt_ids([{"role": "user", "content": "What is 6 times 7?"}]))
+    r = tuple(range(70, 100))
+    pairs = [(p, r[:10]), (p, r[:16])]
+    assert _same(cached, tiny_engine, pairs)
+    calls, reused = len(cached.llm.calls), cached.stats.reused_tokens
+    # the response grows: one call, reading the blocks scored before, the same logprobs as a full pass
+    grown = [(p, r[:30]), (p, (*r[:12], 5, 6, 7, 8, 9))]  # the second: a suffix regenerated after token 12
+    assert _same(cached, tiny_engine, grown)
+    assert len(cached.llm.calls) == calls + 1 and not cached.llm.calls[-1][1][0].skip_reading_prefix_cache
+    # both hits reach into the responses scored before (at least 9 and 13 tokens past the prompt)
+    assert cached.stats.reused_tokens - reused > 2 * len(p) + 16
+    assert cached.llm.calls[-1][1][0].detokenize is False
+
+
+def test_a_hit_nobody_scored_is_scored_again_without_the_cache(cached, tiny_engine):
+    """A generation fills the cache with prompt + completion; scoring that sequence hits blocks whose
+    logprobs no scoring remembers, so that request is re-run with the cache skipped."""
+    p = tuple(cached.tokenizer.chat_prompt_ids([{"role": "user", "content": "hi"}]))
+    (g,) = cached.generate([GenerationRequest(p, SamplingParams(temperature=0.0, max_new_tokens=12))])
+    other = (p, (3, 4, 5))  # shares only the prompt's blocks: served from the cache, no re-run
+    pairs = [(p, tuple(g.token_ids)), other]
+    calls = len(cached.llm.calls)
+    assert _same(cached, tiny_engine, pairs)
+    retry_prompts, retry_params = cached.llm.calls[-1]
+    assert len(cached.llm.calls) == calls + 2 and retry_params[0].skip_reading_prefix_cache
+    assert retry_prompts == [{"prompt_token_ids": [*p, *g.token_ids]}]
+
+
+def test_without_a_prefix_cache_every_scoring_is_a_full_pass(tiny_engine):
+    from srd_worker.engines.vllm_engine import VLLMEngine
+
+    with fake_vllm.installed(backend=tiny_engine, cache_block=4) as vllm:
+        engine = VLLMEngine(vllm.LLM(model="tiny", enable_prefix_caching=False), tiny_engine.tokenizer)
+        p = tuple(engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "hi"}]))
+        pairs = [(p, (7, 8, 9, 10, 11)), (p, (7, 8, 9, 10, 11, 12, 13))]
+        for _ in range(2):
+            assert _same(engine, tiny_engine, pairs)
+            assert engine.llm.calls[-1][1][0].skip_reading_prefix_cache
+        assert engine.stats.reused_tokens == 0

@@ -297,7 +297,7 @@ def child(config: str, args: argparse.Namespace) -> None:
 
 def run_child(python: str, config: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [python, str(Path(__file__).resolve()), "--child", config, "--rep", str(rep)]
-    opts = ("model", "dataset", "items", "n", "max_new_tokens", "chunk_tokens", "threads", "dtype")
+    opts = ("model", "dataset", "items", "n", "max_new_tokens", "chunk_tokens", "threads", "dtype", "reward")
     for opt in (*opts, "batch_rows", "runner_items", "shard_size", "workloads"):
         cmd += [f"--{opt.replace('_', '-')}", str(getattr(args, opt))]
     cmd += ["--kv-cache-gb", str(args.kv_cache_gb)]

@@ -614,7 +614,7 @@ class VLLMEngine:
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         """Teacher-forced logprobs via ``prompt_logprobs=1``, reading vLLM's prefix cache.
 
-        vLLM returns prompt logprobs only past its cache hit, so the tokens a hit covers come from the
+        vLLM computes prompt logprobs only past its cache hit, so the tokens a hit covers come from the
         logprobs of sequences scored before (``PrefixLogprobs``); a sequence whose hit reaches past what
         is remembered is scored again without the cache. So a response re-scored as it grows (SRD every
         Δ tokens) costs a pass over its new tokens, not over prompt + response.

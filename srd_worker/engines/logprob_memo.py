@@ -73,10 +73,9 @@ class PrefixLogprobs:
         sequence shares its first ``k`` + 1 tokens."""
         if k <= 0:
             return [0.0]
-        seq = tuple(int(t) for t in tokens)
-        if k >= len(seq):
+        if k >= len(tokens):
             return None
-        head = seq[: k + 1]
+        head = tuple(int(t) for t in tokens[: k + 1])
         for sid in reversed(self._index.get((hash(head), k), ())):
             stored, lps = self._seqs[sid]
             if stored[: k + 1] == head:

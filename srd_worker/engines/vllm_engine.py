@@ -631,10 +631,10 @@ class VLLMEngine:
                 seqs[i] = [int(t) for t in p] + [int(t) for t in c]
         todo = list(seqs)
         memo = self._logprob_memo if self.score_from_cache else None
-        for cached in (memo is not None, False):
+        for reading in (memo, None):  # reading the cache (where there is a memo), then without it
             if not todo:
                 break
-            rows = self._prompt_logprobs([seqs[i] for i in todo], cached=cached)
+            rows = self._prompt_logprobs([seqs[i] for i in todo], reading)
             missed = []
             for i, row in zip(todo, rows, strict=True):
                 need = len(pairs[i][0])  # the first continuation token
@@ -651,16 +651,17 @@ class VLLMEngine:
             )
         return out
 
-    def _prompt_logprobs(self, seqs: list[list[int]], *, cached: bool) -> list[list[float]]:
-        """One vLLM call: each sequence's logprobs of tokens 0 … n−1 (NaN where vLLM's cache hit covers
-        a token and no scored sequence remembers it; token 0 is always NaN)."""
+    def _prompt_logprobs(self, seqs: list[list[int]], memo: PrefixLogprobs | None) -> list[list[float]]:
+        """One vLLM call, reading its prefix cache where ``memo`` is given: each sequence's logprobs of
+        tokens 0 … n−1 (NaN where vLLM's cache hit covers a token and ``memo`` does not remember it;
+        token 0 is always NaN)."""
         params = self._sampling_params_cls(
             n=1,
             temperature=0.0,
             max_tokens=1,
             prompt_logprobs=1,
             detokenize=False,  # no text is read; vLLM would otherwise decode every prompt position
-            skip_reading_prefix_cache=not cached,
+            skip_reading_prefix_cache=memo is None,
         )
         prompts = [self._tokens_prompt(prompt_token_ids=s) for s in seqs]
         results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
@@ -675,8 +676,8 @@ class VLLMEngine:
             # vLLM computes no logits inside its cache hit of k tokens, yet returns a full-length list:
             # the entries of tokens 1 … k hold whatever the buffer held. Never read them.
             hit = getattr(res, "num_cached_tokens", None)
-            k = (n - 1 if cached else 0) if hit is None else int(hit)  # an unknown hit: nothing trusted
-            known = self._logprob_memo.lookup(seq, k) if (k and self._logprob_memo is not None) else None
+            k = (0 if memo is None else n - 1) if hit is None else int(hit)  # an unknown hit: nothing trusted
+            known = memo.lookup(seq, k) if (k and memo is not None) else None
             row = [math.nan] * (k + 1) if known is None else [math.nan, *known[1:]]
             row += [
                 _logprob_value(entries[j], seq[j], f"scoring request {i}, token {j}") for j in range(k + 1, n)

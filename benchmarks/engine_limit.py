@@ -90,6 +90,8 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     # scoring a pass over prompt + response (vLLM's own default for prompt logprobs)
     "vllm-score-full": ("vllm", {"vllm_enforce_eager": False, "score_from_cache": False}),
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
+    # the padded mode scoring every teacher-forced sequence in full (no prefix store for scoring)
+    "transformers-padded-score-full": ("transformers", {"batch_invariant": False, "kv_reuse": True, "score_from_cache": False}),
     "transformers-padded": ("transformers", {"batch_invariant": False, "kv_reuse": True}),
     "transformers-deterministic": ("transformers", {"batch_invariant": True, "kv_reuse": False}),
     # the padded mode with every call in one padded batch (no long prompts fed apart first)
@@ -517,8 +519,8 @@ def main() -> None:
     ap.add_argument(
         "--reward",
         default="arithmetic",
-        help="the runner workloads' reward: arithmetic (rule-based, no model) or logprob (teacher-forced "
-        "passes of the policy on the engine measured, its cost in the runner's tokens/s)",
+        help="the runner workloads' reward: arithmetic (rule-based, no model), logprob or lm_judge "
+        "(teacher-forced passes of the policy on the engine measured, their cost in the runner's tokens/s)",
     )
     ap.add_argument("--reps", type=int, default=3, help="repetitions (one process per configuration each)")
     ap.add_argument(

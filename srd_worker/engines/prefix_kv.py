@@ -20,7 +20,7 @@ first, under a byte budget (``SRDQ_KV_REUSE_MB``), on the model's device.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,21 @@ class KVEntry:
     array: Any  # numpy int64 copy of tokens, for fast comparisons
     kv: list[tuple[Any, Any]]  # per layer: (keys, values), each (kv_heads, len(tokens), head_dim)
     nbytes: int
+    #: teacher-forced logprobs of tokens lp_from … len(tokens) − 1 (a scored sequence; empty: none known)
+    lp_from: int = 0
+    lps: list[float] = field(default_factory=list)
+
+    def knows(self, first: int, last: int) -> bool:
+        """True if the logprobs of tokens ``first`` … ``last`` are known (an empty span always is)."""
+        return last < first or (
+            bool(self.lps) and self.lp_from <= first and last < self.lp_from + len(self.lps)
+        )
+
+    def known_logprobs(self, first: int, last: int) -> list[float]:
+        """The logprobs of tokens ``first`` … ``last`` (``knows`` must hold)."""
+        if not self.knows(first, last):
+            raise KeyError(f"logprobs of tokens {first}…{last} are not known")
+        return self.lps[first - self.lp_from : last + 1 - self.lp_from]
 
 
 def _block_keys(tokens: tuple[int, ...]):
@@ -83,8 +98,16 @@ class PrefixKVStore:
         self.entries.move_to_end(best.id)
         return best, best_common
 
-    def put(self, tokens: tuple[int, ...], kv: list[tuple[Any, Any]], *, supersedes: KVEntry | None) -> None:
-        """Store ``kv`` (already cloned) for ``tokens``; drop ``supersedes`` when it is a prefix of them."""
+    def put(
+        self,
+        tokens: tuple[int, ...],
+        kv: list[tuple[Any, Any]],
+        *,
+        supersedes: KVEntry | None,
+        logprobs: tuple[int, list[float]] | None = None,
+    ) -> None:
+        """Store ``kv`` (already cloned) for ``tokens``, with ``logprobs`` (first token, logprobs of it
+        and the tokens after it) where known; drop ``supersedes`` when it is a prefix of them."""
         if len(tokens) < BLOCK:
             return
         nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
@@ -92,6 +115,8 @@ class PrefixKVStore:
             return
         old = self._exact.get(tokens)
         if old is not None:
+            if logprobs is None and self.entries[old].lps:  # the same tokens again: keep what was scored
+                logprobs = (self.entries[old].lp_from, self.entries[old].lps)
             self._remove(old)
         if (
             supersedes is not None
@@ -103,6 +128,8 @@ class PrefixKVStore:
         eid = self._next_id
         self._next_id += 1
         entry = KVEntry(eid, tokens, np.asarray(tokens, dtype=np.int64), kv, nbytes)
+        if logprobs is not None and logprobs[1]:
+            entry.lp_from, entry.lps = int(logprobs[0]), [float(x) for x in logprobs[1]]
         self.entries[eid] = entry
         self._exact[tokens] = eid
         for key in _block_keys(tokens):

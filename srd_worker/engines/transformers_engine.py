@@ -44,6 +44,7 @@ What it leaves out: speculative decoding (``engines/speculative.py`` is a separa
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,6 +145,26 @@ def prefill_split(fed: Sequence[int], prompts: Sequence[tuple[int, ...]]) -> int
 
 
 @dataclass
+class _ScoreJob:
+    """One distinct sequence to score: ``stem`` = prefix + continuation without its last token, ``need`` =
+    the prefix's length (the first continuation token's index), ``last`` = the candidate last tokens
+    read from the logits after the stem. Filled by ``_score_plan`` (entry, cached) and ``_score_batch``."""
+
+    stem: tuple[int, ...]
+    need: int
+    last: list[int] = dataclasses.field(default_factory=list)
+    entry: KVEntry | None = None
+    cached: int = 0
+    dummy: bool = False  # a fixed-row batch's filler
+    body: list[float] = dataclasses.field(default_factory=list)
+    last_logprobs: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def plan(self) -> tuple[KVEntry, int] | None:
+        return None if self.entry is None else (self.entry, self.cached)
+
+
+@dataclass
 class EngineStats:
     """Counters since the engine was built (for benchmarks and the ledger's sanity checks)."""
 
@@ -188,6 +209,8 @@ class TransformersEngine:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 2048) or 2048)
         self.stats = EngineStats()
         self.kv_store = PrefixKVStore(int(kv_reuse_mb * (1 << 20))) if kv_reuse else None
+        #: teacher-forced scoring reads and fills the prefix store too (with ``kv_reuse``; ``logprobs``)
+        self.score_from_cache = True
         #: feed a padded call's long prompts apart first when that saves positions (``_prefill_apart``)
         self.prefill_apart = True
         # transformers >= 5.2x names the KV cache argument `cache`; older releases `past_key_values`
@@ -375,10 +398,19 @@ class TransformersEngine:
         return DynamicCache(ddp_cache_data=layers)
 
     def _snapshot(
-        self, cache: Any, row: int, cols: list[tuple[int, int]], tokens: tuple[int, ...], source: Any
+        self,
+        cache: Any,
+        row: int,
+        cols: list[tuple[int, int]],
+        tokens: tuple[int, ...],
+        source: Any,
+        *,
+        logprobs: tuple[int, list[float]] | None = None,
     ) -> None:
         """Store row ``row``'s keys and values at the cache columns ``cols`` ([start, end) spans, in
-        order; together one per token of ``tokens``; pads between them are left out)."""
+        order; together one per token of ``tokens``; pads between them are left out). ``logprobs``:
+        (first token j, the teacher-forced logprobs of tokens j …) known for ``tokens`` (scoring); a
+        scored sequence replaces the stored one it extends."""
         if self.kv_store is None or len(tokens) < BLOCK:
             return
         cols = [(a, b) for a, b in cols if b > a]
@@ -392,8 +424,8 @@ class TransformersEngine:
             )
             for layer in cache.layers
         ]
-        supersedes = source[0] if source is not None and source[1] == len(source[0].tokens) else None
-        self.kv_store.put(tokens, kv, supersedes=supersedes)
+        whole = source is not None and (logprobs is not None or source[1] == len(source[0].tokens))
+        self.kv_store.put(tokens, kv, supersedes=source[0] if whole else None, logprobs=logprobs)
 
     def _generate_batch(
         self, requests: list[GenerationRequest], prefix: Sequence[tuple[KVEntry, int] | None] | None = None
@@ -658,38 +690,114 @@ class TransformersEngine:
 
     # ------------------------------------------------------------------ scoring
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-        slots: list[list[float] | None] = [None] * len(pairs)
-        # with fixed rows, the continuation length is part of the key: it sets logits_to_keep (a shape)
-        keys = [(len(p) + len(c), len(c)) if self.fixed_rows else len(p) + len(c) for p, c in pairs]
-        for batch in self._batches(keys):
-            chunk = [pairs[i] for i in batch]
-            if self.fixed_rows and chunk:  # dummy copies of the first pair fill the batch
-                chunk += [chunk[0]] * (self.fixed_rows - len(chunk))
-            for i, lp in zip(batch, self._logprobs_batch(chunk), strict=False):
-                slots[i] = lp
-        return [lp for lp in slots if lp is not None]
+        """Teacher-forced logprobs of each continuation after its prefix (raw distribution).
 
-    def _logprobs_batch(self, pairs: list[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-        torch = self._torch
-        if not pairs:
-            return []
-        seqs = [list(p) + list(c) for p, c in pairs]
-        for i, (p, _c) in enumerate(pairs):
+        Pairs whose continuations differ only in their last token (a judge's candidate answers after one
+        prompt) are computed once: each reads its last token from the same logits. With the prefix store
+        (``kv_reuse`` and ``score_from_cache``) a scored sequence's keys and values are kept with the
+        logprobs it computed, so re-scoring a grown response (SRD every Δ tokens) feeds only its new
+        tokens (``_score_plan``); the logprobs then agree with a full pass up to float rounding.
+        """
+        for i, (p, c) in enumerate(pairs):
             if not p:
                 raise EngineError(f"pair {i}: teacher-forced scoring needs a non-empty prefix")
-            if len(seqs[i]) > self.max_context:
-                raise EngineError(f"pair {i}: {len(seqs[i])} tokens exceed the context of {self.max_context}")
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, s in enumerate(seqs):
-            ids[row, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[row, width - len(s) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        # Left padding puts every continuation at the end, so only the last (longest continuation + 1)
-        # positions' logits are needed: the full (batch x length x vocabulary) tensor never exists.
-        keep = max(len(c) for _p, c in pairs) + 1
-        kwargs = {"logits_to_keep": keep} if self._has_logits_to_keep else {}
+            if len(p) + len(c) > self.max_context:
+                raise EngineError(
+                    f"pair {i}: {len(p) + len(c)} tokens exceed the context of {self.max_context}"
+                )
+        stems: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+        jobs: list[_ScoreJob] = []
+        member: list[int] = []
+        for p, c in pairs:
+            if not c:
+                member.append(-1)
+                continue
+            key = (tuple(int(t) for t in p), tuple(int(t) for t in c[:-1]))
+            if key not in stems:
+                stems[key] = len(jobs)
+                jobs.append(_ScoreJob(key[0] + key[1], len(p)))
+            job = jobs[stems[key]]
+            member.append(stems[key])
+            if int(c[-1]) not in job.last:
+                job.last.append(int(c[-1]))
+        self._score_plan(jobs)
+        # fixed rows: grouped by shapes (cached length, stem length, logits kept); otherwise (cached
+        # length, stem length) groups only when batch-invariant (padding invariance)
+        if self.fixed_rows:
+            keys: list[Any] = [(j.cached, len(j.stem), len(j.stem) - j.need) for j in jobs]
+        else:
+            keys = [(j.cached, len(j.stem)) for j in jobs]
+        for batch in self._batches(keys):
+            chunk = [jobs[i] for i in batch]
+            if self.fixed_rows:  # dummy copies of the first job fill the batch
+                chunk += [dataclasses.replace(chunk[0], dummy=True)] * (self.fixed_rows - len(chunk))
+            self._score_batch(chunk)
+        out: list[list[float]] = []
+        for (_p, c), m in zip(pairs, member, strict=True):
+            if m < 0:
+                out.append([])
+                continue
+            job = jobs[m]
+            out.append([*job.body, job.last_logprobs[job.last.index(int(c[-1]))]])
+        return out
+
+    def _score_plan(self, jobs: list[_ScoreJob]) -> None:
+        """Each job's cached length C and entry: the stem's first C positions come from the prefix store
+        when C >= ``BLOCK``. A stored entry sharing the stem's first ``common`` tokens gives keys and
+        values for C <= common positions; the logprobs of the continuation's tokens at or below C then
+        come from the entry's own (a scored sequence keeps what it computed), so C = common − 1 where
+        the entry knows them, else C = need − 1 (only prompt tokens cached; every continuation logit
+        computed). At least one stem token is always fed."""
+        if self.kv_store is None or not self.score_from_cache:
+            return
+        for job in jobs:
+            entry, common = self.kv_store.lookup(job.stem)
+            if entry is None:
+                continue
+            last = (
+                min(common, len(job.stem)) - 1
+            )  # tokens 0 … last match: logprobs of 1 … last are the entry's
+            cached = min(common, job.need - 1, len(job.stem) - 1)
+            if entry.knows(job.need, last) and last > cached:
+                cached = min(last, len(job.stem) - 1)
+            if cached >= BLOCK:
+                job.entry, job.cached = entry, cached
+
+    def _score_batch(self, jobs: list[_ScoreJob]) -> None:
+        """One forward pass over the jobs' stems: [left pad to the longest cached length][cached C_i]
+        [pad to the longest fed part][fed stem[C_i:]]; fills each job's ``body`` (logprobs of the stem's
+        continuation tokens) and ``last_logprobs`` (of its candidate last tokens) and stores the stem's
+        keys and values with the logprobs known for it."""
+        torch = self._torch
+        from transformers import DynamicCache
+
+        real = [j for j in jobs if not j.dummy]
+        fed = [len(j.stem) - j.cached for j in jobs]
+        lmax, width = max(j.cached for j in jobs), max(fed)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.full((len(jobs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(jobs), width), dtype=torch.long)
+        for row, j in enumerate(jobs):
+            ids[row, width - fed[row] :] = torch.tensor(j.stem[j.cached :], dtype=torch.long)
+            mask[row, width - fed[row] :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor([j.cached for j in jobs]).unsqueeze(1)
+        if lmax:
+            cache = self._padded_prefix_cache(
+                [(j.entry, j.cached) if j.entry is not None else None for j in jobs], lmax
+            )
+            past = torch.zeros((len(jobs), lmax), dtype=mask.dtype)
+            for row, j in enumerate(jobs):
+                past[row, lmax - j.cached :] = 1
+            mask = torch.cat([past, mask], 1)
+        else:
+            cache = DynamicCache()  # filled, and kept in the prefix store, only where it is used
+        # logits are needed at stem positions need−1 … m−1 (past the cache): right alignment puts them
+        # in the last columns, so the lm_head runs on those only
+        keep = max(len(j.stem) - max(j.cached, j.need - 1) for j in jobs)
+        store = self.kv_store is not None and self.score_from_cache
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True} if (store or lmax) else {}
+        if self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = keep
         with torch.inference_mode():
             logits = self.model(
                 input_ids=ids.to(self.device),
@@ -697,11 +805,24 @@ class TransformersEngine:
                 position_ids=positions.to(self.device),
                 **kwargs,
             ).logits
-            offset = width - logits.shape[1]  # sequence index of logits[:, 0]
-            logp = torch.log_softmax(logits.float(), dim=-1).cpu()
-        self.stats.forward_passes += 1
-        out = []
-        for row, (_p, c) in enumerate(pairs):
-            first = width - len(c)  # sequence index of the first continuation token
-            out.append([float(logp[row, first + j - 1 - offset, int(t)]) for j, t in enumerate(c)])
-        return out
+            kept = logits.shape[1]
+            self.stats.forward_passes += 1
+            self.stats.prefill_tokens += sum(len(j.stem) - j.cached for j in real)
+            self.stats.reused_tokens += sum(j.cached for j in real)
+            for row, j in enumerate(jobs):
+                if j.dummy:
+                    continue
+                m = len(j.stem)
+                lo = max(j.cached, m - kept)  # the first stem position with logits here
+                logp = torch.log_softmax(logits[row, kept - (m - lo) :].float(), dim=-1)
+                targets = torch.tensor(j.stem[lo + 1 :], dtype=torch.long, device=logp.device)
+                computed = logp[:-1].gather(1, targets.unsqueeze(1)).squeeze(1).tolist()  # tokens lo+1 … m−1
+                j.last_logprobs = logp[-1, torch.tensor(j.last, device=logp.device)].tolist()
+                known_from, known = lo + 1, computed
+                if j.entry is not None and j.need <= lo:  # tokens need … C from the entry
+                    known_from = j.entry.lp_from
+                    known = j.entry.known_logprobs(known_from, lo) + computed
+                j.body = known[j.need - known_from :]
+                if store:
+                    cols = [(lmax - j.cached, lmax), (lmax + width - (m - j.cached), lmax + width)]
+                    self._snapshot(cache, row, cols, j.stem, j.plan, logprobs=(known_from, known))

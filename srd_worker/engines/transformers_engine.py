@@ -22,7 +22,10 @@ What it does:
   mode; tests/unit/engines/test_transformers_engine.py checks alone == in company. Teacher-forced scoring groups
   the same way (by total and continuation length, in fixed-row chunks).
 - per-token logprobs (raw model distribution, temperature 1, no filtering — vLLM's default
-  ``raw_logprobs`` convention) and teacher-forced scoring of continuations.
+  ``raw_logprobs`` convention) and teacher-forced scoring of continuations (``logprobs``): pairs whose
+  continuations differ only in their last token are one row (a judge's candidate answers), and with the
+  prefix store below a scored sequence is kept with the logprobs it computed, so re-scoring a grown or
+  regenerated response feeds only its new tokens.
 
 - prefix KV reuse across calls (``kv_reuse=True``; ``SRDQ_KV_REUSE``, on by default in Settings, off by
   default in the constructor): when a request's generation ends, its per-layer keys and values are kept

@@ -26,9 +26,9 @@ is correct given the steps before it (steps split at a blank line, ``split_last_
 reward for beam search and DVTS, which score every step and aggregate the step scores.
 
 What it leaves out: a trained verifier or PRM head, few-shot judge prompts, scoring
-more than the first answer token (each candidate token is one engine pair sharing the same prefix, so
-the cost is the prefix scored 2 to 4 times; an engine call returning several next-token logprobs per
-prefix would cut that), truncation of over-long inputs (they raise RewardError).
+more than the first answer token (each candidate token is one engine pair sharing the same prefix: the
+transformers engine computes such pairs as one row, vLLM reads the shared prefix from its cache, an
+OpenAI-compatible server scores each pair), truncation of over-long inputs (they raise RewardError).
 """
 
 from __future__ import annotations

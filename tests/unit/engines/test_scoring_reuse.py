@@ -160,3 +160,56 @@ def test_the_store_budget_and_the_switch(model):
     off.logprobs([(prefix, resps[0])])
     assert len(off.kv_store) == 0 and off.stats.reused_tokens == 0
     assert BLOCK == 16  # the tests above size their prefixes against it
+
+
+class _ScoreLog:
+    """The logprob reward over ``engine``, logging every (question, response, score) it gave."""
+
+    def __init__(self, engine) -> None:
+        from srd_worker.rewards.logprob import MeanLogprobReward
+
+        self.inner = MeanLogprobReward(engine)
+        self.name = self.inner.name
+        self.log: list[tuple[str, str, float]] = []
+
+    def score(self, prompts, responses):
+        out = self.inner.score(prompts, responses)
+        self.log += list(zip(prompts, responses, out, strict=True))
+        return out
+
+
+def test_srd_with_the_logprob_reward_reuses_its_scoring_and_scores_as_a_full_pass(model):
+    """SRD re-scores each candidate every few tokens: with the store, the scorer feeds far fewer tokens
+    than the same run with every scoring in full, and every score it gave equals a full pass's."""
+    from srd_worker.methods.registry import build_method
+    from srd_worker.runner import run_shard
+    from srd_worker.tasks.base import Item
+    from srd_worker.tasks.gsm8k import GSM8KTask
+    from tests.doubles import MemoryStore
+
+    items = [Item("q0", "Tom has 5 apples and eats 2. How many are left?", "3")]
+    params = {"n": 4, "max_new_tokens": 48, "chunk_tokens": 8, "scoring_interval": 8, "l_max": 5}
+    fed = {}
+    for reuse in (False, True):
+        engine = _engine(model, kv_reuse=True)
+        engine.score_from_cache = reuse
+        reward = _ScoreLog(engine)
+        out = run_shard(
+            items=items,
+            positions=[0],
+            method=build_method("srd", params),
+            task=GSM8KTask(),
+            engine=engine,
+            reward=reward,
+            run_seed=3,
+            store=MemoryStore(),
+        )
+        assert out.finished and len(reward.log) > 8
+        fed[reuse] = engine.stats.prefill_tokens
+        if reuse:
+            reference = _engine(model)  # no store: every scoring a full pass
+            want = _ScoreLog(reference).score(
+                [q for q, _r, _s in reward.log], [r for _q, r, _s in reward.log]
+            )
+            assert max(abs(s - w) for (_q, _r, s), w in zip(reward.log, want, strict=True)) < TOL
+    assert fed[True] < 0.7 * fed[False]

@@ -369,6 +369,7 @@ def report(
             "engine-limit-vllm-blocks": "### vLLM's KV block size on the CPU",
             "engine-limit-window": "### SRD through the shard window",
             "engine-limit-scoring": "### Teacher-forced scoring through vLLM's prefix cache",
+            "engine-limit-tf-scoring": "### Teacher-forced scoring through the transformers engine's prefix store",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "

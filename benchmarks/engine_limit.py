@@ -370,6 +370,7 @@ def report(
             "engine-limit-window": "### SRD through the shard window",
             "engine-limit-scoring": "### Teacher-forced scoring through vLLM's prefix cache",
             "engine-limit-tf-scoring": "### Teacher-forced scoring through the transformers engine's prefix store",
+            "engine-limit-tf-judge": "### The judge's scoring through the transformers engine's prefix store",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "

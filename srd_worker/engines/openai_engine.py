@@ -33,7 +33,11 @@ is kept in ``token_ids``, ``text`` is the local tokenizer's decoding with specia
 
 Teacher-forced ``logprobs(pairs)``: one request over ``prefix + continuation`` with ``max_tokens: 1``
 and vLLM's ``prompt_logprobs: 1``, reading each continuation token's logprob (vLLM-specific; another
-server answers with an EngineError naming the missing field).
+server answers with an EngineError naming the missing field). One-token continuations of one prefix (a
+judge's "Yes" / "No" answers) take one request for the prefix instead: greedy, one token, the top 20
+``logprobs`` of that token named by id (vLLM's ``return_tokens_as_token_ids``); no prompt logprobs, so
+the server may read its prefix cache. A candidate outside those 20, or a server that does not name
+tokens by id, gets its own ``prompt_logprobs`` request.
 
 Engine arguments (``--engine-arg``, ``engines.engine_args``): ``body.FIELD=VALUE`` adds a field to every
 request's JSON body (e.g. ``body.min_p=0.05``, ``body.repetition_penalty=1.1``; the fields above stay
@@ -352,6 +356,9 @@ class OpenAIEngine:
         self.concurrency = max(1, int(concurrency))
         self.stats = EngineStats()
         self.token_ids_source: str | None = None  # "server", "logprobs" or "re-encoded" (last generate)
+        #: one-token continuations of one prefix are read from its next token's top logprobs (vLLM's
+        #: default --max-logprobs is 20); 0: every pair its own prompt_logprobs request
+        self.next_token_top_k = 20
         self._pool: ThreadPoolExecutor | None = None
         listing = client.call("GET", "/models")
         cards = [c for c in (listing or {}).get("data") or [] if isinstance(c, dict)]
@@ -601,7 +608,9 @@ class OpenAIEngine:
 
     # ------------------------------------------------------------------ scoring
     def logprobs(self, pairs: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
-        """Teacher-forced logprobs with vLLM's ``prompt_logprobs`` (one request per pair)."""
+        """Teacher-forced logprobs with vLLM's ``prompt_logprobs`` (one request per pair), except for
+        one-token continuations of one prefix (a judge's candidate answers): one request for the prefix
+        reads them from the top logprobs of its next token (``_next_token_logprobs``)."""
         if self.chat is not None:
             raise EngineError(
                 "teacher-forced scoring of given token ids needs /v1/completions (a prompt of ids); the "
@@ -617,33 +626,74 @@ class OpenAIEngine:
                 raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
             if c:
                 jobs.append(i)
-
-        def one(i: int) -> list[float]:
-            prefix, cont = pairs[i]
-            ids = [int(t) for t in prefix] + [int(t) for t in cont]
-            body = {
-                "model": self.model,
-                "prompt": ids,
-                "max_tokens": 1,
-                "temperature": 0.0,
-                "prompt_logprobs": 1,
-            }
-            choice = self._choice(self.client.call("POST", "/completions", body), f"pair {i}")
-            entries = choice.get("prompt_logprobs")
-            if not isinstance(entries, list) or len(entries) != len(ids):
-                raise EngineError(
-                    f"pair {i}: the server returned no prompt_logprobs for the whole sequence (teacher-forced "
-                    "scoring needs vLLM's prompt_logprobs)"
-                )
-            values = []
-            for j, t in enumerate(cont):
-                entry = entries[len(prefix) + j] or {}
-                lp = entry.get(str(int(t)), entry.get(int(t)) if isinstance(entry, dict) else None)
-                if lp is None:
-                    raise EngineError(f"pair {i}: no logprob for token {t} at position {j}")
-                values.append(float(lp["logprob"] if isinstance(lp, dict) else lp))
-            return values
-
-        for i, values in zip(jobs, self._map(one, jobs), strict=True):
+        answers: dict[tuple[int, ...], list[int]] = {}
+        for i in jobs:
+            p, c = pairs[i]
+            if len(c) == 1 and self.next_token_top_k > 1:
+                answers.setdefault(tuple(int(t) for t in p), []).append(i)
+        grouped = {prefix: members for prefix, members in answers.items() if len(members) > 1}
+        if grouped:
+            found = self._map(self._next_token_logprobs, list(grouped))
+            for members, top in zip(grouped.values(), found, strict=True):
+                for i in members:
+                    lp = top.get(int(pairs[i][1][0]))
+                    if lp is not None:
+                        out[i] = [lp]
+        todo = [i for i in jobs if not out[i]]  # the rest, and candidates outside the top returned
+        for i, values in zip(
+            todo, self._map(lambda i: self._prompt_logprobs(pairs[i], i), todo), strict=True
+        ):
             out[i] = values
         return out
+
+    def _next_token_logprobs(self, prefix: tuple[int, ...]) -> dict[int, float]:
+        """The top ``next_token_top_k`` logprobs of the token after ``prefix`` by token id (one greedy
+        one-token request with ``logprobs`` and vLLM's ``return_tokens_as_token_ids``; no
+        ``prompt_logprobs``, so vLLM may read its prefix cache). Empty when the server does not name
+        the tokens by id: the caller then asks pair by pair."""
+        body = {
+            "model": self.model,
+            "prompt": list(prefix),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": self.next_token_top_k,
+            "return_tokens_as_token_ids": True,
+        }
+        choice = self._choice(self.client.call("POST", "/completions", body), "a judged prefix")
+        tops = (choice.get("logprobs") or {}).get("top_logprobs") or []
+        top = tops[0] if tops and isinstance(tops[0], dict) else {}
+        out: dict[int, float] = {}
+        for key, value in top.items():
+            if not (isinstance(key, str) and key.startswith("token_id:")) or value is None:
+                return {}
+            try:
+                out[int(key.split(":", 1)[1])] = float(value)
+            except ValueError:
+                return {}
+        return out
+
+    def _prompt_logprobs(self, pair: tuple[Sequence[int], Sequence[int]], i: int) -> list[float]:
+        prefix, cont = pair
+        ids = [int(t) for t in prefix] + [int(t) for t in cont]
+        body = {
+            "model": self.model,
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 1,
+        }
+        choice = self._choice(self.client.call("POST", "/completions", body), f"pair {i}")
+        entries = choice.get("prompt_logprobs")
+        if not isinstance(entries, list) or len(entries) != len(ids):
+            raise EngineError(
+                f"pair {i}: the server returned no prompt_logprobs for the whole sequence (teacher-forced "
+                "scoring needs vLLM's prompt_logprobs)"
+            )
+        values = []
+        for j, t in enumerate(cont):
+            entry = entries[len(prefix) + j] or {}
+            lp = entry.get(str(int(t)), entry.get(int(t)) if isinstance(entry, dict) else None)
+            if lp is None:
+                raise EngineError(f"pair {i}: no logprob for token {t} at position {j}")
+            values.append(float(lp["logprob"] if isinstance(lp, dict) else lp))
+        return values

@@ -56,6 +56,26 @@ def test_the_engine_talks_to_the_real_server(engine, server):
     assert engine.token_ids_source == "server"  # return_token_ids: nothing re-tokenised
 
 
+def test_answers_after_one_prefix_read_the_next_tokens_top_logprobs_as_prompt_logprobs_give(engine):
+    """A judge's candidate answers after one prompt, read from one request's top logprobs of the next
+    token, equal what a prompt_logprobs request per answer gives (up to float rounding); an answer
+    outside the top 20 is asked alone."""
+    p = list(contract.prompt_ids(engine, "Is 2 + 2 = 4? Answer Yes or No."))
+    (g,) = engine.generate([contract.GenerationRequest(tuple(p), contract.greedy(1))])
+    top = engine._next_token_logprobs(tuple(p))
+    assert len(top) == 20 and g.token_ids[0] in top
+    inside = sorted(top, key=top.get)[:3]
+    outside = next(t for t in range(100, 1000) if t not in top)
+    pairs = [(p, [t]) for t in [*inside, g.token_ids[0], outside]]
+    fast = engine.logprobs(pairs)
+    engine.next_token_top_k = 0
+    try:
+        slow = engine.logprobs(pairs)
+    finally:
+        engine.next_token_top_k = 20
+    assert max(abs(a[0] - b[0]) for a, b in zip(fast, slow, strict=True)) < 1e-3
+
+
 ARGS = [
     "--method",
     "best_of_n",

@@ -258,6 +258,39 @@ def test_teacher_forced_logprobs_read_vllm_prompt_logprobs(fault, tmp_path):
         eng.logprobs([([1] * 60, [2] * 4)])
 
 
+def test_candidate_answers_after_one_prefix_are_one_request_for_its_next_token(fault, tmp_path):
+    """A judge's one-token answers after one prompt: one greedy request for the prompt's next token with
+    its top logprobs named by id (no prompt_logprobs, so vLLM may read its prefix cache); an answer
+    outside the top returned, or a server that does not name tokens by id, is asked pair by pair."""
+    eng = engine_for(tmp_path, fault.url)
+    prefix, other = [1, 2, 3], [4, 5]
+    top = {"token_id:7": -0.5, "token_id:8": -1.5, "token_id:11": -3.0}
+    pairs = [(prefix, [7]), (prefix, [8]), (prefix, [9]), (other, [7]), (prefix, [7, 8])]
+
+    def answer(body):
+        if "prompt_logprobs" in body:  # pair by pair: the last token's logprob is -(its id)
+            ids = body["prompt"]
+            entries = [None] + [{str(t): {"logprob": -float(t)}} for t in ids[1:]]
+            return 200, completion([5], "length", prompt_logprobs=entries)
+        assert body["prompt"] == prefix and body["max_tokens"] == 1 and body["temperature"] == 0.0
+        assert body["logprobs"] == 20 and body["return_tokens_as_token_ids"] is True
+        return 200, completion([7], "length", logprobs={"top_logprobs": [top]})
+
+    fault.default = answer
+    assert eng.logprobs(pairs) == [[-0.5], [-1.5], [-9.0], [-7.0], [-7.0, -8.0]]
+    posts = fault.posts()
+    assert sum("prompt_logprobs" not in b for b in posts) == 1  # one request for prefix's three answers
+    asked_alone = sorted(b["prompt"] for b in posts if "prompt_logprobs" in b)
+    assert asked_alone == [[1, 2, 3, 7, 8], [1, 2, 3, 9], [4, 5, 7]]  # outside the top; alone; longer
+    top.clear()
+    top.update({"Yes": -0.5, "No": -1.0})  # a server that names tokens by text: pair by pair
+    fault.requests.clear()
+    assert eng.logprobs(pairs[:2]) == [[-7.0], [-8.0]] and len(fault.posts()) == 3
+    eng.next_token_top_k = 0  # off: every pair its own request
+    fault.requests.clear()
+    assert eng.logprobs(pairs[:2]) == [[-7.0], [-8.0]] and len(fault.posts()) == 2
+
+
 # ------------------------------------------------------------------------------------- a down server in the fleet
 
 

@@ -459,6 +459,9 @@ class VLLMEngine:
         block = _prefix_cache_block(llm)  # None: no prefix cache to read, every scoring a full pass
         self._logprob_memo = PrefixLogprobs(block) if block else None
         self.score_from_cache = True  # False: every teacher-forced scoring a full pass (vLLM's default)
+        #: one-token continuations of one prefix (a judge's answers) are read from the top logprobs of
+        #: its next token (vLLM's default max_logprobs is 20); 0: each pair scored with prompt logprobs
+        self.next_token_top_k = 20
         self._procs = LLMProcesses()  # vLLM's processes (from_name), reaped by close()
 
     def close(self) -> None:
@@ -629,7 +632,19 @@ class VLLMEngine:
                 raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
             if c:
                 seqs[i] = [int(t) for t in p] + [int(t) for t in c]
-        todo = list(seqs)
+        answers: dict[tuple[int, ...], list[int]] = {}
+        for i in seqs:
+            if len(pairs[i][1]) == 1 and self.next_token_top_k > 1:
+                answers.setdefault(tuple(int(t) for t in pairs[i][0]), []).append(i)
+        grouped = {prefix: members for prefix, members in answers.items() if len(members) > 1}
+        if grouped:  # a judge's answers after one prompt: one request for the prompt's next token
+            for members, top in zip(grouped.values(), self._next_token_logprobs(list(grouped)), strict=True):
+                for i in members:
+                    lp = top.get(int(pairs[i][1][0]))
+                    if lp is not None:
+                        out[i] = [lp]
+                        del seqs[i]
+        todo = list(seqs)  # the rest, and answers outside the top returned
         memo = self._logprob_memo if self.score_from_cache else None
         for reading in (memo, None):  # reading the cache (where there is a memo), then without it
             if not todo:
@@ -649,6 +664,27 @@ class VLLMEngine:
             raise EngineError(
                 f"vLLM returned no prompt logprobs for {len(todo)} sequences scored without its cache"
             )
+        return out
+
+    def _next_token_logprobs(self, prefixes: list[tuple[int, ...]]) -> list[dict[int, float]]:
+        """Per prefix, the top ``next_token_top_k`` logprobs of its next token by id (one greedy one-token
+        request each, in one call; no prompt logprobs, so vLLM reads its prefix cache as for generation)."""
+        params = self._sampling_params_cls(
+            n=1, temperature=0.0, max_tokens=1, logprobs=int(self.next_token_top_k), detokenize=False
+        )
+        prompts = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prefixes]
+        results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        if len(results) != len(prefixes):
+            raise EngineError(f"vLLM returned {len(results)} outputs for {len(prefixes)} judged prefixes")
+        out = []
+        for i, (prefix, res) in enumerate(zip(prefixes, results, strict=True)):
+            entries = res.outputs[0].logprobs
+            if not entries:
+                raise EngineError(f"judged prefix {i}: vLLM returned no logprobs for its next token")
+            out.append({int(t): float(getattr(lp, "logprob", lp)) for t, lp in entries[0].items()})
+            hit = int(getattr(res, "num_cached_tokens", 0) or 0)
+            self.stats.prefill_tokens += len(prefix) - hit
+            self.stats.reused_tokens += hit
         return out
 
     def _prompt_logprobs(self, seqs: list[list[int]], memo: PrefixLogprobs | None) -> list[list[float]]:

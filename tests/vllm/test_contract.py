@@ -43,3 +43,22 @@ def test_scoring_reads_the_prefix_cache_and_equals_a_full_pass(engine):
     finally:
         engine.score_from_cache = True
     assert len(grown) == len(r) and grown == pytest.approx(full, abs=1e-3)
+
+
+def test_a_judges_answers_are_read_from_the_next_tokens_top_logprobs(engine):
+    """One-token answers after one prompt come from one greedy request's top logprobs of the next token
+    and equal what prompt logprobs give each answer alone (to float rounding); an answer outside the top
+    20 is scored alone."""
+    p = tuple(engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "Is 2 + 2 = 4? Yes or No."}]))
+    top = engine._next_token_logprobs([p])[0]
+    assert len(top) >= 20
+    inside = sorted(top, key=top.get)[:3]
+    outside = next(t for t in range(100, 1000) if t not in top)
+    pairs = [(p, (t,)) for t in [*inside, outside]]
+    fast = engine.logprobs(pairs)
+    engine.next_token_top_k = 0
+    try:
+        slow = engine.logprobs(pairs)
+    finally:
+        engine.next_token_top_k = 20
+    assert [x for r in fast for x in r] == pytest.approx([x for r in slow for x in r], abs=1e-3)

@@ -63,7 +63,7 @@ def test_answers_after_one_prefix_read_the_next_tokens_top_logprobs_as_prompt_lo
     p = list(contract.prompt_ids(engine, "Is 2 + 2 = 4? Answer Yes or No."))
     (g,) = engine.generate([contract.GenerationRequest(tuple(p), contract.greedy(1))])
     top = engine._next_token_logprobs(tuple(p))
-    assert len(top) == 20 and g.token_ids[0] in top
+    assert len(top) >= 20 and g.token_ids[0] in top
     inside = sorted(top, key=top.get)[:3]
     outside = next(t for t in range(100, 1000) if t not in top)
     pairs = [(p, [t]) for t in [*inside, g.token_ids[0], outside]]

@@ -189,6 +189,9 @@ class LLM:
                 if sp.logprobs
                 else None
             )
+            if sp.logprobs and sp.logprobs > 1:  # the top k of the first token (one-token requests only)
+                assert sp.max_tokens == 1, "the fake gives top-k logprobs for one-token requests only"
+                lps = [{**self._top(list(prompts[i]["prompt_token_ids"]), sp.logprobs), **lps[0]}]
             out[i] = RequestOutput(
                 list(prompts[i]["prompt_token_ids"]),
                 None,
@@ -196,6 +199,15 @@ class LLM:
             )
             self._cache(list(prompts[i]["prompt_token_ids"]) + list(g.token_ids))
         return [o for o in out if o is not None]
+
+    def _top(self, ids: list[int], k: int) -> dict[int, Logprob]:
+        """The k most likely next tokens after ``ids`` under the backend's model, with their logprobs."""
+        import torch
+
+        with torch.inference_mode():
+            logits = self.backend.model(input_ids=torch.tensor([ids])).logits[0, -1].float()
+        values, tokens = torch.log_softmax(logits, -1).topk(k)
+        return {int(t): Logprob(float(v), r + 1) for r, (t, v) in enumerate(zip(tokens, values, strict=True))}
 
     def _hit(self, ids: list[int]) -> int:
         """The longest cached block-aligned prefix of ``ids``, short of its last token (as vLLM)."""

@@ -94,3 +94,28 @@ def test_without_a_prefix_cache_every_scoring_is_a_full_pass(tiny_engine):
             assert _same(engine, tiny_engine, pairs)
             assert engine.llm.calls[-1][1][0].skip_reading_prefix_cache
         assert engine.stats.reused_tokens == 0
+
+
+def test_a_judges_answers_after_one_prompt_are_one_request_for_its_next_token(cached, tiny_engine):
+    """One-token continuations of one prefix (a judge's "Yes" / "No" spellings) are read from the top
+    logprobs of the prefix's next token: one request per prefix, no prompt logprobs; an answer outside
+    the top returned is scored alone, and every value equals a full teacher-forced pass."""
+    p = tuple(cached.tokenizer.chat_prompt_ids([{"role": "user", "content": "Is 2 + 2 = 4?"}]))
+    top = cached._next_token_logprobs([p])[0]
+    assert len(top) == cached.next_token_top_k
+    inside = sorted(top, key=top.get)[:3]
+    outside = next(t for t in range(10, 1000) if t not in top)
+    pairs = [(p, (t,)) for t in [*inside, outside]] + [(p, (7, 8)), ((*p, 9), (inside[0],))]
+    calls = len(cached.llm.calls)
+    assert _same(cached, tiny_engine, pairs)
+    judged, *scored = cached.llm.calls[
+        calls:
+    ]  # then the rest (re-run without the cache where a hit needs it)
+    assert [q["prompt_token_ids"] for q in judged[0]] == [list(p)] and judged[1][0].prompt_logprobs is None
+    assert judged[1][0].logprobs == 20 and judged[1][0].max_tokens == 1
+    asked = {tuple(q["prompt_token_ids"]) for prompts, _ in scored for q in prompts}
+    assert asked == {(*p, outside), (*p, 7, 8), (*p, 9, inside[0])}
+    cached.next_token_top_k = 0  # off: every pair its own scoring
+    calls = len(cached.llm.calls)
+    assert _same(cached, tiny_engine, pairs[:2])
+    assert all(params[0].prompt_logprobs for _prompts, params in cached.llm.calls[calls:])

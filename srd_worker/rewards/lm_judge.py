@@ -27,8 +27,9 @@ reward for beam search and DVTS, which score every step and aggregate the step s
 
 What it leaves out: a trained verifier or PRM head, few-shot judge prompts, scoring
 more than the first answer token (each candidate token is one engine pair sharing the same prefix: the
-transformers engine computes such pairs as one row, vLLM reads the shared prefix from its cache, an
-OpenAI-compatible server scores each pair), truncation of over-long inputs (they raise RewardError).
+transformers engine computes such pairs as one row; the vLLM engine and the openai engine read them from
+one request's top 20 logprobs of the prompt's next token, scoring an answer outside those alone),
+truncation of over-long inputs (they raise RewardError).
 """
 
 from __future__ import annotations

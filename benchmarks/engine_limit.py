@@ -461,6 +461,14 @@ def parent(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     unknown = set(configs) - set(CONFIGS)
     if not configs or unknown:
         ap.error(f"--configs: one or more of {', '.join(CONFIGS)} (unknown: {', '.join(sorted(unknown))})")
+    from srd_worker.datasets import resolve_dataset
+
+    have = sum(1 for line in resolve_dataset(args.dataset).read_text().splitlines() if line.strip())
+    want = max(args.items, runner_items(args))
+    if have < want:  # a dataset shorter than asked would silently run fewer problems than the table says
+        ap.error(
+            f"--dataset {args.dataset} has {have} problems, fewer than the {want} asked: use --dataset gsm8k"
+        )
     pythons = {c: args.vllm_python if is_vllm(c) else args.python for c in configs}
     if any(is_vllm(c) for c in configs) and not Path(args.vllm_python).exists():
         print(

@@ -89,6 +89,9 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     # teacher-forced scoring (the logprob and judge rewards) without reading vLLM's prefix cache: every
     # scoring a pass over prompt + response (vLLM's own default for prompt logprobs)
     "vllm-score-full": ("vllm", {"vllm_enforce_eager": False, "score_from_cache": False}),
+    # a judge's one-token answers after one prompt scored pair by pair with prompt logprobs (srdq reads
+    # them from one request's top logprobs of the next token); float32 for CPUs without bf16
+    "vllm-float32-judge-pairs": ("vllm", {"vllm_enforce_eager": False, "dtype": "float32", "next_token_top_k": 0}),
     "transformers-invariant": ("transformers", {"batch_invariant": True, "kv_reuse": True}),
     # the padded mode scoring every teacher-forced sequence in full (no prefix store for scoring)
     "transformers-padded-score-full": ("transformers", {"batch_invariant": False, "kv_reuse": True, "score_from_cache": False}),
@@ -111,6 +114,7 @@ ENGINE_ATTRS = (
     "prefill_apart",
     "detokenize",
     "score_from_cache",
+    "next_token_top_k",
 )  # set on the built engine, not Settings fields
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")
 WORKLOADS = ("raw", "best_of_n", "chunked", "srd", "srd_batch", "srd_uncapped", "srd_no_window")
@@ -371,6 +375,7 @@ def report(
             "engine-limit-scoring": "### Teacher-forced scoring through vLLM's prefix cache",
             "engine-limit-tf-scoring": "### Teacher-forced scoring through the transformers engine's prefix store",
             "engine-limit-tf-judge": "### The judge's scoring through the transformers engine's prefix store",
+            "engine-limit-vllm-judge": "### The judge's answers on vLLM: one request per judged prefix",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "

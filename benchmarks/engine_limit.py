@@ -376,6 +376,7 @@ def report(
             "engine-limit-tf-scoring": "### Teacher-forced scoring through the transformers engine's prefix store",
             "engine-limit-tf-judge": "### The judge's scoring through the transformers engine's prefix store",
             "engine-limit-vllm-judge": "### The judge's answers on vLLM: one request per judged prefix",
+            "engine-limit-steady": "### SRD on vLLM over many shards",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.unit.engines import test_engine_contract as contract
+from tests.vllm.judging import answers_both_ways
 
 for _name in dir(contract):
     if _name.startswith("test_"):
@@ -52,13 +53,5 @@ def test_a_judges_answers_are_read_from_the_next_tokens_top_logprobs(engine):
     p = tuple(engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "Is 2 + 2 = 4? Yes or No."}]))
     top = engine._next_token_logprobs([p])[0]
     assert len(top) >= 20
-    inside = sorted(top, key=top.get)[:3]
-    outside = next(t for t in range(100, 1000) if t not in top)
-    pairs = [(p, (t,)) for t in [*inside, outside]]
-    fast = engine.logprobs(pairs)
-    engine.next_token_top_k = 0
-    try:
-        slow = engine.logprobs(pairs)
-    finally:
-        engine.next_token_top_k = 20
-    assert [x for r in fast for x in r] == pytest.approx([x for r in slow for x in r], abs=1e-3)
+    fast, slow = answers_both_ways(engine, list(p), top)
+    assert fast == pytest.approx(slow, abs=1e-3)

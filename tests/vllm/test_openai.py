@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 from tests.integration.fleet import CLI, fleet, start_worker, submit, unreachable, worker_log
 from tests.unit.engines import test_engine_contract as contract
+from tests.vllm.judging import answers_both_ways
 from tests.vllm.openai_server import SERVED, VLLMServer
 
 for _name in dir(contract):
@@ -64,16 +65,8 @@ def test_answers_after_one_prefix_read_the_next_tokens_top_logprobs_as_prompt_lo
     (g,) = engine.generate([contract.GenerationRequest(tuple(p), contract.greedy(1))])
     top = engine._next_token_logprobs(tuple(p))
     assert len(top) >= 20 and g.token_ids[0] in top
-    inside = sorted(top, key=top.get)[:3]
-    outside = next(t for t in range(100, 1000) if t not in top)
-    pairs = [(p, [t]) for t in [*inside, g.token_ids[0], outside]]
-    fast = engine.logprobs(pairs)
-    engine.next_token_top_k = 0
-    try:
-        slow = engine.logprobs(pairs)
-    finally:
-        engine.next_token_top_k = 20
-    assert max(abs(a[0] - b[0]) for a, b in zip(fast, slow, strict=True)) < 1e-3
+    fast, slow = answers_both_ways(engine, p, top, also=(g.token_ids[0],))
+    assert max(abs(a - b) for a, b in zip(fast, slow, strict=True)) < 1e-3
 
 
 ARGS = [

@@ -28,15 +28,6 @@ SRD = {"n": 6, "max_new_tokens": 24, "chunk_tokens": 6, "scoring_interval": 3, "
 TOL = 1e-4  # fp32 logprobs: cached vs re-fed differ by float rounding (measured ~1e-6)
 
 
-@pytest.fixture(scope="module")
-def model():
-    from srd_worker.engines.loading import build_tiny_llama
-
-    torch.set_num_threads(2)
-    m, tok = build_tiny_llama(seed=0)
-    return m.to(torch.float32), tok
-
-
 def _engine(model, **kw) -> TransformersEngine:
     return TransformersEngine(model[0], model[1], model_name="tiny-random-llama", **kw)
 

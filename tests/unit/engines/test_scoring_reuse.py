@@ -22,15 +22,6 @@ pytestmark = pytest.mark.unit
 TOL = 1e-4  # fp32: cached vs re-fed keys and values differ by float rounding
 
 
-@pytest.fixture(scope="module")
-def model():
-    from srd_worker.engines.loading import build_tiny_llama
-
-    torch.set_num_threads(2)
-    m, tok = build_tiny_llama(seed=0)
-    return m.to(torch.float32), tok
-
-
 def _engine(model, **kw) -> TransformersEngine:
     return TransformersEngine(model[0], model[1], model_name="tiny-random-llama", **kw)
 

@@ -669,9 +669,13 @@ class VLLMEngine:
     def _next_token_logprobs(self, prefixes: list[tuple[int, ...]]) -> list[dict[int, float]]:
         """Per prefix, the top ``next_token_top_k`` logprobs of its next token by id (one greedy one-token
         request each, in one call; no prompt logprobs, so vLLM reads its prefix cache as for generation)."""
-        params = self._sampling_params_cls(
-            n=1, temperature=0.0, max_tokens=1, logprobs=int(self.next_token_top_k), detokenize=False
-        )
+        k = int(self.next_token_top_k)
+        limit = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_logprobs", None)
+        if (
+            isinstance(limit, int) and limit > 0
+        ):  # an engine built with --engine-arg max_logprobs=N (-1: none)
+            k = min(k, limit)
+        params = self._sampling_params_cls(n=1, temperature=0.0, max_tokens=1, logprobs=k, detokenize=False)
         prompts = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prefixes]
         results = self.llm.generate(prompts, sampling_params=params, use_tqdm=False)
         if len(results) != len(prefixes):

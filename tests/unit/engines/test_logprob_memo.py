@@ -119,3 +119,6 @@ def test_a_judges_answers_after_one_prompt_are_one_request_for_its_next_token(ca
     calls = len(cached.llm.calls)
     assert _same(cached, tiny_engine, pairs[:2])
     assert all(params[0].prompt_logprobs for _prompts, params in cached.llm.calls[calls:])
+    cached.next_token_top_k = 20
+    cached.llm.llm_engine.model_config.max_logprobs = 5  # an engine built with max_logprobs=5
+    assert len(cached._next_token_logprobs([p])[0]) == 5 and cached.llm.calls[-1][1][0].logprobs == 5

@@ -37,7 +37,8 @@ server answers with an EngineError naming the missing field). One-token continua
 judge's "Yes" / "No" answers) take one request for the prefix instead: greedy, one token, the top 20
 ``logprobs`` of that token named by id (vLLM's ``return_tokens_as_token_ids``); no prompt logprobs, so
 the server may read its prefix cache. A candidate outside those 20, or a server that does not name
-tokens by id, gets its own ``prompt_logprobs`` request.
+tokens by id, gets its own ``prompt_logprobs`` request; a server that refuses the request (a smaller
+``--max-logprobs``) is asked pair by pair from then on.
 
 Engine arguments (``--engine-arg``, ``engines.engine_args``): ``body.FIELD=VALUE`` adds a field to every
 request's JSON body (e.g. ``body.min_p=0.05``, ``body.repetition_penalty=1.1``; the fields above stay
@@ -659,7 +660,17 @@ class OpenAIEngine:
             "logprobs": self.next_token_top_k,
             "return_tokens_as_token_ids": True,
         }
-        choice = self._choice(self.client.call("POST", "/completions", body), "a judged prefix")
+        try:
+            answer = self.client.call("POST", "/completions", body)
+        except EngineUnavailable:
+            raise
+        except EngineError as exc:  # e.g. a server started with a smaller --max-logprobs: HTTP 400
+            log.warning(
+                "the server refused a next-token top-logprobs request (%s); scoring pair by pair", exc
+            )
+            self.next_token_top_k = 0
+            return {}
+        choice = self._choice(answer, "a judged prefix")
         tops = (choice.get("logprobs") or {}).get("top_logprobs") or []
         top = tops[0] if tops and isinstance(tops[0], dict) else {}
         out: dict[int, float] = {}

@@ -289,6 +289,13 @@ def test_candidate_answers_after_one_prefix_are_one_request_for_its_next_token(f
     eng.next_token_top_k = 0  # off: every pair its own request
     fault.requests.clear()
     assert eng.logprobs(pairs[:2]) == [[-7.0], [-8.0]] and len(fault.posts()) == 2
+    eng.next_token_top_k = (
+        20  # a server that refuses 20 top logprobs (--max-logprobs 5): pair by pair from then on
+    )
+    fault.requests.clear()
+    fault.script = [(400, {"error": "requested logprobs 20 > max_logprobs 5"})]
+    assert eng.logprobs(pairs[:2]) == [[-7.0], [-8.0]] and len(fault.posts()) == 3
+    assert eng.next_token_top_k == 0
 
 
 # ------------------------------------------------------------------------------------- a down server in the fleet

@@ -76,6 +76,37 @@ def token_budget(index: int, request: GenerationRequest, max_context: int) -> in
     return min(request.params.max_new_tokens, room)
 
 
+def answer_groups(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]], indices: Sequence[int]
+) -> dict[tuple[int, ...], list[int]]:
+    """The pairs among ``indices`` whose continuation is one token, by prefix, where a prefix has more
+    than one (a judge's candidate answers): engines that can read a prefix's next-token top logprobs in
+    one request score each group so (``read_answers``)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in indices:
+        prefix, cont = pairs[i]
+        if len(cont) == 1:
+            groups.setdefault(tuple(int(t) for t in prefix), []).append(i)
+    return {prefix: members for prefix, members in groups.items() if len(members) > 1}
+
+
+def read_answers(
+    pairs: Sequence[tuple[Sequence[int], Sequence[int]]],
+    groups: dict[tuple[int, ...], list[int]],
+    tops: Sequence[dict[int, float]],
+) -> dict[int, float]:
+    """Pair index -> the logprob of its one continuation token, read from its group's next-token top
+    logprobs ``tops`` (one per group, in ``groups``' order); a token outside its top is left out (the
+    engine scores that pair alone)."""
+    found = {}
+    for members, top in zip(groups.values(), tops, strict=True):
+        for i in members:
+            lp = top.get(int(pairs[i][1][0]))
+            if lp is not None:
+                found[i] = lp
+    return found
+
+
 @runtime_checkable
 class Tokenizer(Protocol):
     eos_token_ids: frozenset[int]

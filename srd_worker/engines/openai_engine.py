@@ -90,6 +90,8 @@ from srd_worker.engines.base import (
     Generation,
     GenerationRequest,
     SamplingParams,
+    answer_groups,
+    read_answers,
     token_budget,
 )
 from srd_worker.errors import ConfigError, EngineError, EngineUnavailable, ModelLoadError
@@ -627,19 +629,12 @@ class OpenAIEngine:
                 raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
             if c:
                 jobs.append(i)
-        answers: dict[tuple[int, ...], list[int]] = {}
-        for i in jobs:
-            p, c = pairs[i]
-            if len(c) == 1 and self.next_token_top_k > 1:
-                answers.setdefault(tuple(int(t) for t in p), []).append(i)
-        grouped = {prefix: members for prefix, members in answers.items() if len(members) > 1}
-        if grouped:
-            found = self._map(self._next_token_logprobs, list(grouped))
-            for members, top in zip(grouped.values(), found, strict=True):
-                for i in members:
-                    lp = top.get(int(pairs[i][1][0]))
-                    if lp is not None:
-                        out[i] = [lp]
+        groups = answer_groups(pairs, jobs) if self.next_token_top_k > 1 else {}
+        if groups:
+            for i, lp in read_answers(
+                pairs, groups, self._map(self._next_token_logprobs, list(groups))
+            ).items():
+                out[i] = [lp]
         todo = [i for i in jobs if not out[i]]  # the rest, and candidates outside the top returned
         for i, values in zip(
             todo, self._map(lambda i: self._prompt_logprobs(pairs[i], i), todo), strict=True

@@ -72,6 +72,8 @@ from srd_worker.engines.base import (
     Generation,
     GenerationRequest,
     SamplingParams,
+    answer_groups,
+    read_answers,
     token_budget,
 )
 from srd_worker.engines.logprob_memo import PrefixLogprobs
@@ -632,18 +634,11 @@ class VLLMEngine:
                 raise EngineError(f"pair {i}: {n} tokens leave no room in the context of {self.max_context}")
             if c:
                 seqs[i] = [int(t) for t in p] + [int(t) for t in c]
-        answers: dict[tuple[int, ...], list[int]] = {}
-        for i in seqs:
-            if len(pairs[i][1]) == 1 and self.next_token_top_k > 1:
-                answers.setdefault(tuple(int(t) for t in pairs[i][0]), []).append(i)
-        grouped = {prefix: members for prefix, members in answers.items() if len(members) > 1}
-        if grouped:  # a judge's answers after one prompt: one request for the prompt's next token
-            for members, top in zip(grouped.values(), self._next_token_logprobs(list(grouped)), strict=True):
-                for i in members:
-                    lp = top.get(int(pairs[i][1][0]))
-                    if lp is not None:
-                        out[i] = [lp]
-                        del seqs[i]
+        groups = answer_groups(pairs, list(seqs)) if self.next_token_top_k > 1 else {}
+        if groups:  # a judge's answers after one prompt: one request for the prompt's next token
+            for i, lp in read_answers(pairs, groups, self._next_token_logprobs(list(groups))).items():
+                out[i] = [lp]
+                del seqs[i]
         todo = list(seqs)  # the rest, and answers outside the top returned
         memo = self._logprob_memo if self.score_from_cache else None
         for reading in (memo, None):  # reading the cache (where there is a memo), then without it
@@ -671,9 +666,8 @@ class VLLMEngine:
         request each, in one call; no prompt logprobs, so vLLM reads its prefix cache as for generation)."""
         k = int(self.next_token_top_k)
         limit = getattr(getattr(self.llm.llm_engine, "model_config", None), "max_logprobs", None)
-        if (
-            isinstance(limit, int) and limit > 0
-        ):  # an engine built with --engine-arg max_logprobs=N (-1: none)
+        # an engine built with --engine-arg max_logprobs=N asks no more (-1: no limit)
+        if isinstance(limit, int) and limit > 0:
             k = min(k, limit)
         params = self._sampling_params_cls(n=1, temperature=0.0, max_tokens=1, logprobs=k, detokenize=False)
         prompts = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prefixes]

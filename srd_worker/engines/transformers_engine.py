@@ -400,6 +400,38 @@ class TransformersEngine:
             layers.append((keys, values))
         return DynamicCache(ddp_cache_data=layers)
 
+    def _padded_inputs(
+        self, seqs: Sequence[Sequence[int]], plan: Sequence[tuple[KVEntry, int] | None]
+    ) -> tuple[Any, Any, Any, Any]:
+        """One padded batch of ``seqs`` whose first L_i tokens come from the prefix store (``plan``: per
+        row (entry, L_i) or None): per row [left pad to the longest L][cached L_i][pad to the longest fed
+        part][fed seq[L_i:]], pads masked out, positions continuing from L_i. Returns the input ids, the
+        attention mask over cache and input, the position ids (on the model's device) and the prefix
+        cache (None when no row has a cached part)."""
+        torch = self._torch
+        lens = [0 if p is None else p[1] for p in plan]
+        lmax, width = max(lens), max(len(s) - cached for s, cached in zip(seqs, lens, strict=True))
+        ids = torch.full((len(seqs), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        for row, (s, cached) in enumerate(zip(seqs, lens, strict=True)):
+            fed = s[cached:]
+            ids[row, width - len(fed) :] = torch.tensor(fed, dtype=torch.long)
+            mask[row, width - len(fed) :] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        if not lmax:
+            return ids, mask, positions, None
+        positions = positions + torch.tensor(lens, device=self.device).unsqueeze(1)
+        past = torch.zeros((len(seqs), lmax), dtype=mask.dtype)
+        for row, cached in enumerate(lens):
+            past[row, lmax - cached :] = 1
+        return (
+            ids,
+            torch.cat([past.to(mask.device), mask], 1),
+            positions,
+            self._padded_prefix_cache(list(plan), lmax),
+        )
+
     def _snapshot(
         self,
         cache: Any,
@@ -451,33 +483,18 @@ class TransformersEngine:
 
         gens = _generators(requests)
 
-        # per row: [left pad to max L][cached L_i][pad to max s][fed suffix s_i]; pads are masked out
         plan = list(prefix) if prefix is not None else [None] * n
         lens = [plan[i][1] if plan[i] is not None else 0 for i in range(n)]  # type: ignore[index]
-        lmax = max(lens[i] for i in active)
-        max_len = max(len(requests[i].prompt_ids) - lens[i] for i in active)
-        pad = tok.pad_token_id
-        ids = torch.full((len(active), max_len), pad, dtype=torch.long)
-        mask = torch.zeros((len(active), max_len), dtype=torch.long)
-        for row, i in enumerate(active):
-            p = requests[i].prompt_ids[lens[i] :]
-            ids[row, max_len - len(p) :] = torch.tensor(p, dtype=torch.long)
-            mask[row, max_len - len(p) :] = 1
-        self.stats.prefill_tokens += int(mask.sum())
+        ids, mask, positions, cache = self._padded_inputs(
+            [requests[i].prompt_ids for i in active], [plan[i] for i in active]
+        )
+        if cache is None:
+            cache = DynamicCache()
+        lmax, max_len = max(lens[i] for i in active), ids.shape[1]
+        self.stats.prefill_tokens += sum(len(requests[i].prompt_ids) - lens[i] for i in active)
         self.stats.reused_tokens += sum(lens[i] for i in active)
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
         # cache columns of row i's fed tokens: the cached part, then the suffix and what it generates
         spans = [(lmax - lens[i], lmax + max_len - len(requests[i].prompt_ids) + lens[i]) for i in range(n)]
-        if lmax:
-            positions = positions + torch.tensor([lens[i] for i in active], device=self.device).unsqueeze(1)
-            cache = self._padded_prefix_cache([plan[i] for i in active], lmax)
-            past = torch.zeros((len(active), lmax), dtype=mask.dtype)
-            for row, i in enumerate(active):
-                past[row, lmax - lens[i] :] = 1
-            mask = torch.cat([past.to(mask.device), mask], 1)
-        else:
-            cache = DynamicCache()
         stop_strings = [r.params.stop for r in requests]
         max_stop = [max((len(s) for s in ss), default=0) for ss in stop_strings]
 
@@ -757,9 +774,8 @@ class TransformersEngine:
             entry, common = self.kv_store.lookup(job.stem)
             if entry is None:
                 continue
-            last = (
-                min(common, len(job.stem)) - 1
-            )  # tokens 0 … last match: logprobs of 1 … last are the entry's
+            # tokens 0 … last match the entry's, so its logprobs of tokens 1 … last hold for the stem
+            last = min(common, len(job.stem)) - 1
             cached = min(common, job.need - 1, len(job.stem) - 1)
             if entry.knows(job.need, last) and last > cached:
                 cached = min(last, len(job.stem) - 1)
@@ -775,39 +791,18 @@ class TransformersEngine:
         from transformers import DynamicCache
 
         real = [j for j in jobs if not j.dummy]
-        fed = [len(j.stem) - j.cached for j in jobs]
-        lmax, width = max(j.cached for j in jobs), max(fed)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.full((len(jobs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(jobs), width), dtype=torch.long)
-        for row, j in enumerate(jobs):
-            ids[row, width - fed[row] :] = torch.tensor(j.stem[j.cached :], dtype=torch.long)
-            mask[row, width - fed[row] :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0) + torch.tensor([j.cached for j in jobs]).unsqueeze(1)
-        if lmax:
-            cache = self._padded_prefix_cache(
-                [(j.entry, j.cached) if j.entry is not None else None for j in jobs], lmax
-            )
-            past = torch.zeros((len(jobs), lmax), dtype=mask.dtype)
-            for row, j in enumerate(jobs):
-                past[row, lmax - j.cached :] = 1
-            mask = torch.cat([past, mask], 1)
-        else:
-            cache = DynamicCache()  # filled, and kept in the prefix store, only where it is used
-        # logits are needed at stem positions need−1 … m−1 (past the cache): right alignment puts them
-        # in the last columns, so the lm_head runs on those only
-        keep = max(len(j.stem) - max(j.cached, j.need - 1) for j in jobs)
+        ids, mask, positions, cache = self._padded_inputs([j.stem for j in jobs], [j.plan for j in jobs])
+        lmax, width = max(j.cached for j in jobs), ids.shape[1]
         store = self.kv_store is not None and self.score_from_cache
-        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True} if (store or lmax) else {}
+        if cache is None and store:  # a cache only where the store keeps what it fills
+            cache = DynamicCache()
+        kwargs: dict[str, Any] = {self._cache_kw: cache, "use_cache": True} if cache is not None else {}
         if self._has_logits_to_keep:
-            kwargs["logits_to_keep"] = keep
+            # logits are needed at stem positions need−1 … m−1 (past the cache): right alignment puts
+            # them in the last columns, so the lm_head runs on those only
+            kwargs["logits_to_keep"] = max(len(j.stem) - max(j.cached, j.need - 1) for j in jobs)
         with torch.inference_mode():
-            logits = self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=positions.to(self.device),
-                **kwargs,
-            ).logits
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **kwargs).logits
             kept = logits.shape[1]
             self.stats.forward_passes += 1
             self.stats.prefill_tokens += sum(len(j.stem) - j.cached for j in real)

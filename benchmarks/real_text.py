@@ -51,6 +51,7 @@ def real_sweep(
     max_new: int,
     chunk: int,
     shard_size: int = 16,
+    pool_n: int | None = None,
 ) -> dict:
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
     return {
@@ -62,7 +63,7 @@ def real_sweep(
         "shard_size": shard_size,  # a crash loses at most the shard in progress
         "seeds": seeds,
         "methods": [
-            {"method": "best_of_n", "n": max(budgets), "params": {"max_new_tokens": max_new}},
+            {"method": "best_of_n", "n": pool_n or max(budgets), "params": {"max_new_tokens": max_new}},
             {"method": "srd", "n": budgets, "params": adaptive},
             {"method": "rejection_sampling", "n": budgets, "params": adaptive},
             {"method": "speculative_rejection", "n": budgets, "params": adaptive},
@@ -255,6 +256,13 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=200)
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--budgets", default="4,8")
+    ap.add_argument(
+        "--pool-n",
+        type=int,
+        default=None,
+        help="Best-of-N's N, whose seeded candidates give sampling, Best-of-k, self-consistency and pass@k "
+        "(default the largest budget; may be larger, e.g. a Best-of-8 pool beside SRD at N = 4)",
+    )
     ap.add_argument("--rewards", default="logprob,judge:qwen2.5-coder-1.5b")
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--engine", default="vllm")
@@ -303,6 +311,7 @@ def main() -> None:
     from srd_worker.testbed.experiment import run_grid
 
     seeds, budgets = _ints(args.seeds), _ints(args.budgets)
+    pool = args.pool_n or max(budgets)
     settings = Settings(device="cpu")
     for reward in [x for x in args.rewards.split(",") if x]:
         sweep = real_sweep(
@@ -316,6 +325,7 @@ def main() -> None:
             max_new=args.max_new_tokens,
             chunk=args.chunk_tokens,
             shard_size=args.shard_size,
+            pool_n=args.pool_n,
         )
         work = Path(args.work) / (
             reward.replace(":", "_")
@@ -352,10 +362,10 @@ def main() -> None:
         png = None if args.no_write else ROOT / "docs" / f"real_text_{slug}.png"
         pool_only = "srd" in without  # a grid of Best-of-N alone: its k-curves
         if pool_only:
-            out = analyse_pool([r for r in runs if r.method == "best_of_n"], budgets)
+            out = analyse_pool([r for r in runs if r.method == "best_of_n"], sorted({*budgets, pool}))
         else:
             title = f"{dataset_name}, {args.model}: accuracy vs generated tokens, reward {reward}"
-            out = analyse(reward, runs, budgets, png, title=title)
+            out = analyse(reward, runs, budgets, png, title=title, pool_n=args.pool_n)
         roc = reward_auroc([r for r in runs if r.method == "best_of_n"])
         setting = (
             f"**Reward `{reward}`**: the first {args.items} {dataset_name} test problems × seeds "
@@ -372,7 +382,7 @@ def main() -> None:
         )
         a = roc["auroc"]
         roc_line = (
-            f"Reward AUROC, correct vs wrong finished responses (Best-of-{max(budgets)}'s candidates: "
+            f"Reward AUROC, correct vs wrong finished responses (Best-of-{pool}'s candidates: "
             f"{roc['responses']} responses of {roc['problems']} problem-seeds, {roc['correct']} correct): "
             + (
                 "n/a"
@@ -401,6 +411,7 @@ def main() -> None:
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
             f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
             f"--shard-size {args.shard_size}"
+            + (f" --pool-n {args.pool_n}" if args.pool_n else "")
             + (f" --without {args.without}" if args.without else "")
             + (f" --tag {args.tag}" if args.tag else "")
             + "`"

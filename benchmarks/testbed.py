@@ -149,16 +149,25 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
 
 
 def analyse(
-    reward: str, runs: list, budgets: list[int], png: Path | None, *, title: str | None = None
+    reward: str,
+    runs: list,
+    budgets: list[int],
+    png: Path | None,
+    *,
+    title: str | None = None,
+    pool_n: int | None = None,
 ) -> dict:
+    """The grid's tables at every N of ``budgets``; Best-of-N's k-curves come from its run at ``pool_n``
+    (default the largest budget), which may be larger than every budget (a Best-of-8 pool beside SRD at N = 4)."""
     from srd_worker.reports.rows import Point, paired_seed_groups, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
     by = {}
     for r in runs:
         by.setdefault((r.method, r.budget), []).append(r)
-    bon = by[("best_of_n", max(budgets))]
-    rows = kcurve_rows(bon, [1, *budgets], oracle=True) + run_rows(
+    pool = pool_n or max(budgets)
+    bon = by[("best_of_n", pool)]
+    rows = kcurve_rows(bon, sorted({1, *budgets, pool}), oracle=True) + run_rows(
         [r for r in runs if r.method != "best_of_n"]
     )
     rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",

@@ -68,3 +68,15 @@ def test_state_snapshot_round_trips_a_store_and_never_overwrites_one(tmp_path):
     finally:
         got.close()
     assert not restore_state(elsewhere, state)  # restored once; never over a store
+
+
+def test_the_best_of_n_pool_can_be_larger_than_every_budget():
+    """--pool-n 8 --budgets 4: Best-of-8's candidates give the k-curves beside SRD and rejection sampling at
+    N = 4; without it, Best-of-N's N is the largest budget (the run ids of an earlier grid stay the same)."""
+    from benchmarks.real_text import real_sweep
+
+    common = dict(reward="logprob", model="m", engine="vllm", items=8, seeds=[0], max_new=64, chunk=16)
+    ns = {m["method"]: m["n"] for m in real_sweep(budgets=[4], pool_n=8, **common)["methods"]}
+    assert ns == {"best_of_n": 8, "srd": [4], "rejection_sampling": [4], "speculative_rejection": [4]}
+    ns = {m["method"]: m["n"] for m in real_sweep(budgets=[4, 8], **common)["methods"]}
+    assert ns["best_of_n"] == 8 and ns["srd"] == [4, 8]

@@ -1,0 +1,279 @@
+"""Rewards for real text compared on the same candidates: a finished Best-of-N run's stored candidates
+re-scored by other rewards (no generation), then for each reward its AUROC for correct vs wrong responses
+and the Best-of-k accuracy it would select, paired against the run's own reward.
+
+    .venv/bin/python benchmarks/reward_rescore.py --store benchmarks/state/real_text/logprob.db.gz \\
+        --rewards arithmetic,judge:qwen2.5-coder-1.5b --items 50 [--run RUN_ID] [--work DIR]
+        [--section NAME] [--no-write]
+
+Every candidate is scored as the methods score a finished response: the task's question and the whole
+response text (cut-off ones included, as Best-of-N ranks them). A judge (``judge:MODEL``) runs on
+``SRDQ_JUDGE_ENGINE`` (default transformers); a reward that reads the policy (``logprob``, ``lm_judge``)
+gets an engine for the run's own model (``--engine``, default transformers). Scores go to
+``--work/scores-<reward>.jsonl`` one problem per line as they are made, so an interrupted re-scoring
+resumes where it stopped. Writes the ``reward-rescore`` section of docs/PERFORMANCE.md (``--section``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._doc import replace_section  # noqa: E402
+from benchmarks.real_text import reward_auroc  # noqa: E402
+
+
+def open_store(store: Path, scratch: Path) -> Path:
+    """The SQLite file of ``store``: a ``srdq.db``, a folder holding one, or a gzipped snapshot
+    (``benchmarks/state/real_text/*.db.gz``, unpacked into ``scratch``)."""
+    if store.is_dir():
+        store = store / "srdq.db"
+    if not store.exists():
+        raise SystemExit(f"--store {store}: no such file")
+    if store.suffix == ".gz":
+        out = scratch / store.name.removesuffix(".gz")
+        with gzip.open(store, "rb") as src, out.open("wb") as dst:
+            shutil.copyfileobj(src, dst)
+        return out
+    return store
+
+
+def load_run(db_file: Path, run_id: str | None) -> Any:
+    """The finished Best-of-N run ``run_id`` (default: the store's only finished best_of_n run)."""
+    import sqlite3
+
+    from srd_worker.reports.loading import load_report_runs
+    from srd_worker.store.db import make_engine, sqlite_url
+
+    with sqlite3.connect(f"file:{db_file}?mode=ro", uri=True) as con:
+        done = [
+            (rid, json.loads(spec or "{}").get("method"))
+            for rid, spec in con.execute("select id, spec from run where status = 'done'")
+        ]
+    if run_id is None:
+        bon = [rid for rid, method in done if method == "best_of_n"]
+        if len(bon) != 1:
+            raise SystemExit(f"{db_file}: {len(bon)} finished best_of_n runs ({bon}); name one with --run")
+        run_id = bon[0]
+    elif run_id not in {rid for rid, _ in done}:
+        raise SystemExit(f"{db_file}: no finished run {run_id!r}; finished: {[rid for rid, _ in done]}")
+    db = make_engine(sqlite_url(db_file))
+    try:
+        return load_report_runs(db, [run_id])[0]
+    finally:
+        db.dispose()
+
+
+def scoreable(records: list[dict], items: int) -> list[dict]:
+    """The first ``items`` records that have candidates and no error (dataset order)."""
+    out = [r for r in records if not r.get("error") and r.get("candidates")]
+    return out[:items]
+
+
+def rescore(
+    records: list[dict], reward: Any, cache: Path, *, progress: bool = True
+) -> tuple[dict[str, dict[int, float]], float]:
+    """``{item_id: {candidate id: score}}`` of every candidate of ``records`` under ``reward`` and the
+    seconds spent scoring (this call and earlier ones, from ``cache``). Scores already in ``cache`` (one
+    JSON line per problem) are reused; new ones are appended as each problem is scored."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    scores: dict[str, dict[int, float]] = {}
+    seconds = 0.0
+    if cache.exists():
+        for line in cache.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                scores[row["item"]] = {int(k): float(v) for k, v in row["scores"].items()}
+                seconds += float(row.get("s", 0.0))
+    todo = [r for r in records if r["item_id"] not in scores]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with cache.open("a", encoding="utf-8") as out, Progress(*columns, disable=not progress) as bar:
+        task = bar.add_task(f"scoring with {reward.name}", total=len(todo))
+        for rec in todo:
+            cands = rec["candidates"]
+            t0 = time.perf_counter()
+            values = reward.score([rec["question"]] * len(cands), [c.get("text") or "" for c in cands])
+            spent = time.perf_counter() - t0
+            seconds += spent
+            row = {int(c["id"]): float(v) for c, v in zip(cands, values, strict=True)}
+            scores[rec["item_id"]] = row
+            out.write(json.dumps({"item": rec["item_id"], "scores": row, "s": round(spent, 3)}) + "\n")
+            out.flush()
+            bar.advance(task)
+    return scores, seconds
+
+
+def with_scores(run: Any, records: list[dict], scores: dict[str, dict[int, float]] | None) -> Any:
+    """A copy of ``run`` holding ``records`` whose candidates carry ``scores`` as their reward (``None``:
+    the run's own rewards)."""
+    from dataclasses import replace
+
+    out = []
+    for rec in records:
+        rec = copy.deepcopy(rec)
+        if scores is not None:
+            row = scores[rec["item_id"]]
+            for c in rec["candidates"]:
+                c["reward"] = row[int(c["id"])]
+        out.append(rec)
+    return replace(run, records=out)
+
+
+def _pct(ci: Any) -> str:
+    return f"{100 * ci.mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
+
+
+def compare(runs: dict[str, Any], base: str, ks: list[int]) -> dict[str, Any]:
+    """Per reward: AUROC with its bootstrap interval, Best-of-k accuracy for each k, and Best-of-k −
+    ``base``'s Best-of-k paired by problem; plus the reward-free rows (sampling, majority@k, pass@k)."""
+    from srd_worker.testbed.experiment import kcurve_rows, paired_values
+
+    rows = {
+        name: {(r.method, r.n): r for r in kcurve_rows([run], [1, *ks], oracle=True)}
+        for name, run in runs.items()
+    }
+    out: dict[str, Any] = {"rewards": {}}
+    for name, run in runs.items():
+        roc = reward_auroc([run])
+        entry: dict[str, Any] = {"auroc": roc}
+        for k in ks:
+            mine = rows[name][("best_of_n", k)]
+            entry[f"best_of_{k}"] = mine.accuracy
+            entry[f"paired_{k}"] = paired_values(mine.values or {}, rows[base][("best_of_n", k)].values or {})
+        out["rewards"][name] = entry
+    ref = rows[base]
+    out["sampling"] = ref[("sampling", 1)].accuracy
+    out["majority"] = {k: ref[("self_consistency", k)].accuracy for k in ks}
+    out["pass"] = {k: ref[("pass@k", k)].accuracy for k in ks}
+    return out
+
+
+def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, float]) -> str:
+    head = "| reward | AUROC correct vs wrong [95% CI] | " + " | ".join(f"Best-of-{k} % [95% CI]" for k in ks)
+    head += " | " + " | ".join(f"Best-of-{k} − `{base}` [95% CI]" for k in ks) + " | scoring time |"
+    lines = [head, "|---|---:|" + "---:|" * (2 * len(ks)) + "---:|"]
+    for name, e in out["rewards"].items():
+        roc = e["auroc"]
+        auc = "n/a" if roc["auroc"] is None else f"{roc['auroc']:.3f} [{roc['low']:.3f}, {roc['high']:.3f}]"
+        cells = [_pct(e[f"best_of_{k}"]) for k in ks]
+        diffs = []
+        for k in ks:
+            p = e[f"paired_{k}"]
+            d = p.diff
+            diffs.append(
+                "—"
+                if name == base
+                else f"{100 * d.mean:+.1f} pts [{100 * d.low:+.1f}, {100 * d.high:+.1f}] "
+                f"({p.wins} / {p.ties} / {p.losses})"
+            )
+        spent = seconds.get(name)
+        lines.append(
+            f"| `{name}` | {auc} | {' | '.join(cells)} | {' | '.join(diffs)} | "
+            + ("(the run's own)" if spent is None else f"{spent / 60:.1f} min")
+            + " |"
+        )
+    refs = [
+        ("one sample (no reward)", {k: out["sampling"] for k in ks}),
+        ("majority vote (no reward)", out["majority"]),
+        ("pass@k (some candidate right)", out["pass"]),
+    ]
+    for label, by_k in refs:
+        lines.append(
+            f"| {label} | — | " + " | ".join(_pct(by_k[k]) for k in ks) + " |" + " — |" * len(ks) + " — |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--store", required=True, help="srdq.db, a folder holding one, or a .db.gz snapshot")
+    ap.add_argument("--run", default=None, help="the finished best_of_n run (default: the store's only one)")
+    ap.add_argument("--rewards", required=True, help="comma-separated reward names (srdq's --reward names)")
+    ap.add_argument("--items", type=int, default=50, help="the first ITEMS problems of the run")
+    ap.add_argument("--ks", default="4,8", help="Best-of-k sizes to compare (at most the run's N)")
+    ap.add_argument("--engine", default="transformers", help="engine for a reward that reads the policy")
+    ap.add_argument("--work", default="/tmp/srdq-reward-rescore", help="score caches (resume)")
+    ap.add_argument("--section", default="reward-rescore")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+
+    from srd_worker.errors import SrdqError
+    from srd_worker.local import close_all
+    from srd_worker.rewards.registry import REWARDS, build_reward, check_reward_name, close_rewards
+    from srd_worker.settings import Settings
+
+    names = [x for x in args.rewards.split(",") if x.strip()]
+    try:
+        for name in names:
+            check_reward_name(name)
+    except SrdqError as exc:
+        raise SystemExit(f"--rewards: {exc}") from None
+    ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    with tempfile.TemporaryDirectory() as scratch:
+        run = load_run(open_store(Path(args.store), Path(scratch)), args.run)
+    n = run.budget or 0
+    if not ks or min(ks) < 2 or max(ks) > n:
+        raise SystemExit(f"--ks {args.ks}: each k must be in 2..{n} (the run's N)")
+    records = scoreable(run.records, args.items)
+    if len(records) < args.items:
+        raise SystemExit(f"the run has {len(records)} scoreable problems, fewer than --items {args.items}")
+    base = str(run.spec.get("reward"))
+    settings = Settings(device="cpu")
+    policy = None
+    runs = {base: with_scores(run, records, None)}
+    seconds: dict[str, float] = {}
+    work = Path(args.work) / run.run_id
+    try:
+        for name in names:
+            if name == base:
+                continue  # the run's own scores are in the store
+            if name in REWARDS and policy is None and name not in ("arithmetic", "none"):
+                from srd_worker.engines.registry import build_engine
+
+                policy = build_engine(args.engine, str(run.spec.get("model")), settings)
+            reward = build_reward(name, policy, settings=settings)
+            if reward is None:
+                raise SystemExit(f"--rewards: {name!r} gives no scores")
+            cache = work / f"scores-{name.replace(':', '_').replace('/', '_')}.jsonl"
+            scores, seconds[name] = rescore(records, reward, cache)
+            runs[name] = with_scores(run, records, scores)
+    finally:
+        close_rewards()
+        close_all([policy] if policy is not None else [])
+    out = compare(runs, base, ks)
+    n_cands = sum(len(r["candidates"]) for r in records)
+    text = "\n".join(
+        [
+            f"The candidates of `{run.run_id}` ({run.spec.get('method')} N = {n}, reward `{base}`, model "
+            f"`{run.spec.get('model')}`, {run.spec.get('dataset')}), the first {len(records)} problems "
+            f"({n_cands} responses, seed {run.spec.get('seed', 0)}), re-scored by each reward; Best-of-k is "
+            "exact over the k-subsets of each problem's candidates, intervals are bootstraps over problems, "
+            "differences are paired by problem (wins / ties / losses). Scoring time on the shared 2-core "
+            "machine.",
+            "",
+            table(out, base, ks, seconds),
+            "",
+            f"Command: `.venv/bin/python benchmarks/reward_rescore.py --store {args.store} --rewards {args.rewards} "
+            f"--items {args.items} --ks {args.ks}`",
+        ]
+    )
+    print(text, flush=True)
+    if not args.no_write:
+        replace_section(ROOT / "docs" / "PERFORMANCE.md", args.section, text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""benchmarks/reward_rescore.py: stored candidates re-scored by another (real, rule-based) reward, scores kept
+per problem so an interrupted re-scoring resumes, and the comparison it prints (AUROC, Best-of-k, paired)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from srd_worker.reports.rows import RunRecords
+from srd_worker.rewards.registry import build_reward
+
+pytestmark = pytest.mark.unit
+
+RIGHT = "2 + 3 = 5, 5 * 4 = 20. The answer is 20."
+WRONG = "2 + 3 = 7. The answer is 28."
+
+
+def _run(n_problems: int) -> RunRecords:
+    """Best-of-4 records whose own reward ranks the wrong candidates first (two right, two wrong each)."""
+    records = []
+    for i in range(n_problems):
+        cands = [
+            {
+                "id": j,
+                "text": text,
+                "reward": reward,
+                "correct": text == RIGHT,
+                "answer": text[-3:-1],
+                "n_tokens": 10,
+            }
+            for j, (text, reward) in enumerate([(WRONG, 0.9), (RIGHT, 0.1), (WRONG, 0.8), (RIGHT, 0.2)])
+        ]
+        records.append({"item_id": f"line-{i}", "question": "What is (2 + 3) * 4?", "candidates": cands})
+    spec = {"method": "best_of_n", "params": {"n": 4}, "reward": "logprob", "seed": 0}
+    return RunRecords("run-x", "best_of_n-gsm8k", spec, "done", n_problems, None, records)
+
+
+class Counting:
+    """The arithmetic reward, counting the responses it is asked to score."""
+
+    def __init__(self) -> None:
+        self.inner = build_reward("arithmetic", None)
+        self.name = self.inner.name
+        self.scored = 0
+
+    def score(self, prompts, responses):
+        self.scored += len(responses)
+        return self.inner.score(prompts, responses)
+
+
+def test_rescoring_resumes_from_its_cache_and_leaves_the_run_alone(tmp_path):
+    from benchmarks.reward_rescore import rescore, scoreable, with_scores
+
+    run = _run(3)
+    cache = tmp_path / "scores-arithmetic.jsonl"
+    reward = Counting()
+    first, _ = rescore(scoreable(run.records, 2), reward, cache, progress=False)
+    assert reward.scored == 8 and len(cache.read_text().splitlines()) == 2
+    assert first["line-0"] == {0: pytest.approx(1 / 3), 1: 0.75, 2: pytest.approx(1 / 3), 3: 0.75}
+    again = Counting()
+    scores, _ = rescore(scoreable(run.records, 3), again, cache, progress=False)
+    assert again.scored == 4  # only the third problem was scored; the first two came from the cache
+    assert scores["line-0"] == first["line-0"] and set(scores) == {"line-0", "line-1", "line-2"}
+    assert [json.loads(x)["item"] for x in cache.read_text().splitlines()] == ["line-0", "line-1", "line-2"]
+
+    rescored = with_scores(run, run.records, scores)
+    assert [c["reward"] for c in rescored.records[0]["candidates"]][1] == 0.75
+    assert run.records[0]["candidates"][1]["reward"] == 0.1  # the run itself is untouched
+
+
+def test_scoreable_skips_errors_and_problems_without_candidates():
+    from benchmarks.reward_rescore import scoreable
+
+    run = _run(3)
+    run.records[0]["error"] = "boom"
+    run.records[1]["candidates"] = []
+    assert [r["item_id"] for r in scoreable(run.records, 5)] == ["line-2"]
+
+
+def test_the_comparison_ranks_a_reward_that_finds_the_right_answers_above_one_that_does_not(tmp_path):
+    from benchmarks.reward_rescore import compare, rescore, table, with_scores
+
+    run = _run(6)
+    scores, _ = rescore(run.records, Counting(), tmp_path / "s.jsonl", progress=False)
+    runs = {
+        "logprob": with_scores(run, run.records, None),
+        "arithmetic": with_scores(run, run.records, scores),
+    }
+    out = compare(runs, "logprob", [2, 4])
+    own, arith = out["rewards"]["logprob"], out["rewards"]["arithmetic"]
+    assert own["auroc"]["auroc"] == 0.0 and arith["auroc"]["auroc"] == 1.0
+    # Best-of-4 by the run's reward takes a wrong candidate, by arithmetic a right one; Best-of-2 over the 6
+    # pairs of 4 candidates: the run's reward is right only when both are right (1 of 6), arithmetic when
+    # either is (5 of 6)
+    assert own["best_of_4"].mean == 0.0 and arith["best_of_4"].mean == 1.0
+    assert own["best_of_2"].mean == pytest.approx(1 / 6) and arith["best_of_2"].mean == pytest.approx(5 / 6)
+    assert arith["paired_4"].diff.mean == pytest.approx(1.0) and arith["paired_4"].wins == 6
+    assert out["sampling"].mean == pytest.approx(0.5) and out["pass"][4].mean == 1.0
+    text = table(out, "logprob", [2, 4], {"arithmetic": 0.0})
+    assert "| `arithmetic` | 1.000 [1.000, 1.000] | 83.3" in text and "+100.0 pts" in text

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,12 @@ def scoreable(records: list[dict], items: int) -> list[dict]:
 
 
 def rescore(
-    records: list[dict], reward: Any, cache: Path, *, progress: bool = True
+    records: list[dict], make_reward: Callable[[], Any], cache: Path, *, progress: bool = True
 ) -> tuple[dict[str, dict[int, float]], float]:
-    """``{item_id: {candidate id: score}}`` of every candidate of ``records`` under ``reward`` and the
-    seconds spent scoring (this call and earlier ones, from ``cache``). Scores already in ``cache`` (one
-    JSON line per problem) are reused; new ones are appended as each problem is scored."""
+    """``{item_id: {candidate id: score}}`` of every candidate of ``records`` under the reward that
+    ``make_reward()`` builds and the seconds spent scoring (this call and earlier ones, from ``cache``).
+    Scores already in ``cache`` (one JSON line per problem) are reused, and the reward (a judge model, say)
+    is built only when some problem has none; new ones are appended as each problem is scored."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     scores: dict[str, dict[int, float]] = {}
@@ -98,6 +100,9 @@ def rescore(
                 scores[row["item"]] = {int(k): float(v) for k, v in row["scores"].items()}
                 seconds += float(row.get("s", 0.0))
     todo = [r for r in records if r["item_id"] not in scores]
+    if not todo:
+        return scores, seconds
+    reward = make_reward()
     cache.parent.mkdir(parents=True, exist_ok=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with cache.open("a", encoding="utf-8") as out, Progress(*columns, disable=not progress) as bar:
@@ -240,15 +245,19 @@ def main() -> None:
         for name in names:
             if name == base:
                 continue  # the run's own scores are in the store
-            if name in REWARDS and policy is None and name not in ("arithmetic", "none"):
-                from srd_worker.engines.registry import build_engine
+            if name == "none":
+                raise SystemExit("--rewards: 'none' gives no scores")
 
-                policy = build_engine(args.engine, str(run.spec.get("model")), settings)
-            reward = build_reward(name, policy, settings=settings)
-            if reward is None:
-                raise SystemExit(f"--rewards: {name!r} gives no scores")
+            def make(name: str = name) -> Any:
+                nonlocal policy
+                if name in REWARDS and policy is None and name != "arithmetic":  # it reads the policy
+                    from srd_worker.engines.registry import build_engine
+
+                    policy = build_engine(args.engine, str(run.spec.get("model")), settings)
+                return build_reward(name, policy, settings=settings)
+
             cache = work / f"scores-{name.replace(':', '_').replace('/', '_')}.jsonl"
-            scores, seconds[name] = rescore(records, reward, cache)
+            scores, seconds[name] = rescore(records, make, cache)
             runs[name] = with_scores(run, records, scores)
     finally:
         close_rewards()

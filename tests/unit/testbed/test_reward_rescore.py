@@ -55,14 +55,20 @@ def test_rescoring_resumes_from_its_cache_and_leaves_the_run_alone(tmp_path):
     run = _run(3)
     cache = tmp_path / "scores-arithmetic.jsonl"
     reward = Counting()
-    first, _ = rescore(scoreable(run.records, 2), reward, cache, progress=False)
+    first, _ = rescore(scoreable(run.records, 2), lambda: reward, cache, progress=False)
     assert reward.scored == 8 and len(cache.read_text().splitlines()) == 2
     assert first["line-0"] == {0: pytest.approx(1 / 3), 1: 0.75, 2: pytest.approx(1 / 3), 3: 0.75}
     again = Counting()
-    scores, _ = rescore(scoreable(run.records, 3), again, cache, progress=False)
+    scores, _ = rescore(scoreable(run.records, 3), lambda: again, cache, progress=False)
     assert again.scored == 4  # only the third problem was scored; the first two came from the cache
     assert scores["line-0"] == first["line-0"] and set(scores) == {"line-0", "line-1", "line-2"}
     assert [json.loads(x)["item"] for x in cache.read_text().splitlines()] == ["line-0", "line-1", "line-2"]
+
+    def unbuildable():
+        raise AssertionError("every score is cached: the reward (a judge model, say) must not be built")
+
+    cached, _ = rescore(scoreable(run.records, 3), unbuildable, cache, progress=False)
+    assert cached == scores
 
     rescored = with_scores(run, run.records, scores)
     assert [c["reward"] for c in rescored.records[0]["candidates"]][1] == 0.75
@@ -82,7 +88,7 @@ def test_the_comparison_ranks_a_reward_that_finds_the_right_answers_above_one_th
     from benchmarks.reward_rescore import compare, rescore, table, with_scores
 
     run = _run(6)
-    scores, _ = rescore(run.records, Counting(), tmp_path / "s.jsonl", progress=False)
+    scores, _ = rescore(run.records, Counting, tmp_path / "s.jsonl", progress=False)
     runs = {
         "logprob": with_scores(run, run.records, None),
         "arithmetic": with_scores(run, run.records, scores),

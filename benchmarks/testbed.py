@@ -167,9 +167,12 @@ def analyse(
         by.setdefault((r.method, r.budget), []).append(r)
     pool = pool_n or max(budgets)
     bon = by[("best_of_n", pool)]
-    rows = kcurve_rows(bon, sorted({1, *budgets, pool}), oracle=True) + run_rows(
-        [r for r in runs if r.method != "best_of_n"]
+    # a pool larger than the budgets also gives Best-of-k at the powers of two below it, so the adaptive
+    # methods' token counts fall between selectors' points on the frontier
+    ks = {1, *budgets, pool} | (
+        {2**i for i in range(1, pool.bit_length()) if 2**i < pool} if pool_n else set()
     )
+    rows = kcurve_rows(bon, sorted(ks), oracle=True) + run_rows([r for r in runs if r.method != "best_of_n"])
     rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",
                               "speculative_rejection", "srd", "pass@k"].index(r.method), r.n))  # fmt: skip
     if png is not None:
@@ -194,8 +197,9 @@ def analyse(
     coupled = ["| N | items × seeds | mean R_max SRD | mean R_max RS | Δ_n [95% CI] | wins / ties / losses "
                "| refinements improved |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses | McNemar p "
-              "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] |",
-              "|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+              "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] "
+              "| SRD − Best-of-k at ≤ SRD's tokens [95% CI] |",
+              "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in budgets:
         srd, rs = by[("srd", n)], by.get(("rejection_sampling", n))  # a grid may leave RS out
         row = routing_row(_pooled(srd))
@@ -225,9 +229,20 @@ def analyse(
         d = p_bon.diff
         # self-consistency and Best-of-N at the same k come from the same candidates: a paired difference
         sc = paired_values(tok[("self_consistency", n)].values or {}, bo.values or {}).diff
+        # compute-matched: the largest Best-of-k of the k-curve that generated no more tokens than SRD
+        cheaper = [
+            r
+            for r in rows
+            if r.method == "best_of_n" and t_srd and r.tokens.mean is not None and r.tokens.mean <= t_srd
+        ]
+        matched = "n/a (every Best-of-k costs more)"
+        if cheaper:
+            k_row = max(cheaper, key=lambda r: r.n)
+            p_k = paired_values(correctness(srd), k_row.values or {})
+            matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({p_k.wins} / {p_k.ties} / {p_k.losses})"
         paired.append(
             f"| {n} | {_pts(d)} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "
-            f"| {_f(ratio, 2)} | {_pts(sc)} |"
+            f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} |"
         )
     return {
         "rows": [r.to_dict() for r in rows],

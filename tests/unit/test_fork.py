@@ -48,6 +48,16 @@ DETERMINISTIC = {
 }
 
 
+def last_round(out: Path, run_id: str) -> int:
+    """The furthest round any shard of ``run_id`` reached (what ``srdq fork --at-round`` checks against)."""
+    db = make_engine(sqlite_url(out / "srdq.db"))
+    try:
+        with session_scope(db) as session:
+            return max(s.round for s in crud.list_shards(session=session, run_id=run_id))
+    finally:
+        db.dispose()
+
+
 @pytest.fixture(scope="module")
 def settings() -> Settings:
     return Settings(kv_reuse=False, dtype="float32", device="cpu", score_cache=False)
@@ -253,12 +263,7 @@ def test_a_change_that_would_invalidate_the_shared_prefix_is_refused(forked, set
 def test_a_round_beyond_the_parent_is_refused(forked, args, expected) -> None:
     out, parent_id, _ = forked
     # the parent's last round depends on the CPU's numerics (its dtype and kernels): read it from the store
-    db = make_engine(sqlite_url(out / "srdq.db"))
-    try:
-        with session_scope(db) as session:
-            furthest = max(s.round for s in crud.list_shards(session=session, run_id=parent_id))
-    finally:
-        db.dispose()
+    furthest = last_round(out, parent_id)
     assert 2 < furthest < 99  # the fork at round 2 was inside the parent, round 99 is beyond it
     expected = expected.format(furthest=furthest)
     before = run_ids(out)

@@ -225,7 +225,8 @@ def analyse(
             )
         bo = tok[("best_of_n", n)]
         ratio = t_srd / bo.tokens.mean if t_srd and bo.tokens.mean else None
-        p_bon = paired_values(correctness(srd), bo.values or {})
+        srd_correct = correctness(srd)
+        p_bon = paired_values(srd_correct, bo.values or {})
         d = p_bon.diff
         # self-consistency and Best-of-N at the same k come from the same candidates: a paired difference
         sc = paired_values(tok[("self_consistency", n)].values or {}, bo.values or {}).diff
@@ -238,7 +239,7 @@ def analyse(
         matched = "n/a (every Best-of-k costs more)"
         if cheaper:
             k_row = max(cheaper, key=lambda r: r.n)
-            p_k = paired_values(correctness(srd), k_row.values or {})
+            p_k = paired_values(srd_correct, k_row.values or {})
             matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({p_k.wins} / {p_k.ties} / {p_k.losses})"
         paired.append(
             f"| {n} | {_pts(d)} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "

@@ -148,6 +148,17 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     }
 
 
+def _paired_vs(srd: list, other: list | None) -> str:
+    """SRD's accuracy minus another adaptive method's at the same N, paired by problem then seed (the
+    methods' runs share problems and seeds); ``n/a`` where the grid left that method out."""
+    if not other:
+        return "n/a (not run)"
+    from srd_worker.reports.rows import paired_seed_groups
+
+    _, p, _ = paired_seed_groups(srd, other, metric="accuracy")
+    return f"{100 * (p.diff.mean or 0):+.1f} pts [{100 * (p.diff.low or 0):+.1f}, {100 * (p.diff.high or 0):+.1f}]"
+
+
 def analyse(
     reward: str,
     runs: list,
@@ -159,7 +170,7 @@ def analyse(
 ) -> dict:
     """The grid's tables at every N of ``budgets``; Best-of-N's k-curves come from its run at ``pool_n``
     (default the largest budget), which may be larger than every budget (a Best-of-8 pool beside SRD at N = 4)."""
-    from srd_worker.reports.rows import Point, paired_seed_groups, routing_row
+    from srd_worker.reports.rows import Point, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
     by = {}
@@ -198,20 +209,14 @@ def analyse(
                "| refinements improved |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses | McNemar p "
               "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] "
-              "| SRD − Best-of-k at ≤ SRD's tokens [95% CI] |",
-              "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+              "| SRD − Best-of-k at ≤ SRD's tokens [95% CI] | SRD − Speculative Rejection [95% CI] |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in budgets:
         srd, rs = by[("srd", n)], by.get(("rejection_sampling", n))  # a grid may leave RS out
         row = routing_row(_pooled(srd))
         t_srd = tok[("srd", n)].tokens.mean
         t_rs = tok[("rejection_sampling", n)].tokens.mean if rs else None
-        vs_rs = "n/a (not run)"
-        if rs:
-            _, p_rs, _ = paired_seed_groups(srd, rs, metric="accuracy")
-            vs_rs = (
-                f"{100 * (p_rs.diff.mean or 0):+.1f} pts [{100 * (p_rs.diff.low or 0):+.1f}, "
-                f"{100 * (p_rs.diff.high or 0):+.1f}]"
-            )
+        vs_rs, vs_sr = _paired_vs(srd, rs), _paired_vs(srd, by.get(("speculative_rejection", n)))
         if row is not None:
             routing.append(
                 f"| {n} | {row.events} | {_f(row.p_h)} | {_f(row.p_m)} | {_f(row.p_l)} | {row.refinements} "
@@ -243,7 +248,7 @@ def analyse(
             matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({p_k.wins} / {p_k.ties} / {p_k.losses})"
         paired.append(
             f"| {n} | {_pts(d)} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "
-            f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} |"
+            f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} | {vs_sr} |"
         )
     return {
         "rows": [r.to_dict() for r in rows],

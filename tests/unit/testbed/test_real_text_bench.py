@@ -80,3 +80,20 @@ def test_the_best_of_n_pool_can_be_larger_than_every_budget():
     assert ns == {"best_of_n": 8, "srd": [4], "rejection_sampling": [4], "speculative_rejection": [4]}
     ns = {m["method"]: m["n"] for m in real_sweep(budgets=[4, 8], **common)["methods"]}
     assert ns["best_of_n"] == 8 and ns["srd"] == [4, 8]
+
+
+def test_srd_is_paired_against_speculative_rejection_by_problem_and_seed():
+    """The paired table's SRD − Speculative Rejection column: accuracy differences over the problems both
+    runs hold (a problem only one side has is left out), and n/a where the grid left the method out."""
+    from benchmarks.testbed import _paired_vs
+
+    def run(method, correct):
+        records = [{"item_id": f"p{i}", "correct": c} for i, c in enumerate(correct)]
+        return SimpleNamespace(spec={"method": method, "n": 4, "seed": 0}, records=records)
+
+    srd = [run("srd", [True, True, True, False, True])]
+    other = [run("speculative_rejection", [True, False, False, False])]  # p4 missing: not paired
+    # 2 wins, 2 ties over the 4 shared problems: +50 points
+    assert _paired_vs(srd, other).startswith("+50.0 pts [")
+    assert _paired_vs(other, srd).startswith("-50.0 pts [")
+    assert _paired_vs(srd, None) == "n/a (not run)" and _paired_vs(srd, []) == "n/a (not run)"

@@ -52,8 +52,16 @@ def real_sweep(
     chunk: int,
     shard_size: int = 16,
     pool_n: int | None = None,
+    search_n: list[int] | None = None,
 ) -> dict:
+    """The grid's sweep. ``search_n`` adds step-level beam search and DVTS at those N (M = 4, a step ends at
+    a blank line or after ``chunk`` tokens); left out by default, so an earlier grid's sweep is unchanged."""
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
+    search = [
+        {"method": m, "n": search_n, "params": {**adaptive, "beam_width": 4}}
+        for m in ("beam_search", "dvts")
+        if search_n
+    ]
     return {
         "dataset": dataset,
         "model": model,
@@ -67,6 +75,7 @@ def real_sweep(
             {"method": "srd", "n": budgets, "params": adaptive},
             {"method": "rejection_sampling", "n": budgets, "params": adaptive},
             {"method": "speculative_rejection", "n": budgets, "params": adaptive},
+            *search,
         ],
     }
 
@@ -263,6 +272,12 @@ def main() -> None:
         help="Best-of-N's N, whose seeded candidates give sampling, Best-of-k, self-consistency and pass@k "
         "(default the largest budget; may be larger, e.g. a Best-of-8 pool beside SRD at N = 4)",
     )
+    ap.add_argument(
+        "--search-n",
+        default="",
+        help="also run step-level beam search and DVTS at these N (e.g. 8; M = 4, a step ends at a blank "
+        "line or after --chunk-tokens tokens, scored by the reward); left out by default",
+    )
     ap.add_argument("--rewards", default="logprob,judge:qwen2.5-coder-1.5b")
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--engine", default="vllm")
@@ -326,6 +341,7 @@ def main() -> None:
             chunk=args.chunk_tokens,
             shard_size=args.shard_size,
             pool_n=args.pool_n,
+            search_n=_ints(args.search_n) or None,
         )
         work = Path(args.work) / (
             reward.replace(":", "_")
@@ -372,7 +388,14 @@ def main() -> None:
             f"{', '.join(map(str, seeds))}; policy `{args.model}` on the `{args.engine}` engine, "
             f"max_new_tokens {args.max_new_tokens}, Δ = chunk_tokens {args.chunk_tokens} for the adaptive "
             f"methods, T 0.8 / top-p 0.9 / top-k 50, method defaults otherwise (SRD θ_high 0.5, θ_low 0.3; "
-            f"rejection sampling rank variant θ 0.5; Speculative Rejection α 0.5). "
+            f"rejection sampling rank variant θ 0.5; Speculative Rejection α 0.5"
+            + (
+                f"; beam search and DVTS M = 4, a step ending at a blank line or after {args.chunk_tokens} "
+                "tokens, a beam's score its last step's"
+                if args.search_n
+                else ""
+            )
+            + "). "
             + (
                 f"Wall time of this grid on the shared 2-core machine (runs reused from an earlier "
                 f"invocation count nothing): {wall / 60:.0f} min."
@@ -412,6 +435,7 @@ def main() -> None:
             f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
             f"--shard-size {args.shard_size}"
             + (f" --pool-n {args.pool_n}" if args.pool_n else "")
+            + (f" --search-n {args.search_n}" if args.search_n else "")
             + (f" --without {args.without}" if args.without else "")
             + (f" --tag {args.tag}" if args.tag else "")
             + "`"

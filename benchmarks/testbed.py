@@ -185,7 +185,7 @@ def analyse(
     )
     rows = kcurve_rows(bon, sorted(ks), oracle=True) + run_rows([r for r in runs if r.method != "best_of_n"])
     rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",
-                              "speculative_rejection", "srd", "pass@k"].index(r.method), r.n))  # fmt: skip
+                              "speculative_rejection", "srd", "beam_search", "dvts", "pass@k"].index(r.method), r.n))  # fmt: skip
     if png is not None:
         from srd_worker.reports.plots import plot_frontier
 

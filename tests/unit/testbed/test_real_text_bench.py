@@ -97,3 +97,29 @@ def test_srd_is_paired_against_speculative_rejection_by_problem_and_seed():
     assert _paired_vs(srd, other).startswith("+50.0 pts [")
     assert _paired_vs(other, srd).startswith("-50.0 pts [")
     assert _paired_vs(srd, None) == "n/a (not run)" and _paired_vs(srd, []) == "n/a (not run)"
+
+
+def test_beam_search_and_dvts_join_the_grid_only_when_asked():
+    """--search-n 8 adds step-level beam search and DVTS at N = 8 (M = 4, the reward scoring each step), and
+    the sweep validates; without it the grid, and so every run id, is the one earlier sessions ran."""
+    from benchmarks.real_text import real_sweep
+    from srd_worker.sweep import parse_sweep, prepare_sweep
+    from srd_worker.testbed.experiment import grid_settings
+
+    common = dict(
+        reward="arithmetic", model="tiny", engine="transformers", items=4, seeds=[0], max_new=64, chunk=16
+    )
+    plain = real_sweep(budgets=[4], **common)
+    searched = real_sweep(budgets=[4], search_n=[8], **common)
+    assert [m["method"] for m in searched["methods"]] == [m["method"] for m in plain["methods"]] + [
+        "beam_search",
+        "dvts",
+    ]
+    assert searched["methods"][:4] == plain["methods"]
+    for m in searched["methods"][4:]:
+        assert m["n"] == [8] and m["params"] == {"max_new_tokens": 64, "chunk_tokens": 16, "beam_width": 4}
+    _, prepared = prepare_sweep(parse_sweep(searched), settings=grid_settings(None))
+    _, before = prepare_sweep(parse_sweep(plain), settings=grid_settings(None))
+    ids = {p.spec.method: p.spec.run_id() for p in prepared}
+    assert set(ids) >= {"beam_search", "dvts"}
+    assert {p.spec.run_id() for p in before} <= {p.spec.run_id() for p in prepared}

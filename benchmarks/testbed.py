@@ -148,6 +148,24 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     }
 
 
+def refined_answers(runs: list) -> str:
+    """How often SRD's answer (the candidate ``extra.chosen`` names) is a trajectory whose suffix was
+    regenerated, and how many of those answers are right: ``k of n (r right)`` over problem-seeds. A
+    refinement that raises the reward but never becomes the answer cannot change accuracy."""
+    chosen = right = total = 0
+    for run in runs:
+        for rec in run.records:
+            pick = (rec.get("extra") or {}).get("chosen")
+            if pick is None:
+                continue
+            total += 1
+            cand = next((c for c in rec.get("candidates") or [] if c.get("id") == pick), None)
+            if cand is not None and cand.get("refined"):
+                chosen += 1
+                right += bool(rec.get("correct"))
+    return f"{chosen} of {total} ({right} right)"
+
+
 def _paired_vs(srd: list, other: list | None) -> str:
     """SRD's accuracy minus another adaptive method's at the same N, paired by problem then seed (the
     methods' runs share problems and seeds); ``n/a`` where the grid left that method out."""
@@ -203,8 +221,8 @@ def analyse(
         )
     tok = {(r.method, r.n): r for r in rows}
     routing = ["| N | events | p̂_H | p̂_M | p̂_L | refinements | ρ̂ | formula 1 + ρ̂·p̂_M/p̂_H "
-               "| measured tokens RS / SRD | measured accuracy SRD − RS |",
-               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+               "| measured tokens RS / SRD | measured accuracy SRD − RS | answers from a refinement (right) |",
+               "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     coupled = ["| N | items × seeds | mean R_max SRD | mean R_max RS | Δ_n [95% CI] | wins / ties / losses "
                "| refinements improved |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses | McNemar p "
@@ -220,7 +238,8 @@ def analyse(
         if row is not None:
             routing.append(
                 f"| {n} | {row.events} | {_f(row.p_h)} | {_f(row.p_m)} | {_f(row.p_l)} | {row.refinements} "
-                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(t_rs / t_srd if t_rs and t_srd else None)} | {vs_rs} |"
+                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(t_rs / t_srd if t_rs and t_srd else None)} | {vs_rs} "
+                f"| {refined_answers(srd)} |"
             )
         if rs:
             c = coupled_cells(srd, rs)

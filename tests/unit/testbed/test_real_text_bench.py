@@ -123,3 +123,22 @@ def test_beam_search_and_dvts_join_the_grid_only_when_asked():
     ids = {p.spec.method: p.spec.run_id() for p in prepared}
     assert set(ids) >= {"beam_search", "dvts"}
     assert {p.spec.run_id() for p in before} <= {p.spec.run_id() for p in prepared}
+
+
+def test_refined_answers_counts_the_chosen_candidate_only():
+    """SRD's answer from a refinement: the candidate extra.chosen names must be the refined one (a refined
+    candidate beside an unrefined answer does not count); records without a choice are left out."""
+    from benchmarks.testbed import refined_answers
+
+    def rec(chosen, refined_ids, correct):
+        cands = [{"id": i, "refined": i in refined_ids} for i in range(3)]
+        return {"extra": {"chosen": chosen}, "candidates": cands, "correct": correct}
+
+    runs = [
+        SimpleNamespace(records=[rec(1, {1}, True), rec(0, {2}, True), rec(2, {2}, False)]),
+        SimpleNamespace(
+            records=[rec(0, {0}, True), {"extra": {"chosen": None}, "candidates": [], "correct": False}]
+        ),
+    ]
+    assert refined_answers(runs) == "3 of 4 (2 right)"
+    assert refined_answers([]) == "0 of 0 (0 right)"

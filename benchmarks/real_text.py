@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.testbed import analyse, collect  # noqa: E402
+from benchmarks.testbed import _pts, analyse, collect  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:
@@ -252,11 +252,6 @@ def component_text(runs: list) -> list[str]:
         component_tokens_table(rows),
         "",
     ]
-
-
-def _pts(d: object) -> str:
-    mean, low, high = (100 * (getattr(d, k) or 0) for k in ("mean", "low", "high"))
-    return f"{mean:+.1f} pts [{low:+.1f}, {high:+.1f}]"
 
 
 def main() -> None:

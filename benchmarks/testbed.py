@@ -174,7 +174,7 @@ def _paired_vs(srd: list, other: list | None) -> str:
     from srd_worker.reports.rows import paired_seed_groups
 
     _, p, _ = paired_seed_groups(srd, other, metric="accuracy")
-    return f"{100 * (p.diff.mean or 0):+.1f} pts [{100 * (p.diff.low or 0):+.1f}, {100 * (p.diff.high or 0):+.1f}]"
+    return _pts(p.diff)
 
 
 def analyse(

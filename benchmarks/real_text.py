@@ -57,11 +57,14 @@ def real_sweep(
     """The grid's sweep. ``search_n`` adds step-level beam search and DVTS at those N (M = 4, a step ends at
     a blank line or after ``chunk`` tokens); left out by default, so an earlier grid's sweep is unchanged."""
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
-    search = [
-        {"method": m, "n": search_n, "params": {**adaptive, "beam_width": 4}}
-        for m in ("beam_search", "dvts")
+    search = (
+        [
+            {"method": m, "n": search_n, "params": {**adaptive, "beam_width": 4}}
+            for m in ("beam_search", "dvts")
+        ]
         if search_n
-    ]
+        else []
+    )
     return {
         "dataset": dataset,
         "model": model,

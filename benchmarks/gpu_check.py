@@ -5,10 +5,14 @@ Llama-3.1-8B (hidden 4096, 32 layers, 32 heads, 8 KV heads, intermediate 14336, 
 bfloat16 directly on the GPU, and measures
 
 1. generation: ``TransformersEngine.generate`` tokens/s and peak GPU memory
-   (``torch.cuda.max_memory_allocated``) at batch sizes 1, 8, 32, 64; each request has a 256-token random
-   prompt and samples exactly 128 new tokens (fixed seeds; Best-of-N's sampling defaults: temperature 0.8,
-   top-k 50, top-p 0.9; EOS is one id among 128256 and is not expected within 128 draws from random weights,
-   and the table reports the tokens actually generated); the time includes the prefill;
+   (``torch.cuda.max_memory_allocated``) at batch sizes 1, 8, 32, 64, in two engine modes side by side:
+   ``padded`` (srdq's default settings: one left-padded batch per call, the prefix KV store on) and
+   ``invariant`` (the deterministic mode: batch-invariant forward passes of exactly 4 rows, no KV reuse),
+   beside transformers' own ``model.generate`` (``library``) as a reference for the engine's loop;
+   each request has a 256-token random prompt and samples exactly 128 new tokens (fixed seeds; Best-of-N's
+   sampling defaults: temperature 0.8, top-k 50, top-p 0.9; EOS is one id among 128256 and is not expected
+   within 128 draws from random weights, and the table reports the tokens actually generated); the time
+   includes the prefill;
 2. reward scoring: ``HFOutcomeReward.score_ids`` (the ``hf-orm`` adapter's batched path, a
    sequence-classification head with one label on the same 8B shape) in sequences/s and peak memory at a
    few batch sizes, 512-token inputs, one batch per call.
@@ -17,7 +21,8 @@ The generator is freed before the reward model is built, so each peak is one mod
 writes it into docs/PERFORMANCE.md between the gpu-check markers (``--no-write`` to print only).
 On a machine without CUDA it prints why and exits with status 2, writing nothing.
 
-    python benchmarks/gpu_check.py [--batch-sizes 1,8,32,64] [--reward-batch-sizes 1,8,32] [--no-write]
+    python benchmarks/gpu_check.py [--batch-sizes 1,8,32,64] [--modes padded,invariant,library]
+                                   [--reward-batch-sizes 1,8,32] [--no-write]
 
 Takes about 2-4 minutes on one H100/H200-class GPU (most of it building the random 8B weights twice).
 """
@@ -29,6 +34,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,6 +66,22 @@ class IdTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         return " ".join(str(int(t)) for t in ids)
+
+
+#: The engine modes measured side by side (README, *Engine modes*): the keyword arguments of each.
+MODES = {
+    "padded": dict(batch_invariant=False, kv_reuse=True),
+    "invariant": dict(batch_invariant=True, invariant_rows=4, kv_reuse=False),
+    "library": {},  # transformers' own model.generate, for reference
+}
+MODE_TEXT = {
+    "padded": "`padded` is srdq's default (`SRDQ_BATCH_INVARIANT=false`, `SRDQ_KV_REUSE=true`): one left-padded "
+    "batch per call, each finished row's keys and values kept in the prefix store",
+    "invariant": "`invariant` is the deterministic mode (`SRDQ_DETERMINISTIC=true`): forward passes of exactly "
+    "4 rows, so a batch of 64 is 16 passes one after another, and no KV reuse",
+    "library": "`library` is transformers' own `model.generate` on the same prompts and sampling settings "
+    "(not an srdq path; a reference for the engine's own loop)",
+}
 
 
 def _ints(text: str) -> list[int]:
@@ -99,6 +121,19 @@ def build_random(auto_cls, config, device: str, dtype):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch-sizes", default="1,8,32,64")
+    ap.add_argument(
+        "--invariant-batch-sizes",
+        default="",
+        help="batch sizes of the invariant mode (default --batch-sizes; its passes of 4 rows run one after "
+        "another, so large batches take long)",
+    )
+    ap.add_argument(
+        "--modes",
+        default="padded,invariant,library",
+        help="engine modes to measure: padded (srdq's default: one padded batch, prefix KV store on), "
+        "invariant (the deterministic mode: batch-invariant passes of 4 rows, no KV reuse) and library "
+        "(transformers' own model.generate, for reference)",
+    )
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--reward-batch-sizes", default="1,8,32")
@@ -159,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         return f"{torch.cuda.max_memory_allocated() / 2**30:.1f}" if device == "cuda" else "n/a"
 
     batch_sizes, reward_sizes = _ints(args.batch_sizes), _ints(args.reward_batch_sizes)
+    invariant_sizes = _ints(args.invariant_batch_sizes) or batch_sizes
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        ap.error(f"--modes: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(MODES)}")
     max_pos = max(args.prompt_tokens + args.new_tokens, args.reward_tokens) + 8
     gen = torch.Generator().manual_seed(1234)
     vocab = shape["vocab_size"]
@@ -168,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
     model = build_random(AutoModelForCausalLM, build_config("lm", shape, max_pos), device, dtype)
     build_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in model.parameters())
-    engine = TransformersEngine(model, IdTokenizer(), max_batch_size=max(batch_sizes))
 
     def requests(bs: int, new: int) -> list[GenerationRequest]:
         out = []
@@ -182,20 +221,58 @@ def main(argv: list[str] | None = None) -> int:
             )
         return out
 
-    engine.generate(requests(2, 4))  # warm-up: kernels, allocator
+    def library_generate(lm: Any, reqs: list[GenerationRequest]) -> int:
+        """transformers' own ``model.generate`` on the same prompts and sampling settings (a reference
+        loop, not an srdq path): the prompts are of one length, so no padding; returns the new tokens."""
+        ids = torch.tensor([list(r.prompt_ids) for r in reqs], device=device)
+        out = lm.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=0.8,
+            top_k=50,
+            top_p=0.9,
+            max_new_tokens=reqs[0].params.max_new_tokens,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+        )
+        return int((out[:, ids.shape[1] :] != PAD_ID).sum())
+
     gen_rows = []
-    for bs in batch_sizes:
-        reqs = requests(bs, args.new_tokens)
-        reset_peak()
-        sync()
-        t = time.perf_counter()
-        outs = engine.generate(reqs)
-        sync()
-        dt = time.perf_counter() - t
-        tokens = sum(len(g.token_ids) for g in outs)
-        gen_rows.append((bs, tokens, dt, tokens / dt, dt / args.new_tokens * 1000, peak_gib()))
-        print(f"generate bs={bs}: {tokens} tokens in {dt:.2f}s", file=sys.stderr)
-    del engine, model
+    for mode in modes:
+        if mode == "library":
+            engine = None
+            library_generate(model, requests(2, 4))  # warm-up
+        else:
+            engine = TransformersEngine(model, IdTokenizer(), max_batch_size=max(batch_sizes), **MODES[mode])
+            engine.generate(requests(2, 4))  # warm-up: kernels, allocator
+        for bs in invariant_sizes if mode == "invariant" else batch_sizes:
+            reqs = requests(bs, args.new_tokens)
+            walls = []
+            for _ in range(2):  # the first call also builds the kernels and attention plans of its shapes
+                if engine is not None:
+                    engine.close()  # an empty prefix store: every row is a fresh prompt
+                reset_peak()
+                sync()
+                t = time.perf_counter()
+                if engine is None:
+                    tokens = library_generate(model, reqs)
+                else:
+                    tokens = sum(len(g.token_ids) for g in engine.generate(reqs))
+                sync()
+                walls.append(time.perf_counter() - t)
+            cold, dt = walls
+            print(
+                f"generate {mode} bs={bs}: {tokens} tokens in {dt:.2f}s (first call {cold:.2f}s)",
+                file=sys.stderr,
+            )
+            gen_rows.append(
+                (mode, bs, tokens, cold, dt, tokens / dt, dt / args.new_tokens * 1000, peak_gib())
+            )
+        if engine is not None:
+            engine.close()
+        del engine
+    del model
     if device == "cuda":
         torch.cuda.empty_cache()
 
@@ -233,14 +310,17 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Generation (transformers engine, one `generate` call per row: {args.prompt_tokens}-token prompts, "
         f"{args.new_tokens} new tokens each, temperature 0.8, top-k 50, top-p 0.9, fixed seeds; time includes "
-        "the prefill):",
+        "the prefill; each row is the second of two identical calls, the first, timed as *first call*, also "
+        "builds the kernels and attention plans of its shapes):",
         "",
-        "| batch | generated tokens | wall s | tokens/s | ms per step | peak GiB |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| mode | batch | generated tokens | first call s | wall s | tokens/s | ms per step | peak GiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         *[
-            f"| {bs} | {tok} | {dt:.2f} | {tps:.0f} | {ms:.1f} | {pk} |"
-            for bs, tok, dt, tps, ms, pk in gen_rows
+            f"| {mode} | {bs} | {tok} | {cold:.2f} | {dt:.2f} | {tps:.0f} | {ms:.1f} | {pk} |"
+            for mode, bs, tok, cold, dt, tps, ms, pk in gen_rows
         ],
+        "",
+        "Modes: " + "; ".join(MODE_TEXT[m] for m in modes) + ".",
         "",
         f"Reward scoring (`hf-orm` adapter path, `HFOutcomeReward.score_ids`, one-label sequence-classification head "
         f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} calls):",
@@ -249,8 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         "|---:|---:|---:|---:|",
         *[f"| {bs} | {sps:.1f} | {ms:.0f} | {pk} |" for bs, sps, ms, pk in rm_rows],
         "",
-        f"Command: `python benchmarks/gpu_check.py --batch-sizes {args.batch_sizes} "
-        f"--reward-batch-sizes {args.reward_batch_sizes}`",
+        f"Command: `python benchmarks/gpu_check.py --batch-sizes {args.batch_sizes} --modes {args.modes} "
+        + (f"--invariant-batch-sizes {args.invariant_batch_sizes} " if args.invariant_batch_sizes else "")
+        + f"--reward-batch-sizes {args.reward_batch_sizes}`",
     ]
     text = "\n".join(lines)
     print(text)

@@ -538,6 +538,33 @@ def test_gpu_check_without_cuda_exits_nonzero_and_writes_nothing(monkeypatch, tm
     assert "no CUDA device" in capsys.readouterr().err
 
 
+def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, capsys):
+    """The script itself on a tiny random Llama: a row per mode and batch size (the invariant mode at its
+    own sizes), every requested token generated, the doc untouched; an unknown mode is refused."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks import gpu_check
+
+    doc = tmp_path / "PERFORMANCE.md"
+    doc.write_text("<!-- gpu-check:start -->\nold\n<!-- gpu-check:end -->\n")
+    small = ["--prompt-tokens", "12", "--new-tokens", "3", "--reward-batch-sizes", "2", "--reward-tokens", "8"]
+    argv = ["--cpu-smoke", "--doc", str(doc), "--batch-sizes", "1,3", "--invariant-batch-sizes", "2", *small]
+    assert gpu_check.main(argv) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    gen = [[c.strip() for c in r] for r in rows if len(r) == 8 and r[0].strip() != "mode"]
+    assert [(r[0], int(r[1]), int(r[2])) for r in gen] == [
+        ("padded", 1, 3),
+        ("padded", 3, 9),
+        ("invariant", 2, 6),
+        ("library", 1, 3),
+        ("library", 3, 9),
+    ]
+    assert doc.read_text() == "<!-- gpu-check:start -->\nold\n<!-- gpu-check:end -->\n"
+    with pytest.raises(SystemExit) as bad:
+        gpu_check.main(["--cpu-smoke", "--modes", "padded,fast", *small])
+    assert bad.value.code == 2
+    assert "unknown fast" in capsys.readouterr().err
+
+
 def test_vllm_in_a_daemonic_worker_runs_in_process(monkeypatch):
     import multiprocessing
     import os

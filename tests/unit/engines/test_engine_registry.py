@@ -546,7 +546,7 @@ def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, ca
 
     doc = tmp_path / "PERFORMANCE.md"
     doc.write_text("<!-- gpu-check:start -->\nold\n<!-- gpu-check:end -->\n")
-    small = ["--prompt-tokens", "12", "--new-tokens", "3", "--reward-batch-sizes", "2", "--reward-tokens", "8"]
+    small = "--prompt-tokens 12 --new-tokens 3 --reward-batch-sizes 2 --reward-tokens 8".split()
     argv = ["--cpu-smoke", "--doc", str(doc), "--batch-sizes", "1,3", "--invariant-batch-sizes", "2", *small]
     assert gpu_check.main(argv) == 0
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]

@@ -142,6 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", default=str(ROOT / "docs" / "PERFORMANCE.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave the doc alone")
     ap.add_argument(
+        "--no-cudnn-attention",
+        action="store_true",
+        help="turn off PyTorch's cuDNN attention backend (torch.backends.cuda.enable_cudnn_sdp(False)), so "
+        "scaled-dot-product attention takes the flash or memory-efficient kernels: does a first call's cost "
+        "(cuDNN builds a plan per new shape) go away?",
+    )
+    ap.add_argument(
         "--cpu-smoke",
         action="store_true",
         help="run a tiny shape on the CPU to check the script itself (never writes the doc)",
@@ -165,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.rewards.hf_orm import HFOutcomeReward
 
+    if args.no_cudnn_attention:
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if args.cpu_smoke:
         device, dtype, write = "cpu", torch.float32, False
         shape = dict(
@@ -306,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Measured {time.strftime('%Y-%m-%d')} on {gpu_name}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}. Random weights in the {shape_name} shape ({n_params / 1e9:.2f}B parameters, "
         f"{str(dtype).removeprefix('torch.')}, built in {build_s:.0f} s); no real checkpoint, so the text is noise "
-        "and only speed and memory mean anything.",
+        "and only speed and memory mean anything."
+        + (" cuDNN attention turned off (`--no-cudnn-attention`)." if args.no_cudnn_attention else ""),
         "",
         f"Generation (transformers engine, one `generate` call per row: {args.prompt_tokens}-token prompts, "
         f"{args.new_tokens} new tokens each, temperature 0.8, top-k 50, top-p 0.9, fixed seeds; time includes "
@@ -331,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Command: `python benchmarks/gpu_check.py --batch-sizes {args.batch_sizes} --modes {args.modes} "
         + (f"--invariant-batch-sizes {args.invariant_batch_sizes} " if args.invariant_batch_sizes else "")
-        + f"--reward-batch-sizes {args.reward_batch_sizes}`",
+        + f"--reward-batch-sizes {args.reward_batch_sizes}"
+        + (" --no-cudnn-attention" if args.no_cudnn_attention else "")
+        + "`",
     ]
     text = "\n".join(lines)
     print(text)

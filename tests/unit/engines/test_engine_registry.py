@@ -540,15 +540,32 @@ def test_gpu_check_without_cuda_exits_nonzero_and_writes_nothing(monkeypatch, tm
 
 def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, capsys):
     """The script itself on a tiny random Llama: a row per mode and batch size (the invariant mode at its
-    own sizes), every requested token generated, the doc untouched; an unknown mode is refused."""
+    own sizes), every requested token generated, cuDNN attention off when asked, the doc untouched; an
+    unknown mode is refused."""
     sys.path.insert(0, str(ROOT))
     from benchmarks import gpu_check
 
     doc = tmp_path / "PERFORMANCE.md"
     doc.write_text("<!-- gpu-check:start -->\nold\n<!-- gpu-check:end -->\n")
     small = "--prompt-tokens 12 --new-tokens 3 --reward-batch-sizes 2 --reward-tokens 8".split()
-    argv = ["--cpu-smoke", "--doc", str(doc), "--batch-sizes", "1,3", "--invariant-batch-sizes", "2", *small]
-    assert gpu_check.main(argv) == 0
+    argv = [
+        "--cpu-smoke",
+        "--no-cudnn-attention",
+        "--doc",
+        str(doc),
+        "--batch-sizes",
+        "1,3",
+        "--invariant-batch-sizes",
+        "2",
+        *small,
+    ]
+    import torch
+
+    try:
+        assert gpu_check.main(argv) == 0
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
     rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
     gen = [[c.strip() for c in r] for r in rows if len(r) == 8 and r[0].strip() != "mode"]
     assert [(r[0], int(r[1]), int(r[2])) for r in gen] == [

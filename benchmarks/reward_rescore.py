@@ -264,6 +264,12 @@ def main() -> None:
         close_all([policy] if policy is not None else [])
     out = compare(runs, base, ks)
     n_cands = sum(len(r["candidates"]) for r in records)
+    judged = any(name.split(":")[0] in ("judge", "judge-step") for name in names)
+    judge_env = (
+        f"SRDQ_JUDGE_ENGINE={settings.judge_engine} "
+        if judged and settings.judge_engine != "transformers"
+        else ""
+    )
     text = "\n".join(
         [
             f"The candidates of `{run.run_id}` ({run.spec.get('method')} N = {n}, reward `{base}`, model "
@@ -275,8 +281,8 @@ def main() -> None:
             "",
             table(out, base, ks, seconds),
             "",
-            f"Command: `.venv/bin/python benchmarks/reward_rescore.py --store {args.store} --rewards {args.rewards} "
-            f"--items {args.items} --ks {args.ks}`",
+            f"Command: `{judge_env}.venv/bin/python benchmarks/reward_rescore.py --store {args.store} "
+            f"--run {run.run_id} --rewards {args.rewards} --items {args.items} --ks {args.ks}`",
         ]
     )
     print(text, flush=True)

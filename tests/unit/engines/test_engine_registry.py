@@ -542,6 +542,8 @@ def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, ca
     """The script itself on a tiny random Llama: a row per mode and batch size (the invariant mode at its
     own sizes), every requested token generated, cuDNN attention off when asked, the doc untouched; an
     unknown mode is refused."""
+    import torch
+
     sys.path.insert(0, str(ROOT))
     from benchmarks import gpu_check
 
@@ -559,8 +561,6 @@ def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, ca
         "2",
         *small,
     ]
-    import torch
-
     try:
         assert gpu_check.main(argv) == 0
         assert not torch.backends.cuda.cudnn_sdp_enabled()

@@ -71,20 +71,25 @@ class IdTokenizer:
         return " ".join(str(int(t)) for t in ids)
 
 
-#: The engine modes measured side by side (README, *Engine modes*): the keyword arguments of each.
-MODES = {
+#: The modes measured side by side (README, *Engine modes*): each engine mode is the two knobs that
+#: define it over the other settings; ``library`` is transformers' own ``model.generate``, for reference.
+MODES: dict[str, dict[str, bool] | None] = {
     "padded": dict(batch_invariant=False, kv_reuse=True),
-    "invariant": dict(batch_invariant=True, invariant_rows=4, kv_reuse=False),
-    "library": {},  # transformers' own model.generate, for reference
+    "invariant": dict(deterministic=True),
+    "library": None,
 }
-MODE_TEXT = {
-    "padded": "`padded` is srdq's default (`SRDQ_BATCH_INVARIANT=false`, `SRDQ_KV_REUSE=true`): one left-padded "
-    "batch per call, each finished row's keys and values kept in the prefix store",
-    "invariant": "`invariant` is the deterministic mode (`SRDQ_DETERMINISTIC=true`): forward passes of exactly "
-    "4 rows, so a batch of 64 is 16 passes one after another, and no KV reuse",
-    "library": "`library` is transformers' own `model.generate` on the same prompts and sampling settings "
-    "(not an srdq path; a reference for the engine's own loop)",
-}
+
+
+def mode_text(mode: str, rows: int) -> str:
+    """One mode's line under the table (``rows``: the invariant mode's rows per pass)."""
+    return {
+        "padded": "`padded` is srdq's default (`SRDQ_BATCH_INVARIANT=false`, `SRDQ_KV_REUSE=true`): one "
+        "left-padded batch per call, each finished row's keys and values kept in the prefix store",
+        "invariant": f"`invariant` is the deterministic mode (`SRDQ_DETERMINISTIC=true`): forward passes of "
+        f"exactly {rows} rows, so a batch of 64 is {-(-64 // rows)} passes one after another, and no KV reuse",
+        "library": "`library` is transformers' own `model.generate` on the same prompts and sampling settings "
+        "(not an srdq path; a reference for the engine's own loop)",
+    }[mode]
 
 
 def _ints(text: str) -> list[int]:
@@ -178,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from srd_worker.engines.base import GenerationRequest, SamplingParams
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.rewards.hf_orm import HFOutcomeReward
+    from srd_worker.settings import Settings
 
     if args.no_cudnn_attention:
         torch.backends.cuda.enable_cudnn_sdp(False)
@@ -252,11 +258,17 @@ def main(argv: list[str] | None = None) -> int:
 
     gen_rows = []
     for mode in modes:
-        if mode == "library":
+        knobs = MODES[mode]
+        if knobs is None:
             engine = None
             library_generate(model, requests(2, 4))  # warm-up
         else:
-            engine = TransformersEngine(model, IdTokenizer(), max_batch_size=max(batch_sizes), **MODES[mode])
+            engine = TransformersEngine(
+                model,
+                IdTokenizer(),
+                max_batch_size=max(batch_sizes),
+                **TransformersEngine.mode_args(Settings(device=device, **knobs)),
+            )
             engine.generate(requests(2, 4))  # warm-up: kernels, allocator
         for bs in invariant_sizes if mode == "invariant" else batch_sizes:
             reqs = requests(bs, args.new_tokens)
@@ -333,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             for mode, bs, tok, cold, dt, tps, ms, pk in gen_rows
         ],
         "",
-        "Modes: " + "; ".join(MODE_TEXT[m] for m in modes) + ".",
+        "Modes: " + "; ".join(mode_text(m, Settings(device=device).invariant_rows) for m in modes) + ".",
         "",
         f"Reward scoring (`hf-orm` adapter path, `HFOutcomeReward.score_ids`, one-label sequence-classification head "
         f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} calls):",

@@ -217,7 +217,13 @@ def main() -> None:
 
     from srd_worker.errors import SrdqError
     from srd_worker.local import close_all
-    from srd_worker.rewards.registry import REWARDS, build_reward, check_reward_name, close_rewards
+    from srd_worker.rewards.registry import (
+        JUDGE_KINDS,
+        REWARDS,
+        build_reward,
+        check_reward_name,
+        close_rewards,
+    )
     from srd_worker.settings import Settings
 
     names = [x for x in args.rewards.split(",") if x.strip()]
@@ -264,7 +270,7 @@ def main() -> None:
         close_all([policy] if policy is not None else [])
     out = compare(runs, base, ks)
     n_cands = sum(len(r["candidates"]) for r in records)
-    judged = any(name.split(":")[0] in ("judge", "judge-step") for name in names)
+    judged = any(name.partition(":")[0] in JUDGE_KINDS for name in names)
     judge_env = (
         f"SRDQ_JUDGE_ENGINE={settings.judge_engine} "
         if judged and settings.judge_engine != "transformers"

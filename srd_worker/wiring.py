@@ -103,7 +103,7 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     from pathlib import Path
 
     from srd_worker.engines.loading import probe_model
-    from srd_worker.rewards.registry import MODEL_REWARDS, parse_reward_name
+    from srd_worker.rewards.registry import JUDGE_KINDS, MODEL_REWARDS, parse_reward_name
 
     def probe(name: str, what: str, remote: bool) -> None:
         if everything or Path(name).exists():
@@ -115,9 +115,9 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     if reward and ":" in reward and reward.partition(":")[0] in MODEL_REWARDS:
         kind, model, _style = parse_reward_name(reward)
         judge_engine = settings.judge_engine if settings is not None else "transformers"
-        if kind in ("judge", "judge-step") and judge_engine == "openai":
+        if kind in JUDGE_KINDS and judge_engine == "openai":
             return
-        remote = kind == "vllm-rm" or (kind in ("judge", "judge-step") and judge_engine == "vllm")
+        remote = kind == "vllm-rm" or (kind in JUDGE_KINDS and judge_engine == "vllm")
         probe(model, f"reward model ({kind})", remote)
 
 

@@ -253,6 +253,13 @@ class TransformersEngine:
             tokenizer,
             max_batch_size=max_batch_size,
             model_name=name,
+            **cls.mode_args(settings),
+        )
+
+    @staticmethod
+    def mode_args(settings: Settings) -> dict[str, Any]:
+        """The constructor's engine-mode arguments as the settings give them (README, *Engine modes*)."""
+        return dict(
             batch_invariant=settings.batch_invariant,
             invariant_rows=settings.invariant_rows,
             kv_reuse=settings.kv_reuse,

@@ -171,6 +171,9 @@ def _judge_step(model: str, style: str | None, settings: Settings) -> RewardMode
     return _build_judge("judge-step", model, settings)
 
 
+#: The ``KIND:MODEL`` kinds whose model is a judge, run on ``settings.judge_engine``.
+JUDGE_KINDS = frozenset({"judge", "judge-step"})
+
 #: ``KIND:MODEL`` rewards backed by a separate checkpoint (see the module docstring).
 MODEL_REWARDS: Registry[ModelRewardEntry] = Registry(
     "reward kind",

@@ -29,6 +29,7 @@ from srd_worker.methods.speculative_rules import (
     draw,
     entropy,
     residual,
+    top_n_ids,
     top_n_overlap,
 )
 
@@ -182,6 +183,20 @@ def test_top_n_overlap_counts_shared_ids_and_breaks_ties_by_the_lower_id():
     ranked = tied - 1e-3 * np.arange(64)
     assert top_n_overlap(tied, ranked, 5) == 1.0
     assert top_n_overlap(ranked, tied, 5) == 1.0
+
+
+def test_top_n_ids_equal_the_first_n_of_a_stable_descending_sort():
+    """The partition-based top-N against the plain stable sort, on vectors full of ties and −inf."""
+    rng = np.random.default_rng(0)
+    for trial in range(300):
+        size = int(rng.integers(1, 60))
+        scores = rng.integers(-3, 4, size=size).astype(np.float64)  # a handful of values: many ties
+        scores[rng.random(size) < 0.2] = -np.inf
+        for n in (1, 2, 5, size - 1, size, size + 3):
+            if n < 1:
+                continue
+            want = set(np.argsort(-scores, kind="stable")[:n].tolist())
+            assert top_n_ids(scores, n) == want, (trial, n, scores.tolist())
 
 
 # Two drafted tokens over a vocabulary of 3. Position 0: x = 0, p/q = 0.25/0.5 = 0.5. Position 1: x = 1,
@@ -396,6 +411,59 @@ def test_csd_stochastic_never_rescues_the_targets_own_argmax():
     v = _csd_stochastic(online).verify(0, step, rng)
     assert (v.accepted, v.token, v.counts, rng.left) == (0, 0, {"rescued": 0, "rejected": 1}, [])
     assert online == [{}]
+
+
+def _processed_reference(logits: np.ndarray, temp: float, top_k: int, top_p: float) -> np.ndarray:
+    """One row's processed distribution written out plainly: a full stable sort of the whole vocabulary."""
+    vocab = len(logits)
+    out = np.zeros(vocab)
+    if temp == 0:
+        out[int(np.argmax(logits))] = 1.0
+        return out
+    z = logits.astype(np.float64) / temp
+    order = np.argsort(-z, kind="stable")
+    k = top_k if 0 < top_k < vocab else vocab
+    kept = z[order[:k]]
+    w = np.exp(kept - kept.max())
+    w /= w.sum()
+    before = np.cumsum(w) - w
+    w = np.where(before < top_p, w, 0.0)
+    out[order[:k]] = w / w.sum()
+    return out
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        # every sampled row has a top-k below the vocabulary: the top-k selection path (a greedy row's
+        # top-k of 0 must not force the full sort on the others)
+        [(0.8, 50, 0.9), (1.0, 3, 1.0), (0.0, 0, 1.0), (1.3, 50, 0.5), (0.5, 1, 0.9)],
+        # a sampled row without top-k (0, or at least the vocabulary): the full sort for the batch
+        [(0.8, 50, 0.9), (1.0, 0, 0.95), (0.7, 1_000_000, 0.8), (0.0, 7, 1.0)],
+    ],
+)
+def test_processed_probs_equal_a_full_sort_of_the_vocabulary(rows):
+    """The harness's q and p (temperature, top-k, top-p, renormalised; one-hot for greedy) against a plain
+    per-row reference, on a vocabulary the size of Qwen2.5's and logits with no ties."""
+    import torch
+
+    from srd_worker.engines.speculative import processed_probs
+
+    vocab = 151_936
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn((len(rows), vocab), generator=gen) * 4
+    temps = torch.tensor([r[0] for r in rows], dtype=torch.float32)
+    ks = torch.tensor([r[1] for r in rows], dtype=torch.long)
+    ps = torch.tensor([r[2] for r in rows], dtype=torch.float32)
+    got = processed_probs(logits, temps, ks, ps).numpy()
+    for i, (t, k, top_p) in enumerate(rows):
+        want = _processed_reference(logits[i].numpy(), t, k, top_p)
+        # float32 against float64 sums: the top-p cut may move by a token in a long tail, nothing more
+        assert np.abs(got[i] - want).sum() < 1e-3, f"row {i}"
+        assert abs(int((got[i] > 0).sum()) - int((want > 0).sum())) <= 2, f"row {i}: support size"
+        assert got[i].sum() == pytest.approx(1.0, abs=1e-5)
+        if 0 < k < vocab and t > 0:
+            np.testing.assert_array_equal(got[i] > 0, want > 0, err_msg=f"row {i}: support differs")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -30,6 +30,10 @@ minutes for the 1.5B), bfloat16 where the CPU has native bf16 and float32 otherw
     nice -n 5 .venv/bin/python benchmarks/speculative.py [--problems 100] [--batch1 10] [--gamma 4]
     nice -n 5 .venv/bin/python benchmarks/speculative.py --problems 0 --batch1 0 --qwen 20 [--qwen-calibration 20]
 
+``--qwen-work DIR`` keeps each finished configuration's row of the Qwen table (and the calibration) in DIR;
+rerunning the same command then goes on where an interrupted run stopped (other settings are refused), and
+the header names the starts the rows came from when there was more than one.
+
 Prints the tables and writes them into docs/PERFORMANCE.md: the testbed (and SmolLM2) tables between the
 speculative markers (only when the testbed ran, ``--problems`` > 0), the Qwen table between the
 speculative-qwen markers (only with ``--qwen`` > 0); ``--no-write`` prints only.
@@ -210,6 +214,65 @@ def spec_configs(
     ]
 
 
+class RowStore:
+    """A folder that keeps each finished configuration's row of the Qwen table, so an interrupted run goes on
+    where it stopped (``--qwen-work``): ``settings.json`` (what the rows were measured with; another
+    setting is refused), ``calibration.json`` and one ``row-<i>.json`` per configuration. Each row records
+    the start that measured it (time, host, CPU), so the header can say when a table's rows come from more
+    than one start and their speed-ups are not side by side."""
+
+    def __init__(self, folder: Path, settings: dict[str, Any]) -> None:
+        import json
+
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "settings.json"
+        if path.exists():
+            saved = json.loads(path.read_text(encoding="utf-8"))
+            differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+            if differ:
+                raise SystemExit(
+                    f"{folder} holds rows measured with other settings ("
+                    + ", ".join(f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in differ)
+                    + "): pass another --qwen-work folder or remove this one"
+                )
+        else:
+            path.write_text(json.dumps(settings, indent=1, sort_keys=True), encoding="utf-8")
+        self.start = f"{time.strftime('%Y-%m-%d %H:%M')} on {platform.node() or 'this host'} ({cpu_name()})"
+
+    def _read(self, name: str) -> Any:
+        import json
+
+        path = self.folder / name
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+    def _write(self, name: str, value: Any) -> None:
+        import json
+
+        tmp = self.folder / f".{name}.tmp"
+        tmp.write_text(json.dumps(value, indent=1), encoding="utf-8")
+        tmp.replace(self.folder / name)  # a row is whole or absent, never half written
+
+    def calibration(self) -> Any:
+        return self._read("calibration.json")
+
+    def save_calibration(self, value: Any) -> None:
+        self._write("calibration.json", value)
+
+    def row(self, index: int, label: str) -> dict | None:
+        from srd_worker.reports.stats import Interval
+
+        saved = self._read(f"row-{index}.json")
+        if saved is None or saved["label"] != label:
+            return None
+        return saved | {"accuracy": Interval(**saved["accuracy"])}
+
+    def save_row(self, index: int, row: dict) -> dict:
+        row = row | {"start": self.start}
+        self._write(f"row-{index}.json", row | {"accuracy": row["accuracy"].to_dict()})
+        return row
+
+
 def run_configs(
     configs: list[tuple[str, str, str, dict]],
     build_method: Any,
@@ -217,17 +280,37 @@ def run_configs(
     task: Any,
     items: list[Any],
     tag: str = "",
+    store: RowStore | None = None,
 ) -> tuple[list[dict], dict[str, dict]]:
-    """Each configuration on all ``items`` in one batch; the rows and the first row of each group (baseline)."""
+    """Each configuration on all ``items`` in one batch; the rows and the first row of each group (baseline).
+    With a ``store``, a configuration it already holds is read back, not run again."""
     rows, baseline = [], {}
-    for group, label, name, params in configs:
-        method = build_method(name, params)
-        states, seconds = run_method(method, engine, task, items)
-        row = summarise(label, method, states, seconds, task, items) | {"group": group}
+    for index, (group, label, name, params) in enumerate(configs):
+        row = store.row(index, label) if store else None
+        if row is not None:
+            print(f"{tag}{label}: kept from {store.folder if store else ''}", file=sys.stderr, flush=True)
+        else:
+            method = build_method(name, params)
+            states, seconds = run_method(method, engine, task, items)
+            row = summarise(label, method, states, seconds, task, items) | {"group": group}
+            if store:
+                row = store.save_row(index, row)
+            print(f"{tag}{label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
         baseline.setdefault(group, row)
         rows.append(row)
-        print(f"{tag}{label}: {seconds[0]:.1f}s", file=sys.stderr, flush=True)
     return rows, baseline
+
+
+def starts_note(rows: list[dict]) -> str:
+    """A sentence naming the starts a table's rows came from, when there was more than one."""
+    starts = sorted({r["start"] for r in rows if r.get("start")})
+    if len(starts) < 2:
+        return ""
+    return (
+        f" Rows measured in {len(starts)} starts ({'; '.join(starts)}): a speed-up compares rows of one group "
+        "that may come from different starts, so it is side by side only where the starts' machines and "
+        "loads were alike."
+    )
 
 
 def cpu_name() -> str:
@@ -281,17 +364,31 @@ def qwen_table(args: Any, build_method: Any, cmd: str) -> str:
             f"--qwen {args.qwen} + --qwen-calibration {args.qwen_calibration} > {len(all_items)}"
         )
 
-    t0 = time.perf_counter()
-    prompts = [engine.tokenizer.chat_prompt_ids(task.messages(it)) for it in calib_items]
-    calib = calibrate(
-        engine,
-        prompts,
-        draft_model="qwen2.5-coder-0.5b",
-        gamma=args.gamma,
-        max_new_tokens=args.qwen_max_new_tokens,
-    )
-    calib_seconds = time.perf_counter() - t0
-    print(f"qwen: calibration: {calib_seconds:.1f}s", file=sys.stderr, flush=True)
+    store = None
+    if args.qwen_work:
+        settings = {
+            k: getattr(args, k)
+            for k in ("qwen", "qwen_calibration", "qwen_max_new_tokens", "gamma", "percentile", "threads")
+        } | {"dtype": dtype}
+        store = RowStore(Path(args.qwen_work), settings)
+    saved = store.calibration() if store else None
+    if saved is not None:
+        calib, calib_seconds = saved["calibration"], saved["seconds"]
+        print(f"qwen: calibration kept from {store.folder if store else ''}", file=sys.stderr, flush=True)
+    else:
+        t0 = time.perf_counter()
+        prompts = [engine.tokenizer.chat_prompt_ids(task.messages(it)) for it in calib_items]
+        calib = calibrate(
+            engine,
+            prompts,
+            draft_model="qwen2.5-coder-0.5b",
+            gamma=args.gamma,
+            max_new_tokens=args.qwen_max_new_tokens,
+        )
+        calib_seconds = time.perf_counter() - t0
+        if store:
+            store.save_calibration({"calibration": calib, "seconds": calib_seconds})
+        print(f"qwen: calibration: {calib_seconds:.1f}s", file=sys.stderr, flush=True)
     memory_file = Path("/tmp/srdq-bench-speculative-qwen-calibration.json")
     memory_file.write_text(json.dumps(calib), encoding="utf-8")
     raw = calib["entropy_percentiles"]["raw"]
@@ -306,7 +403,7 @@ def qwen_table(args: Any, build_method: Any, cmd: str) -> str:
         tau_q,
         tau_p,
     )
-    rows, baseline = run_configs(configs, build_method, engine, task, items, tag="qwen, ")
+    rows, baseline = run_configs(configs, build_method, engine, task, items, tag="qwen, ", store=store)
 
     def params(model: Any) -> str:
         return f"{sum(p.numel() for p in model.parameters()) / 1e9:.2f}B"
@@ -323,7 +420,7 @@ def qwen_table(args: Any, build_method: Any, cmd: str) -> str:
         f"positions, {calib['mismatches']} rejections in {len(calib['pairs'])} (draft, target) pairs (CSD's "
         f"offline memory); EASD τ_q = {tau_q:.3f}, τ_p = {tau_p:.3f} nats (P{args.percentile} of the raw "
         "entropies). Speed-up = tokens/s over target-only at the same temperature (wall clock and process CPU "
-        "time)."
+        "time)." + starts_note(rows)
     )
     return header + "\n\n" + table(rows, baseline)
 
@@ -364,6 +461,12 @@ def main() -> None:
         help="Qwen table: GSM8K problems after the first --qwen that calibrate CSD's memory and EASD's thresholds",
     )
     ap.add_argument("--qwen-max-new-tokens", type=int, default=256, help="Qwen table: max_new_tokens")
+    ap.add_argument(
+        "--qwen-work",
+        default=None,
+        help="Qwen table: a folder keeping each finished configuration's row (and the calibration), so "
+        "rerunning the same command goes on where an interrupted run stopped",
+    )
     ap.add_argument("--no-write", action="store_true", help="print only; leave docs/PERFORMANCE.md alone")
     args = ap.parse_args()
     if args.problems <= 0:
@@ -392,6 +495,8 @@ def main() -> None:
             f" --qwen {args.qwen} --qwen-calibration {args.qwen_calibration} "
             f"--qwen-max-new-tokens {args.qwen_max_new_tokens}"
         )
+        if args.qwen_work:
+            cmd += f" --qwen-work {args.qwen_work}"
     if args.problems > 0:
         body = testbed_tables(args, build_method, cmd)
         print(body)

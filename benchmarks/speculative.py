@@ -287,8 +287,8 @@ def run_configs(
     rows, baseline = [], {}
     for index, (group, label, name, params) in enumerate(configs):
         row = store.row(index, label) if store else None
-        if row is not None:
-            print(f"{tag}{label}: kept from {store.folder if store else ''}", file=sys.stderr, flush=True)
+        if store and row is not None:
+            print(f"{tag}{label}: kept from {store.folder}", file=sys.stderr, flush=True)
         else:
             method = build_method(name, params)
             states, seconds = run_method(method, engine, task, items)
@@ -372,9 +372,9 @@ def qwen_table(args: Any, build_method: Any, cmd: str) -> str:
         } | {"dtype": dtype}
         store = RowStore(Path(args.qwen_work), settings)
     saved = store.calibration() if store else None
-    if saved is not None:
+    if store and saved is not None:
         calib, calib_seconds = saved["calibration"], saved["seconds"]
-        print(f"qwen: calibration kept from {store.folder if store else ''}", file=sys.stderr, flush=True)
+        print(f"qwen: calibration kept from {store.folder}", file=sys.stderr, flush=True)
     else:
         t0 = time.perf_counter()
         prompts = [engine.tokenizer.chat_prompt_ids(task.messages(it)) for it in calib_items]

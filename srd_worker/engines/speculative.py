@@ -131,33 +131,21 @@ def draft_for(engine: Any, name: str) -> DraftModel:
 def processed_probs(logits: Any, temps: Any, top_k: Any, top_p: Any) -> Any:
     """Row-wise processed distributions of ``logits`` (B×V, float32): temperature, then top-k (0 = off),
     then top-p (the smallest prefix of the sorted distribution whose mass reaches top_p; the first token
-    always kept), renormalised; a row with temperature 0 is one-hot at its argmax (first on ties). Same
-    semantics as ``TransformersEngine._sample``, and the same shortcut: when every sampled row has a top-k
-    below the vocabulary, only the top max(k) logits are selected (``torch.topk``, linear in the
-    vocabulary) instead of sorting all of them; which of two exactly tied logits at the k-th place is kept
-    may then differ from a stable sort's choice."""
+    always kept), renormalised; a row with temperature 0 is one-hot at its argmax (first on ties). The
+    filtering is the transformers engine's own sampler's (``engines/sampling.filtered_probs``: only the
+    top max(k) logits are selected when every sampled row has a top-k), scattered back over the vocabulary."""
     import torch
 
-    b, vocab = logits.shape
+    from srd_worker.engines.sampling import filtered_probs
+
     greedy = temps == 0
     out = torch.zeros_like(logits)
     out.scatter_(1, torch.argmax(logits, dim=-1, keepdim=True), 1.0)
     if bool(greedy.all()):
         return out
     scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-    ks = torch.where((top_k > 0) & (top_k < vocab), top_k, torch.full_like(top_k, vocab))
-    ks = torch.where(greedy, torch.ones_like(ks), ks)  # a greedy row's own top-k does not widen the rest
-    width = int(ks.max())
-    if width < vocab:  # only the top max(k) logits can carry mass: skip the full-vocabulary sort
-        sorted_logits, sorted_idx = torch.topk(scaled, width, dim=-1, sorted=True)
-    else:
-        sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True, stable=True)
-    ranks = torch.arange(width, device=logits.device).unsqueeze(0)
-    sorted_logits = sorted_logits.masked_fill(ranks >= ks.unsqueeze(1), float("-inf"))
-    probs = torch.softmax(sorted_logits, dim=-1)
-    before = probs.cumsum(-1) - probs
-    probs = probs.masked_fill(before >= top_p.unsqueeze(1), 0.0)
-    probs = probs / probs.sum(-1, keepdim=True)
+    # a greedy row's own top-k must not widen the others' selection
+    probs, sorted_idx = filtered_probs(scaled, torch.where(greedy, torch.ones_like(top_k), top_k), top_p)
     sampled = torch.zeros_like(logits).scatter_(1, sorted_idx, probs)
     return torch.where(greedy.unsqueeze(1), out, sampled)
 

@@ -64,6 +64,7 @@ from srd_worker.engines.base import (
     token_budget,
 )
 from srd_worker.engines.prefix_kv import BLOCK, KVEntry, PrefixKVStore
+from srd_worker.engines.sampling import filtered_probs
 from srd_worker.errors import EngineError
 
 if TYPE_CHECKING:
@@ -684,27 +685,16 @@ class TransformersEngine:
         a uniform number from the row's own generator. Returns (tokens, raw logprobs of the tokens)."""
         torch = self._torch
         raw_logp = torch.log_softmax(logits, dim=-1)
-        b, vocab = logits.shape
         temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=logits.device)
         greedy = temps == 0
         tokens = torch.argmax(logits, dim=-1)
         if not bool(greedy.all()):
             scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-            ks = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
-            width = max(ks)
-            if width < vocab:  # only the top max(k) logits can be drawn: skip the full-vocabulary sort
-                sorted_logits, sorted_idx = torch.topk(scaled, width, dim=-1, sorted=True)
-            else:
-                sorted_logits, sorted_idx = torch.sort(scaled, dim=-1, descending=True)
-            ranks = torch.arange(width, device=logits.device).unsqueeze(0)
-            top_k = torch.tensor(ks, device=logits.device)
-            sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
-            probs = torch.softmax(sorted_logits, dim=-1)
+            # a greedy row takes its argmax: its own top-k must not widen the others' selection
+            top_k = torch.tensor([1 if p.temperature == 0 else p.top_k for p in params], device=logits.device)
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
-            # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-            before = probs.cumsum(-1) - probs
-            probs = probs.masked_fill(before >= top_p.unsqueeze(1), 0.0)
-            probs = probs / probs.sum(-1, keepdim=True)
+            probs, sorted_idx = filtered_probs(scaled, top_k, top_p)
+            width = probs.shape[1]
             cdf = probs.cumsum(-1)
             u = torch.stack([torch.rand((), generator=g) for g in gens]).to(logits.device)
             u = u * cdf[:, -1]

@@ -24,7 +24,7 @@ On a machine without CUDA it prints why and exits with status 2, writing nothing
 
     python benchmarks/gpu_check.py [--batch-sizes 1,8,32,64] [--modes padded,invariant,library]
                                    [--invariant-batch-sizes 1,8,32] [--reward-batch-sizes 1,8,32]
-                                   [--no-cudnn-attention] [--no-write]
+                                   [--no-cudnn-attention] [--section NAME] [--no-write]
 
 Took 2.5 minutes on one H200 with ``--invariant-batch-sizes 1,8,32`` (the invariant mode's batch of 64 would
 add about 2 minutes: its 16 passes of 4 rows run one after another).
@@ -150,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--doc", default=str(ROOT / "docs" / "PERFORMANCE.md"))
     ap.add_argument("--no-write", action="store_true", help="print only; leave the doc alone")
     ap.add_argument(
+        "--section",
+        default="gpu-check",
+        help="name of the doc's marker pair to write between (appended to the doc when missing), so a "
+        "variant such as --no-cudnn-attention keeps its own table beside the default one",
+    )
+    ap.add_argument(
         "--no-cudnn-attention",
         action="store_true",
         help="turn off PyTorch's cuDNN attention backend (torch.backends.cuda.enable_cudnn_sdp(False)), so "
         "scaled-dot-product attention takes the flash or memory-efficient kernels: does a first call's cost "
-        "(cuDNN builds a plan per new shape) go away?",
+        "(cuDNN compiles attention kernels per new shape) go away? (what SRDQ_CUDNN_ATTENTION=false does in srdq)",
     )
     ap.add_argument(
         "--cpu-smoke",
@@ -348,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         "Modes: " + "; ".join(mode_text(m, Settings(device=device).invariant_rows) for m in modes) + ".",
         "",
         f"Reward scoring (`hf-orm` adapter path, `HFOutcomeReward.score_ids`, one-label sequence-classification head "
-        f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} calls):",
+        f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} call{'s' if args.reward_reps != 1 else ''}):",
         "",
         "| batch | sequences/s | ms per batch | peak GiB |",
         "|---:|---:|---:|---:|",
@@ -357,13 +363,15 @@ def main(argv: list[str] | None = None) -> int:
         f"Command: `python benchmarks/gpu_check.py --batch-sizes {args.batch_sizes} --modes {args.modes} "
         + (f"--invariant-batch-sizes {args.invariant_batch_sizes} " if args.invariant_batch_sizes else "")
         + f"--reward-batch-sizes {args.reward_batch_sizes}"
+        + (f" --reward-reps {args.reward_reps}" if args.reward_reps != 3 else "")
         + (" --no-cudnn-attention" if args.no_cudnn_attention else "")
+        + (f" --section {args.section}" if args.section != "gpu-check" else "")
         + "`",
     ]
     text = "\n".join(lines)
     print(text)
     if write:
-        replace_section(Path(args.doc), "gpu-check", text)
+        replace_section(Path(args.doc), args.section, text)
     return 0
 
 

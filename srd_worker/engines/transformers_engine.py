@@ -246,6 +246,9 @@ class TransformersEngine:
         device = settings.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if not settings.cudnn_attention:
+            # process-wide, as PyTorch keeps it; only the CUDA kernels read it
+            torch.backends.cuda.enable_cudnn_sdp(False)
         model, tokenizer = load_model(
             name, cache_dir=settings.cache_dir, dtype=dtype, device=device, load_kwargs=load_kwargs
         )

@@ -163,6 +163,24 @@ def test_settings_choose_the_mode_and_default_to_reuse():
     assert off.mode == "deterministic" and off.kv_store is None
 
 
+def test_cudnn_attention_setting_turns_the_backend_off_for_the_process(monkeypatch):
+    """SRDQ_CUDNN_ATTENTION=false turns PyTorch's cuDNN attention backend off when the engine is built (a
+    process-wide flag, read by the CUDA kernels only); the default leaves PyTorch's choice alone."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        TransformersEngine.from_name("tiny-random-llama", settings=Settings(device="cpu", dtype="float32"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setenv("SRDQ_CUDNN_ATTENTION", "false")
+        settings = Settings(device="cpu", dtype="float32")
+        assert settings.cudnn_attention is False
+        engine = TransformersEngine.from_name("tiny-random-llama", settings=settings)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert len(engine.generate([GenerationRequest((1, 2, 3), SamplingParams(max_new_tokens=2))])) == 1
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
 # ------------------------------------------------------------------ SRD runs and resume
 
 

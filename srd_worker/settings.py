@@ -112,9 +112,9 @@ class Settings(BaseSettings):
     )
     cudnn_attention: bool = Field(
         True,
-        description="Transformers engine on a GPU: let PyTorch's scaled-dot-product attention use cuDNN "
-        "(PyTorch's default). false turns the cuDNN backend off for the whole process (the engine and any "
-        "HF reward model in it), so attention takes the flash or memory-efficient kernels: on an H200 "
+        description="Transformers engine and HF reward models on a GPU: let PyTorch's scaled-dot-product "
+        "attention use cuDNN (PyTorch's default). false turns the cuDNN backend off for the whole process "
+        "when either loads, so attention takes the flash or memory-efficient kernels: on an H200 "
         "cuDNN made the first call of each new set of shapes 2.2-2.7x as long as the second, which it "
         "spends compiling attention kernels, and without it the first call took what the second did "
         "(docs/PERFORMANCE.md, *GPU*). No effect on a CPU.",

@@ -28,7 +28,7 @@ from typing import Any
 from srd_worker.engines.packaged import export_gguf, export_packaged, locate_parts, packaged_model
 from srd_worker.errors import ModelLoadError
 from srd_worker.paths import TESTBED_ARTIFACTS_DIR
-from srd_worker.settings import resolve_dtype
+from srd_worker.settings import Settings, resolve_dtype
 
 DEFAULT_MODEL = "smollm2"
 TINY_MODEL = "tiny-random-llama"
@@ -141,6 +141,16 @@ def build_tiny_llama(seed: int = 0, *, hidden_size: int = 64, layers: int = 2, m
         model = LlamaForCausalLM(config)
     model.eval()
     return model, tokenizer
+
+
+def apply_attention_settings(settings: Settings) -> None:
+    """``SRDQ_CUDNN_ATTENTION=false``: PyTorch's cuDNN attention backend off, for the whole process (PyTorch
+    keeps one flag; only its CUDA kernels read it), before a transformers engine or an HF reward model
+    loads. The default leaves PyTorch's own choice alone."""
+    if not settings.cudnn_attention:
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def quiet_transformers() -> None:

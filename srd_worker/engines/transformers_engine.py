@@ -238,7 +238,7 @@ class TransformersEngine:
         their ``dtype`` wins over the settings', their ``max_batch_size`` over the argument's."""
         import torch
 
-        from srd_worker.engines.loading import load_model
+        from srd_worker.engines.loading import apply_attention_settings, load_model
 
         load_kwargs = dict(engine_args or {})
         dtype = str(load_kwargs.pop("dtype", settings.dtype))
@@ -246,9 +246,7 @@ class TransformersEngine:
         device = settings.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if not settings.cudnn_attention:
-            # process-wide, as PyTorch keeps it; only the CUDA kernels read it
-            torch.backends.cuda.enable_cudnn_sdp(False)
+        apply_attention_settings(settings)
         model, tokenizer = load_model(
             name, cache_dir=settings.cache_dir, dtype=dtype, device=device, load_kwargs=load_kwargs
         )

@@ -123,8 +123,10 @@ def _batch_budget(settings: Settings) -> dict[str, Any]:
 
 
 def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
+    from srd_worker.engines.loading import apply_attention_settings
     from srd_worker.rewards.hf_orm import HFOutcomeReward
 
+    apply_attention_settings(settings)
     return HFOutcomeReward(
         model,
         device=settings.device,
@@ -134,8 +136,10 @@ def _hf_orm(model: str, style: str | None, settings: Settings) -> RewardModel:
 
 
 def _hf_prm(model: str, style: str | None, settings: Settings) -> RewardModel:
+    from srd_worker.engines.loading import apply_attention_settings
     from srd_worker.rewards.hf_prm import HFProcessReward
 
+    apply_attention_settings(settings)
     return HFProcessReward(
         model,
         style=style or "qwen",
@@ -283,6 +287,7 @@ def _build_model_reward(name: str, settings: Settings | None) -> RewardModel:
         settings.judge_engine,
         settings.judge_base_url,
         settings.rm_max_batch_tokens,
+        settings.cudnn_attention,
     )
     if key in _BUILT:
         return _BUILT[key]

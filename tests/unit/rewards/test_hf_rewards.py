@@ -354,3 +354,26 @@ def test_build_reward_loads_checkpoints_once_per_process(models):
     prm = build_reward(f"hf-prm:{models['prm1'][0]}:skywork", None, settings=settings)
     assert isinstance(prm, HFProcessReward) and prm.style == "skywork"
     assert len(orm.score(QUESTIONS[:2], RESPONSES[:2])) == 2
+
+
+@pytest.mark.parametrize("kind", ["orm", "prm"])
+def test_cudnn_attention_setting_reaches_an_hf_reward_built_without_the_engine(models, kind):
+    """A fleet may pair a vLLM policy with an HF reward model: SRDQ_CUDNN_ATTENTION=false turns PyTorch's
+    cuDNN attention off when the reward loads (also after the same reward was built with it on), as it does
+    for the transformers engine."""
+    import torch
+
+    from srd_worker.rewards.registry import build_reward
+    from srd_worker.settings import Settings
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        name = f"hf-orm:{models['orm'][0]}" if kind == "orm" else f"hf-prm:{models['prm1'][0]}:skywork"
+        build_reward(name, None, settings=Settings(device="cpu", dtype="float32"))
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        settings = Settings(device="cpu", dtype="float32", cudnn_attention=False)
+        assert len(build_reward(name, None, settings=settings).score(QUESTIONS[:1], RESPONSES[:1])) == 1
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)

@@ -18,13 +18,17 @@ bfloat16 directly on the GPU, and measures
    sequence-classification head with one label on the same 8B shape) in sequences/s and peak memory at a
    few batch sizes, 512-token inputs, one batch per call.
 
+With ``--varied-calls N`` it also runs N calls of new shapes (batch sizes and prompt lengths drawn with a
+fixed seed), each with cuDNN attention on and off in alternating order in the one process, and reports each
+backend's summed wall time: what a run meeting new shapes pays for cuDNN's per-shape compilation.
+
 The generator is freed before the reward model is built, so each peak is one model's. Prints a table and
 writes it into docs/PERFORMANCE.md between the gpu-check markers (``--no-write`` to print only).
 On a machine without CUDA it prints why and exits with status 2, writing nothing.
 
     python benchmarks/gpu_check.py [--batch-sizes 1,8,32,64] [--modes padded,invariant,library]
                                    [--invariant-batch-sizes 1,8,32] [--reward-batch-sizes 1,8,32]
-                                   [--no-cudnn-attention] [--section NAME] [--no-write]
+                                   [--no-cudnn-attention] [--varied-calls N] [--section NAME] [--no-write]
 
 Took 2.5 minutes on one H200 with ``--invariant-batch-sizes 1,8,32`` (the invariant mode's batch of 64 would
 add about 2 minutes: its 16 passes of 4 rows run one after another).
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import random
 import sys
 import time
 from pathlib import Path
@@ -92,6 +97,29 @@ def mode_text(mode: str, rows: int) -> str:
     }[mode]
 
 
+def _varied_lines(shapes: list[tuple[int, int]], totals: dict[str, list], new_tokens: int) -> list[str]:
+    """The varied-shapes table (nothing when none ran): each backend's summed tokens and wall time over the
+    same calls, and their ratio."""
+    if not shapes:
+        return []
+    (tok_on, s_on), (tok_off, s_off) = totals["on"], totals["off"]
+    listed = ", ".join(f"{bs}×{plen}" for bs, plen in shapes)
+    return [
+        f"Varied shapes (padded mode, {len(shapes)} `generate` calls of new shapes, batch × prompt tokens drawn "
+        f"with a fixed seed: {listed}; {new_tokens} new tokens per row; each call run twice in one process, once "
+        "with cuDNN attention on and once off, in alternating order, the prefix store emptied before each; "
+        "each backend meets every shape for the first time, as a run meeting new shapes does):",
+        "",
+        "| cuDNN attention | calls | generated tokens | wall s | tokens/s |",
+        "|---|---:|---:|---:|---:|",
+        f"| on | {len(shapes)} | {tok_on} | {s_on:.2f} | {tok_on / s_on:.0f} |",
+        f"| off | {len(shapes)} | {tok_off} | {s_off:.2f} | {tok_off / s_off:.0f} |",
+        "",
+        f"cuDNN on took {s_on / s_off:.2f}× the wall time of cuDNN off over these calls.",
+        "",
+    ]
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -144,6 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--prompt-tokens", type=int, default=256)
     ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--varied-calls",
+        type=int,
+        default=0,
+        help="also run this many generate calls of new shapes (batch sizes and prompt lengths drawn with a "
+        "fixed seed, as a real run meets them), each twice in one process, with cuDNN attention on and off in "
+        "alternating order, and report the summed wall time of each (0: skip)",
+    )
+    ap.add_argument("--varied-new-tokens", type=int, default=32, help="new tokens per row of a varied call")
     ap.add_argument("--reward-batch-sizes", default="1,8,32")
     ap.add_argument("--reward-tokens", type=int, default=512)
     ap.add_argument("--reward-reps", type=int, default=3, help="timed calls per reward batch size")
@@ -223,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
 
     batch_sizes, reward_sizes = _ints(args.batch_sizes), _ints(args.reward_batch_sizes)
     invariant_sizes = _ints(args.invariant_batch_sizes) or batch_sizes
-    max_pos = max(args.prompt_tokens + args.new_tokens, args.reward_tokens) + 8
+    longest_prompt = args.prompt_tokens * 3 // 2  # of the varied calls
+    max_pos = (
+        max(args.prompt_tokens + args.new_tokens, longest_prompt + args.varied_new_tokens, args.reward_tokens)
+        + 8
+    )
     gen = torch.Generator().manual_seed(1234)
     vocab = shape["vocab_size"]
 
@@ -233,10 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     build_s = time.perf_counter() - t0
     n_params = sum(p.numel() for p in model.parameters())
 
-    def requests(bs: int, new: int) -> list[GenerationRequest]:
+    def requests(bs: int, new: int, prompt_tokens: int = args.prompt_tokens) -> list[GenerationRequest]:
         out = []
         for i in range(bs):
-            ids = torch.randint(0, 128000, (args.prompt_tokens,), generator=gen).tolist()
+            ids = torch.randint(0, 128000, (prompt_tokens,), generator=gen).tolist()
             out.append(
                 GenerationRequest(
                     tuple(ids),
@@ -302,6 +343,43 @@ def main(argv: list[str] | None = None) -> int:
         if engine is not None:
             engine.close()
         del engine
+
+    # ------------------------------------------------------------------ varied shapes, cuDNN on and off
+    shape_rng = random.Random(7)
+    varied = [
+        (shape_rng.randint(2, max(batch_sizes)), shape_rng.randint(args.prompt_tokens // 2, longest_prompt))
+        for _ in range(args.varied_calls)
+    ]
+    varied_totals = {"on": [0, 0.0], "off": [0, 0.0]}  # backend -> [tokens, wall s]
+    if varied:
+        engine = TransformersEngine(
+            model,
+            IdTokenizer(),
+            max_batch_size=max(bs for bs, _ in varied),
+            **TransformersEngine.mode_args(Settings(device=device)),
+        )
+        for backend in ("on", "off"):
+            torch.backends.cuda.enable_cudnn_sdp(backend == "on")
+            engine.generate(requests(2, 4))  # warm-up: kernels, allocator
+        for k, (bs, plen) in enumerate(varied):
+            reqs = requests(bs, args.varied_new_tokens, plen)
+            for backend in ("off", "on") if k % 2 == 0 else ("on", "off"):  # ABBA: neither always first
+                torch.backends.cuda.enable_cudnn_sdp(backend == "on")
+                engine.close()
+                sync()
+                t = time.perf_counter()
+                tokens = sum(len(g.token_ids) for g in engine.generate(reqs))
+                sync()
+                dt = time.perf_counter() - t
+                varied_totals[backend][0] += tokens
+                varied_totals[backend][1] += dt
+                print(
+                    f"varied bs={bs} prompt={plen} cuDNN {backend}: {tokens} tokens in {dt:.2f}s",
+                    file=sys.stderr,
+                )
+        torch.backends.cuda.enable_cudnn_sdp(not args.no_cudnn_attention)
+        engine.close()
+        del engine
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -353,6 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Modes: " + "; ".join(mode_text(m, Settings(device=device).invariant_rows) for m in modes) + ".",
         "",
+        *_varied_lines(varied, varied_totals, args.varied_new_tokens),
         f"Reward scoring (`hf-orm` adapter path, `HFOutcomeReward.score_ids`, one-label sequence-classification head "
         f"on the same shape, {args.reward_tokens}-token inputs, one batch per call, mean of {args.reward_reps} call{'s' if args.reward_reps != 1 else ''}):",
         "",
@@ -364,6 +443,12 @@ def main(argv: list[str] | None = None) -> int:
         + (f"--invariant-batch-sizes {args.invariant_batch_sizes} " if args.invariant_batch_sizes else "")
         + f"--reward-batch-sizes {args.reward_batch_sizes}"
         + (f" --reward-reps {args.reward_reps}" if args.reward_reps != 3 else "")
+        + (f" --varied-calls {args.varied_calls}" if args.varied_calls else "")
+        + (
+            f" --varied-new-tokens {args.varied_new_tokens}"
+            if args.varied_calls and args.varied_new_tokens != 32
+            else ""
+        )
         + (" --no-cudnn-attention" if args.no_cudnn_attention else "")
         + (f" --section {args.section}" if args.section != "gpu-check" else "")
         + "`",

@@ -540,8 +540,9 @@ def test_gpu_check_without_cuda_exits_nonzero_and_writes_nothing(monkeypatch, tm
 
 def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, capsys):
     """The script itself on a tiny random Llama: a row per mode and batch size (the invariant mode at its
-    own sizes), every requested token generated, cuDNN attention off when asked, the doc untouched; an
-    unknown mode is refused."""
+    own sizes), every requested token generated, the varied-shapes calls under both attention backends,
+    cuDNN attention off when asked (and left so after the varied calls), the doc untouched; an unknown mode
+    is refused."""
     import torch
 
     sys.path.insert(0, str(ROOT))
@@ -559,6 +560,10 @@ def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, ca
         "1,3",
         "--invariant-batch-sizes",
         "2",
+        "--varied-calls",
+        "2",
+        "--varied-new-tokens",
+        "2",
         *small,
     ]
     try:
@@ -575,6 +580,9 @@ def test_gpu_check_cpu_smoke_measures_every_mode_and_writes_nothing(tmp_path, ca
         ("library", 1, 3),
         ("library", 3, 9),
     ]
+    varied = [[c.strip() for c in r] for r in rows if len(r) == 5 and r[0].strip() in ("on", "off")]
+    assert [(r[0], int(r[1])) for r in varied] == [("on", 2), ("off", 2)]
+    assert varied[0][2] == varied[1][2] and int(varied[0][2]) >= 2 * 2  # the same calls, both backends
     assert doc.read_text() == "<!-- gpu-check:start -->\nold\n<!-- gpu-check:end -->\n"
     with pytest.raises(SystemExit) as bad:
         gpu_check.main(["--cpu-smoke", "--modes", "padded,fast", *small])

@@ -195,7 +195,13 @@ def reward_revision(reward: str | None, *, cache_dir: Path | None = None) -> dic
     out: dict[str, Any] = {"name": reward, "kind": kind, "model": model}
     if style:
         out["style"] = style
-    out["revision"] = model_revision(model, cache_dir=cache_dir)
+    # a served reward's weights are the server's: a local folder or cache entry of the same name says
+    # nothing about them, so its scores stay out of the score cache
+    out["revision"] = (
+        "unknown (weights on a model server)"
+        if kind == "openai-rm"
+        else model_revision(model, cache_dir=cache_dir)
+    )
     return out
 
 

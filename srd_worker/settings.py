@@ -215,6 +215,17 @@ class Settings(BaseSettings):
     judge_base_url: str | None = Field(
         None, description="judge rewards with SRDQ_JUDGE_ENGINE=openai: the judge server's API root."
     )
+    rm_base_url: str | None = Field(
+        None,
+        description="openai-rm:MODEL reward: the reward server's address (e.g. http://127.0.0.1:8002/v1; a "
+        "trailing /v1 is dropped, as vLLM serves /pooling at its root), a server that serves the reward "
+        "model for pooling (vLLM: --runner pooling).",
+    )
+    rm_tokenizer: str | None = Field(
+        None,
+        description="openai-rm:MODEL reward: where the reward model's tokenizer is loaded from (a local "
+        "folder or a cached Hugging Face id; only tokenizer files are read); unset: MODEL.",
+    )
     queue: str = Field("srdq", description="Celery queue shards are sent to and workers listen on.")
     lease_ttl_s: float = Field(
         60.0, gt=0, description="Shard lease lifetime; heartbeats renew it every ttl/3."

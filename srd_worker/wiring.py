@@ -99,11 +99,12 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     config, weights and tokenizer, a built-in model's package, a cached hub id), for the policy and for
     a reward or judge backed by a model: ``ModelLoadError`` before anything is written. ``everything``
     (``srdq run``: the models must be on this machine); otherwise (``srdq submit``: the workers load
-    them) only names that are folders here are checked. The openai engine's model is on its server."""
+    them) only names that are folders here are checked. The openai engine's model and an ``openai-rm``
+    reward's are on their servers (``srdq run`` checks that ``SRDQ_RM_BASE_URL`` is set)."""
     from pathlib import Path
 
     from srd_worker.engines.loading import probe_model
-    from srd_worker.rewards.registry import JUDGE_KINDS, MODEL_REWARDS, parse_reward_name
+    from srd_worker.rewards.registry import JUDGE_KINDS, MODEL_REWARDS, parse_reward_name, rm_server_url
 
     def probe(name: str, what: str, remote: bool) -> None:
         if everything or Path(name).exists():
@@ -116,6 +117,10 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
         kind, model, _style = parse_reward_name(reward)
         judge_engine = settings.judge_engine if settings is not None else "transformers"
         if kind in JUDGE_KINDS and judge_engine == "openai":
+            return
+        if kind == "openai-rm":  # the model is on its server; srdq run needs the server's URL here
+            if everything and settings is not None:
+                rm_server_url(settings)
             return
         remote = kind == "vllm-rm" or (kind in JUDGE_KINDS and judge_engine == "vllm")
         probe(model, f"reward model ({kind})", remote)

@@ -11,7 +11,9 @@ Separate reward-model checkpoints are named ``KIND:MODEL`` (``MODEL_REWARDS``):
 - ``hf-prm:MODEL[:STYLE]`` — HF process RM, last completed step (``rewards.hf_prm``); STYLE is ``qwen``
   (Qwen2.5-Math-PRM) or ``skywork`` (Skywork-o1-Open-PRM), default ``skywork`` when the model name
   contains "skywork", else ``qwen``. A MODEL holding ":" is not supported;
-- ``vllm-rm:MODEL`` — a vLLM pooling/reward model (``rewards.vllm_reward``; needs ``srdq[vllm]``).
+- ``vllm-rm:MODEL`` — a vLLM pooling/reward model (``rewards.vllm_reward``; needs ``srdq[vllm]``);
+- ``openai-rm:MODEL`` — a reward model on a model server (``rewards.openai_reward``: vLLM's ``/pooling``
+  at ``SRDQ_RM_BASE_URL``, MODEL the served name), for workers that hold no model;
 
 ``check_reward_name`` validates a name at submit time by its prefix only (the checkpoint is not looked
 up). The HF adapters run on ``Settings.device`` in ``Settings.dtype``; the vLLM one takes
@@ -167,6 +169,45 @@ def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
     )
 
 
+def rm_server_url(settings: Settings) -> str:
+    """The ``openai-rm`` reward server's root URL from ``SRDQ_RM_BASE_URL`` (a trailing ``/v1`` dropped:
+    vLLM serves ``/pooling`` at its root); ConfigError naming the setting when it is unset or not http(s)."""
+    base = settings.rm_base_url
+    if not base or not str(base).startswith(("http://", "https://")):
+        raise ConfigError(
+            "reward 'openai-rm:MODEL' needs the reward server's URL: set SRDQ_RM_BASE_URL to an http(s) "
+            f"address such as http://127.0.0.1:8002/v1 (got {base!r})"
+        )
+    return str(base).rstrip("/").removesuffix("/v1")
+
+
+def _openai_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
+    import os
+
+    from srd_worker.engines.openai_engine import OpenAIClient
+    from srd_worker.rewards.hf_common import load_tokenizer
+    from srd_worker.rewards.openai_reward import OpenAIReward
+
+    base = rm_server_url(settings)
+    key: Any = settings.openai_api_key
+    key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+    client = OpenAIClient(
+        base,
+        api_key=key or os.environ.get("OPENAI_API_KEY") or None,
+        timeout_s=float(settings.openai_timeout_s),
+        retry_s=float(settings.openai_retry_s),
+        concurrency=1,
+    )
+    source = settings.rm_tokenizer or model
+    return OpenAIReward(
+        model,
+        client=client,
+        tokenizer=load_tokenizer(MODEL_ALIASES.get(source, source)),
+        tokenizer_source=source,
+        **_batch_budget(settings),
+    )
+
+
 def _judge(model: str, style: str | None, settings: Settings) -> RewardModel:
     return _build_judge("judge", model, settings)
 
@@ -199,6 +240,13 @@ MODEL_REWARDS: Registry[ModelRewardEntry] = Registry(
             name="vllm-rm",
             summary="vLLM pooling/reward model (needs srdq[vllm]), e.g. vllm-rm:nvidia/AceMath-7B-RM",
             factory=_vllm_rm,
+            differentiable=False,
+        ),
+        ModelRewardEntry(
+            name="openai-rm",
+            summary="a reward model on a model server (vLLM's /pooling: raw logit of a classifier head) at "
+            "SRDQ_RM_BASE_URL, MODEL its served name, its tokenizer read locally from SRDQ_RM_TOKENIZER",
+            factory=_openai_rm,
             differentiable=False,
         ),
         ModelRewardEntry(
@@ -254,6 +302,8 @@ def parse_reward_name(name: str) -> tuple[str, str, str | None]:
         )
     if kind == "hf-prm" and style is None:
         style = "skywork" if "skywork" in rest.lower() else "qwen"
+    if kind == "openai-rm":  # MODEL is the name a server serves it under, not a folder of ours
+        return kind, rest, style
     return kind, MODEL_ALIASES.get(rest, rest), style
 
 
@@ -288,6 +338,10 @@ def _build_model_reward(name: str, settings: Settings | None) -> RewardModel:
         settings.judge_base_url,
         settings.rm_max_batch_tokens,
         settings.cudnn_attention,
+        settings.rm_base_url,
+        settings.rm_tokenizer,
+        settings.openai_timeout_s,
+        settings.openai_retry_s,
     )
     if key in _BUILT:
         return _BUILT[key]

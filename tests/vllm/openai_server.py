@@ -20,9 +20,13 @@ SERVED = "tiny-random-llama"
 
 
 class VLLMServer:
-    def __init__(self, model_dir: Path, log_dir: Path) -> None:
+    def __init__(
+        self, model_dir: Path, log_dir: Path, *, served: str = SERVED, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.model_dir = model_dir
         self.log_dir = log_dir
+        self.served = served
+        self.extra_args = tuple(extra_args)  # e.g. ("--runner", "pooling") for a reward model
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
@@ -36,7 +40,7 @@ class VLLMServer:
             "--model",
             str(self.model_dir),
             "--served-model-name",
-            SERVED,
+            self.served,
             "--host",
             "127.0.0.1",
             "--port",
@@ -55,6 +59,7 @@ class VLLMServer:
             "8192",
             "--kv-cache-memory-bytes",
             str(1 << 30),
+            *self.extra_args,
         ]
 
     def start(self, timeout: float = 300.0) -> None:

@@ -25,7 +25,8 @@ def test_services_present_and_worker_reserves_a_gpu():
 
 def test_servers_profile_light_workers_hold_no_model():
     """Profile "servers": vLLM model servers, each with its own GPUs split by tensor parallelism, under one
-    alias; light workers without GPUs point the openai engine at that alias."""
+    alias, and a reward server (pooling) on a GPU of its own; light workers without GPUs point the openai
+    engine at that alias and the openai-rm reward at the reward server."""
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     servers = [s for name, s in services.items() if name.startswith("model-server")]
     assert len(servers) >= 2
@@ -36,10 +37,15 @@ def test_servers_profile_light_workers_hold_no_model():
         tp = next(a for a in srv["command"] if a.startswith("--tensor-parallel-size="))
         assert int(tp.split("=")[1]) == len(dev["device_ids"])
         gpus += dev["device_ids"]
+    rm = services["reward-server"]
+    assert rm["profiles"] == ["servers"] and "--runner=pooling" in rm["command"]
+    assert "--served-model-name=rm" in rm["command"] and "--port=8002" in rm["command"]
+    gpus += rm["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
     assert len(gpus) == len(set(gpus)), "two model servers share a GPU"
     light = services["light-worker"]
     assert light["profiles"] == ["servers"] and "deploy" not in light
     assert light["environment"]["SRDQ_OPENAI_BASE_URL"] == "http://model-server:8000/v1"
+    assert light["environment"]["SRDQ_RM_BASE_URL"] == "http://reward-server:8002/v1"
 
 
 def test_monitoring_profile_scrapes_the_workers_and_provisions_the_dashboard():

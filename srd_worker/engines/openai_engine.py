@@ -303,6 +303,13 @@ class ChatPrompts:
         )
 
 
+def api_key(settings: Settings) -> str | None:
+    """The bearer token for a model server: ``SRDQ_OPENAI_API_KEY``, else ``OPENAI_API_KEY``, else none."""
+    key: Any = settings.openai_api_key
+    key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
+    return key or os.environ.get("OPENAI_API_KEY") or None
+
+
 def check_settings(settings: Settings) -> str:
     """The server URL from the settings; ConfigError naming SRDQ_OPENAI_BASE_URL when it is missing or not
     an http(s) URL (``srdq run`` checks this before it writes anything)."""
@@ -395,9 +402,7 @@ class OpenAIEngine:
         extra_body = {k.split(".", 1)[1]: v for k, v in args.items() if k.startswith("body.")}
         headers = {k.split(".", 1)[1]: str(v) for k, v in args.items() if k.startswith("header.")}
         base = check_settings(settings)
-        key: Any = settings.openai_api_key
-        key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
-        key = key or os.environ.get("OPENAI_API_KEY") or None
+        key = api_key(settings)
         concurrency = int(settings.openai_concurrency)
         client = OpenAIClient(
             base,

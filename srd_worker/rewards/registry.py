@@ -13,7 +13,7 @@ Separate reward-model checkpoints are named ``KIND:MODEL`` (``MODEL_REWARDS``):
   contains "skywork", else ``qwen``. A MODEL holding ":" is not supported;
 - ``vllm-rm:MODEL`` — a vLLM pooling/reward model (``rewards.vllm_reward``; needs ``srdq[vllm]``);
 - ``openai-rm:MODEL`` — a reward model on a model server (``rewards.openai_reward``: vLLM's ``/pooling``
-  at ``SRDQ_RM_BASE_URL``, MODEL the served name), for workers that hold no model;
+  at ``SRDQ_RM_BASE_URL``, MODEL the served name), for workers that hold no model.
 
 ``check_reward_name`` validates a name at submit time by its prefix only (the checkpoint is not looked
 up). The HF adapters run on ``Settings.device`` in ``Settings.dtype``; the vLLM one takes
@@ -182,18 +182,14 @@ def rm_server_url(settings: Settings) -> str:
 
 
 def _openai_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
-    import os
-
-    from srd_worker.engines.openai_engine import OpenAIClient
+    from srd_worker.engines.openai_engine import OpenAIClient, api_key
     from srd_worker.rewards.hf_common import load_tokenizer
     from srd_worker.rewards.openai_reward import OpenAIReward
 
     base = rm_server_url(settings)
-    key: Any = settings.openai_api_key
-    key = key.get_secret_value() if hasattr(key, "get_secret_value") else key
     client = OpenAIClient(
         base,
-        api_key=key or os.environ.get("OPENAI_API_KEY") or None,
+        api_key=api_key(settings),
         timeout_s=float(settings.openai_timeout_s),
         retry_s=float(settings.openai_retry_s),
         concurrency=1,

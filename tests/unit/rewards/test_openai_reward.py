@@ -169,3 +169,10 @@ def test_srdq_run_without_the_reward_servers_url_writes_nothing(
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     assert [len(b["input"]) for b in server.posts()] == [2]
+
+
+def test_the_api_key_is_sent_as_bearer(server, tok_dir, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env")
+    # another batch budget: a reward of its own, not one an earlier test built (rewards are cached per process)
+    reward_for(server.url, tok_dir, rm_max_batch_tokens=999).score(QUESTIONS[:1], RESPONSES[:1])
+    assert server.requests[-1][2]["Authorization"] == "Bearer sk-from-env"

@@ -143,9 +143,7 @@ def processed_probs(logits: Any, temps: Any, top_k: Any, top_p: Any) -> Any:
     out.scatter_(1, torch.argmax(logits, dim=-1, keepdim=True), 1.0)
     if bool(greedy.all()):
         return out
-    scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-    # a greedy row's own top-k must not widen the others' selection
-    probs, sorted_idx = filtered_probs(scaled, torch.where(greedy, torch.ones_like(top_k), top_k), top_p)
+    probs, sorted_idx = filtered_probs(logits, temps, top_k, top_p)
     sampled = torch.zeros_like(logits).scatter_(1, sorted_idx, probs)
     return torch.where(greedy.unsqueeze(1), out, sampled)
 

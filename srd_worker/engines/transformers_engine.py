@@ -690,11 +690,9 @@ class TransformersEngine:
         greedy = temps == 0
         tokens = torch.argmax(logits, dim=-1)
         if not bool(greedy.all()):
-            scaled = logits / torch.where(greedy, torch.ones_like(temps), temps).unsqueeze(1)
-            # a greedy row takes its argmax: its own top-k must not widen the others' selection
-            top_k = torch.tensor([1 if p.temperature == 0 else p.top_k for p in params], device=logits.device)
+            top_k = torch.tensor([p.top_k for p in params], device=logits.device)
             top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=logits.device)
-            probs, sorted_idx = filtered_probs(scaled, top_k, top_p)
+            probs, sorted_idx = filtered_probs(logits, temps, top_k, top_p)
             width = probs.shape[1]
             cdf = probs.cumsum(-1)
             u = torch.stack([torch.rand((), generator=g) for g in gens]).to(logits.device)

@@ -310,19 +310,22 @@ def api_key(settings: Settings) -> str | None:
     return key or os.environ.get("OPENAI_API_KEY") or None
 
 
+def server_url(value: str | None, setting: str, needed_by: str, example: str) -> str:
+    """``value``, a server's URL read from ``setting``; ConfigError naming the setting when it is missing or
+    not an http(s) URL (``needed_by`` says what needs it)."""
+    if not value:
+        raise ConfigError(f"{needed_by} needs the server's URL: set {setting} (e.g. {example})")
+    if not str(value).startswith(("http://", "https://")):
+        raise ConfigError(f"{setting} must be an http(s) URL such as {example}, got {value!r}")
+    return str(value)
+
+
 def check_settings(settings: Settings) -> str:
     """The server URL from the settings; ConfigError naming SRDQ_OPENAI_BASE_URL when it is missing or not
     an http(s) URL (``srdq run`` checks this before it writes anything)."""
-    base = settings.openai_base_url
-    if not base:
-        raise ConfigError(
-            "the openai engine needs the model server's URL: set SRDQ_OPENAI_BASE_URL (e.g. http://127.0.0.1:8000/v1)"
-        )
-    if not str(base).startswith(("http://", "https://")):
-        raise ConfigError(
-            f"SRDQ_OPENAI_BASE_URL must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base!r}"
-        )
-    return str(base)
+    return server_url(
+        settings.openai_base_url, "SRDQ_OPENAI_BASE_URL", "the openai engine", "http://127.0.0.1:8000/v1"
+    )
 
 
 class OpenAIEngine:

@@ -172,13 +172,12 @@ def _vllm_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
 def rm_server_url(settings: Settings) -> str:
     """The ``openai-rm`` reward server's root URL from ``SRDQ_RM_BASE_URL`` (a trailing ``/v1`` dropped:
     vLLM serves ``/pooling`` at its root); ConfigError naming the setting when it is unset or not http(s)."""
-    base = settings.rm_base_url
-    if not base or not str(base).startswith(("http://", "https://")):
-        raise ConfigError(
-            "reward 'openai-rm:MODEL' needs the reward server's URL: set SRDQ_RM_BASE_URL to an http(s) "
-            f"address such as http://127.0.0.1:8002/v1 (got {base!r})"
-        )
-    return str(base).rstrip("/").removesuffix("/v1")
+    from srd_worker.engines.openai_engine import server_url
+
+    base = server_url(
+        settings.rm_base_url, "SRDQ_RM_BASE_URL", "reward 'openai-rm:MODEL'", "http://127.0.0.1:8002/v1"
+    )
+    return base.rstrip("/").removesuffix("/v1")
 
 
 def _openai_rm(model: str, style: str | None, settings: Settings) -> RewardModel:

@@ -100,11 +100,18 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     a reward or judge backed by a model: ``ModelLoadError`` before anything is written. ``everything``
     (``srdq run``: the models must be on this machine); otherwise (``srdq submit``: the workers load
     them) only names that are folders here are checked. The openai engine's model and an ``openai-rm``
-    reward's are on their servers (``srdq run`` checks that ``SRDQ_RM_BASE_URL`` is set)."""
+    reward's are on their servers (``srdq run`` checks that ``SRDQ_RM_BASE_URL`` is set), as is a judge's
+    with ``SRDQ_JUDGE_ENGINE=openai`` (``SRDQ_JUDGE_BASE_URL``)."""
     from pathlib import Path
 
     from srd_worker.engines.loading import probe_model
-    from srd_worker.rewards.registry import JUDGE_KINDS, MODEL_REWARDS, parse_reward_name, rm_server_url
+    from srd_worker.rewards.registry import (
+        JUDGE_KINDS,
+        MODEL_REWARDS,
+        judge_server_url,
+        parse_reward_name,
+        rm_server_url,
+    )
 
     def probe(name: str, what: str, remote: bool) -> None:
         if everything or Path(name).exists():
@@ -116,7 +123,9 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     if reward and ":" in reward and reward.partition(":")[0] in MODEL_REWARDS:
         kind, model, _style = parse_reward_name(reward)
         judge_engine = settings.judge_engine if settings is not None else "transformers"
-        if kind in JUDGE_KINDS and judge_engine == "openai":
+        if kind in JUDGE_KINDS and judge_engine == "openai":  # on its server: srdq run needs the URL here
+            if everything and settings is not None:
+                judge_server_url(settings)
             return
         if kind == "openai-rm":  # the model is on its server; srdq run needs the server's URL here
             if everything and settings is not None:

@@ -132,7 +132,7 @@ class OpenAIClient:
 
         if not base_url or not base_url.startswith(("http://", "https://")):
             raise ConfigError(
-                f"SRDQ_OPENAI_BASE_URL must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+                f"a model server's URL must be http(s), such as http://127.0.0.1:8000/v1; got {base_url!r}"
             )
         self.base_url = base_url.rstrip("/")
         self.timeout_s = float(timeout_s)

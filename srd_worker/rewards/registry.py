@@ -180,6 +180,16 @@ def rm_server_url(settings: Settings) -> str:
     return base.rstrip("/").removesuffix("/v1")
 
 
+def judge_server_url(settings: Settings) -> str:
+    """The judge server's URL (``SRDQ_JUDGE_ENGINE=openai``) from ``SRDQ_JUDGE_BASE_URL``; ConfigError naming
+    that setting when it is unset or not http(s)."""
+    from srd_worker.engines.openai_engine import server_url
+
+    return server_url(
+        settings.judge_base_url, "SRDQ_JUDGE_BASE_URL", "SRDQ_JUDGE_ENGINE=openai", "http://127.0.0.1:8001/v1"
+    )
+
+
 def _openai_rm(model: str, style: str | None, settings: Settings) -> RewardModel:
     from srd_worker.engines.openai_engine import OpenAIClient, api_key
     from srd_worker.rewards.hf_common import load_tokenizer
@@ -355,14 +365,8 @@ def _build_judge(kind: str, model: str, settings: Settings) -> RewardModel:
         raise ConfigError(f"SRDQ_JUDGE_ENGINE={engine_kind!r}: choose one of {', '.join(sorted(ENGINES))}")
     judge_settings = settings
     if engine_kind == "openai":
-        if not settings.judge_base_url:
-            raise ConfigError(
-                "SRDQ_JUDGE_ENGINE=openai needs the judge server's URL: set SRDQ_JUDGE_BASE_URL "
-                "(e.g. http://127.0.0.1:8001/v1)"
-            )
-        judge_settings = settings.model_copy(
-            update={"openai_base_url": settings.judge_base_url, "openai_tokenizer": None}
-        )
+        url = judge_server_url(settings)
+        judge_settings = settings.model_copy(update={"openai_base_url": url, "openai_tokenizer": None})
     from srd_worker.rewards.lm_judge import LMJudgeReward
 
     engine = build_engine(engine_kind, model, judge_settings)

@@ -126,3 +126,33 @@ def test_judge_names_and_settings_are_checked(judge_settings):
     no_url = judge_settings.model_copy(update={"judge_engine": "openai"})
     with pytest.raises(ConfigError, match="SRDQ_JUDGE_BASE_URL"):
         registry.build_reward("judge:tiny-random-llama", None, settings=no_url)
+    not_http = no_url.model_copy(update={"judge_base_url": "ftp://judge:8001/v1"})
+    with pytest.raises(ConfigError, match="SRDQ_JUDGE_BASE_URL must be an http") as err:
+        registry.build_reward("judge:tiny-random-llama", None, settings=not_http)
+    assert "SRDQ_OPENAI_BASE_URL" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "url, message", [(None, "set SRDQ_JUDGE_BASE_URL"), ("judge:8001", "SRDQ_JUDGE_BASE_URL must")]
+)
+def test_srdq_run_with_a_judge_server_checks_its_url_before_writing(
+    tmp_path, monkeypatch, datasets_dir, url, message
+):
+    """`srdq run --reward judge:M` with SRDQ_JUDGE_ENGINE=openai: the judge is on its server, so its URL is
+    checked before anything is written, and the error names SRDQ_JUDGE_BASE_URL (not the policy's URL)."""
+    from click.testing import CliRunner
+    from srdq_cli.main import cli
+
+    monkeypatch.setenv("SRDQ_JUDGE_ENGINE", "openai")
+    if url is None:
+        monkeypatch.delenv("SRDQ_JUDGE_BASE_URL", raising=False)
+    else:
+        monkeypatch.setenv("SRDQ_JUDGE_BASE_URL", url)
+    out = tmp_path / "out"
+    args = ["run", str(datasets_dir / "gsm8k_test.jsonl"), "--method", "best_of_n", "--n", "2",
+            "--model", "tiny-random-llama", "--reward", "judge:some-judge", "--max-new-tokens", "4",
+            "--limit", "1", "--out", str(out)]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 1, res.output
+    assert message in res.output and "SRDQ_OPENAI_BASE_URL" not in res.output
+    assert not out.exists()

@@ -118,11 +118,10 @@ class EASDRule:
 
     def fires(self, step: SpecStep, i: int) -> bool:
         """Both entropies at or above their thresholds and the top-N sets overlapping at least ``overlap``."""
-        if self.entropy_source == "raw":
-            hq, hp = entropy(step.q_logits[i]), entropy(step.p_logits[i])
-        else:
-            hq, hp = prob_entropy(step.q[i]), prob_entropy(step.p[i])
-        if hq < self.tau_q or hp < self.tau_p:
+        h = entropy if self.entropy_source == "raw" else prob_entropy
+        q_rows, p_rows = (step.q_logits, step.p_logits) if self.entropy_source == "raw" else (step.q, step.p)
+        # the target's entropy (a full-vocabulary pass) only when the draft's is at its threshold
+        if h(q_rows[i]) < self.tau_q or h(p_rows[i]) < self.tau_p:
             return False
         return top_n_overlap(step.q_logits[i], step.p_logits[i], self.top_n) >= self.overlap
 

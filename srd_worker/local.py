@@ -208,7 +208,7 @@ def refuse_other_config(
 
 def _mark_interrupted(db: Any, run_id: str) -> None:
     """An unfinished run whose process stops goes back to ``pending`` (resumable: the same command resumes
-    it from its checkpoints); best effort, on the way out."""
+    it from its checkpoints), and so do the shards it had open; best effort, on the way out."""
     from srd_worker.store import crud
     from srd_worker.store.db import session_scope
 
@@ -216,6 +216,11 @@ def _mark_interrupted(db: Any, run_id: str) -> None:
         with session_scope(db) as session:
             if crud.get_run(session=session, run_id=run_id).status == "running":
                 crud.set_run_status(session=session, run_id=run_id, status="pending")
+            for shard in crud.list_shards(session=session, run_id=run_id):
+                if shard.status == "running":
+                    crud.set_shard_status(
+                        session=session, run_id=run_id, shard_index=shard.index, status="pending"
+                    )
     except Exception as exc:  # noqa: BLE001 - never hide the interruption itself
         log.warning("could not mark run %s pending: %s", run_id, exc)
 
@@ -358,6 +363,13 @@ def run_local(
                 if on_round is not None:
                     on_round(replace(rep, items_done=finished + rep.items_done, items_total=len(items)))
 
+            def shard_open(position: int) -> None:
+                # `srdq status` shows the shards this call is working on as running (no lease: one process)
+                with session_scope(db) as session:
+                    crud.set_shard_status(
+                        session=session, run_id=run_id, shard_index=pending[position].index, status="running"
+                    )
+
             def shard_done(position: int, outcome: ShardOutcome) -> None:
                 shard = pending[position]
                 totals["items"] += shard.stop - shard.start
@@ -412,6 +424,7 @@ def run_local(
                 run_seed=spec.seed,
                 on_round=report,
                 on_shard_done=shard_done,
+                on_shard_open=shard_open,
                 score_cache=cache,
                 max_rows=window_rows(spec, settings, wired, works),
                 window_store=SqlWindowStore(stores),

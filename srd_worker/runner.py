@@ -370,6 +370,7 @@ def run_shards(
     score_cache: ScoreCache | None = None,
     max_rows: int = 0,
     window_store: WindowStore | None = None,
+    on_shard_open: Callable[[int], None] | None = None,
 ) -> list[ShardOutcome]:
     """Run (or resume) ``shards`` in order through one window of rows (``run_shard`` is the one-shard
     case). With ``max_rows`` R > 0 the shards' items are admitted in order, across shard boundaries,
@@ -379,7 +380,7 @@ def run_shards(
     every unfinished item of one shard at a time. A shard is opened (its checkpoints loaded, its states
     built) when the window could admit its items, and finished (records graded, ``save_results``,
     ``on_shard_done(position, outcome)``) as soon as its items are done, so shards may finish out of
-    order. Each step's checkpoints go to the shards' stores, in one transaction when a ``window_store``
+    order (``on_shard_open(position)`` is told when one opens). Each step's checkpoints go to the shards' stores, in one transaction when a ``window_store``
     is given; what opens and what steps depends only on the checkpoints, so a resumed call steps the
     same items together as the uninterrupted one. Returns one outcome per shard, in order
     (``finished`` False for those not reached before ``max_rounds`` / ``max_seconds``)."""
@@ -418,6 +419,8 @@ def run_shards(
         shard_round = max(shard_round, round_)
         outcomes[next_shard].rounds = round_
         opened.append(_Open(next_shard, work, states, outcomes[next_shard]))
+        if on_shard_open is not None:
+            on_shard_open(next_shard)
         next_shard += 1
 
     def live() -> list[dict[str, Any]]:

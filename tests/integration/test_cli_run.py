@@ -305,6 +305,8 @@ def test_interrupted_run_keeps_finished_shards_and_resumes_to_the_same_records(
 
         with sqlite3.connect(out / "srdq.db") as con:
             assert [r[0] for r in con.execute("select status from run")] == ["pending"]
+            # the shards it had open are pending again (srdq status showed them running)
+            assert not con.execute("select 1 from shard where status = 'running'").fetchall()
     (partial,) = out.glob("run-*/results.jsonl")
     reference = sharded_reference.splitlines(keepends=True)
     done = partial.read_bytes().splitlines(keepends=True)

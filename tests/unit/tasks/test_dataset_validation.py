@@ -113,6 +113,14 @@ CASES: dict[str, Case] = {
         "answer",
         "has no final '#### <answer>' line",
     ),
+    "gsm8k_gold_not_a_number": (
+        _lines(_row(GOOD_GSM), _row(GOOD_GSM, answer="So the answer is\n#### 18 dollars")),
+        "gsm8k",
+        2,
+        "answer",
+        "its final answer after '####' is '18 dollars', not a number (GSM8K answers are numbers; for other "
+        "answers use --task generic or a task file)",
+    ),
     "bad_id_type": (
         _lines(_row(GOOD_GSM, id=["x"])),
         "gsm8k",

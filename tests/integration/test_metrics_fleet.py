@@ -76,6 +76,13 @@ def test_scraped_counters_equal_the_records(env, datasets_dir, tmp_path):
     for port in ports:
         wait_for(lambda port=port: serving(port), 120, f"metrics on port {port}")
     wait_for(lambda: run_done(env, run_id), 240, "run to finish")
+    # a worker counts a shard after its results are committed (the store says done first), so the last
+    # shard's counters may lag the database by a moment on a busy machine: wait for them, then compare
+    wait_for(
+        lambda: total([scrape(port) for port in ports], "srdq_shards_finished_total", run_id=run_id) >= 3,
+        60,
+        "the last shard's counters",
+    )
 
     scrapes = [scrape(port) for port in ports]
     records = db_rows(

@@ -382,8 +382,9 @@ def run_shards(
     ``on_shard_done(position, outcome)``) as soon as its items are done, so shards may finish out of
     order (``on_shard_open(position)`` is told when one opens). Each step's checkpoints go to the shards'
     stores, in one transaction when a ``window_store`` is given; what opens and what steps depends only on
-    the checkpoints, so a resumed call steps the same items together as the uninterrupted one. Returns one outcome per shard, in order
-    (``finished`` False for those not reached before ``max_rounds`` / ``max_seconds``)."""
+    the checkpoints, so a resumed call steps the same items together as the uninterrupted one. Returns one
+    outcome per shard, in order (``finished`` False for those not reached before ``max_rounds`` /
+    ``max_seconds``)."""
     outcomes = [ShardOutcome(finished=False, rounds=0) for _ in shards]
     ctx = StepContext(
         engine,

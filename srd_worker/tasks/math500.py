@@ -2,8 +2,9 @@
 
 Follows the ``openai/prm800k`` ``math_splits/test.jsonl`` layout: ``problem``, ``answer`` (the final answer
 as LaTeX), plus ``solution``, ``subject``, ``level`` and ``unique_id``. The item id is ``unique_id`` (else
-``line-<N>``); ``subject`` and ``level`` are kept in ``Item.meta``. Responses are graded on their last
-``\\boxed{}`` only (no last-number fallback) with math-verify.
+``line-<N>``); ``subject`` and ``level`` are kept in ``Item.meta``. A gold written as ``\\boxed{x}`` is
+reduced to ``x``; an empty or unclosed box is refused (no response could match it). Responses are graded
+on their last ``\\boxed{}`` only (no last-number fallback) with math-verify.
 
 Left out: the worked ``solution`` (not kept on the item), the full 5,000-problem MATH test set's extra
 answer normalisation rules, and few-shot prompting.
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.tasks.base import Item
+from srd_worker.tasks.generic import gold_answer
 from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, GRADER_VERSION, extract_answer, math_equal
 from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import math_messages
@@ -43,10 +45,15 @@ class Math500Task:
         rows.require(line, row, self.required_fields)
         meta: dict[str, Any] = {rows.unit: line}
         meta.update({k: row[k] for k in META_FIELDS if k in row})
+        gold = row["answer"].strip()
+        if "\\boxed" in gold or "\\fbox" in gold:
+            gold = gold_answer(gold)
+            if not gold:
+                raise rows.error("has an empty or unclosed \\boxed{} answer", line, "answer")
         return Item(
             id=rows.row_id(line, row, "unique_id"),
             question=row["problem"],
-            gold=row["answer"].strip(),
+            gold=gold,
             meta=meta,
         )
 

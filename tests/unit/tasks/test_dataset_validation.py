@@ -121,6 +121,20 @@ CASES: dict[str, Case] = {
         "its final answer after '####' is '18 dollars', not a number (GSM8K answers are numbers; for other "
         "answers use --task generic or a task file)",
     ),
+    "math500_empty_boxed_gold": (
+        _lines(_row(GOOD_MATH, unique_id="a"), _row(GOOD_MATH, unique_id="b", answer="\\boxed{ }")),
+        "math500",
+        2,
+        "answer",
+        "has an empty or unclosed \\boxed{} answer",
+    ),
+    "math500_unclosed_boxed_gold": (
+        _lines(_row(GOOD_MATH, answer="\\boxed{\\frac{1}{2}")),
+        "math500",
+        1,
+        "answer",
+        "has an empty or unclosed \\boxed{} answer",
+    ),
     "bad_id_type": (
         _lines(_row(GOOD_GSM, id=["x"])),
         "gsm8k",

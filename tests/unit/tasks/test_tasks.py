@@ -97,6 +97,16 @@ def test_gsm8k_real_rows_with_thousands_commas(gsm8k_items: list[Item]) -> None:
         assert task.grade(f"The total is ${raw}.", item)
 
 
+def test_math500_boxed_gold_is_reduced_to_its_content(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"problem": "Half of 1?", "answer": r"$\boxed{\frac{1}{2}}$"}) + "\n")
+    task = Math500Task()
+    (item,) = task.load(path)
+    assert item.gold == r"\frac{1}{2}"
+    assert task.grade(r"so \boxed{0.5}", item)
+    assert not task.grade(r"so \boxed{2}", item)
+
+
 def test_math500_equivalent_forms() -> None:
     assert math_equal(r"(3, \pi/2)", r"\left( 3, \frac{\pi}{2} \right)")
     assert math_equal(r"\dfrac{1}{2}", "0.5")

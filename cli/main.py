@@ -28,7 +28,7 @@ from srdq_cli.common import (
     require_extra,
     track_option,
 )
-from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
+from srdq_cli.sweep_cli import check_mix, check_single, sweep_option, wide_console
 
 if TYPE_CHECKING:
     from srd_worker.spec import PreparedRun
@@ -37,7 +37,8 @@ DEFAULT_MODEL = "smollm2"
 
 
 def _console(stderr: bool = False) -> Console:
-    return Console(stderr=stderr, highlight=False)
+    """Stderr for progress and notes; stdout wide when piped, so tables never cut a run id."""
+    return Console(stderr=True, highlight=False) if stderr else wide_console()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

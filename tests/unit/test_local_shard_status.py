@@ -5,12 +5,14 @@ SIGTERM, an error) puts its open shards back to ``pending`` with the run, so the
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
 from srd_worker.local import run_local
 from srd_worker.settings import Settings
 from srd_worker.spec import prepare_run
 from srd_worker.status import run_status
 from srd_worker.store.db import make_engine, sqlite_url
+from srdq_cli.main import cli
 
 pytestmark = pytest.mark.unit
 
@@ -71,3 +73,8 @@ def test_open_shards_are_running_then_done_or_pending_again(tmp_path, tiny_engin
     finally:
         db.dispose()
     assert done.status == "done" and done.shard_states == {"done": 2}
+
+    # Piped (not a terminal), the status table is wide enough to show the whole run id.
+    shown = CliRunner().invoke(cli, ["status", summary.run_id, "--db", str(out)], env={"COLUMNS": "60"})
+    assert shown.exit_code == 0, shown.output
+    assert summary.run_id in shown.output and "…" not in shown.output, shown.output

@@ -55,7 +55,7 @@ def load_run(db_file: Path, run_id: str | None) -> Any:
     import sqlite3
 
     from srd_worker.reports.loading import load_report_runs
-    from srd_worker.store.db import make_engine, sqlite_url
+    from srd_worker.store.db import open_sqlite
 
     with sqlite3.connect(f"file:{db_file}?mode=ro", uri=True) as con:
         done = [
@@ -69,7 +69,7 @@ def load_run(db_file: Path, run_id: str | None) -> Any:
         run_id = bon[0]
     elif run_id not in {rid for rid, _ in done}:
         raise SystemExit(f"{db_file}: no finished run {run_id!r}; finished: {[rid for rid, _ in done]}")
-    db = make_engine(sqlite_url(db_file))
+    db = open_sqlite(db_file)  # a snapshot stored by an older srdq is brought to this schema
     try:
         return load_report_runs(db, [run_id])[0]
     finally:

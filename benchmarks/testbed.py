@@ -71,7 +71,7 @@ def collect(sweep: dict, folders: list[Path], *, settings: object = None) -> lis
     processes); a grid point without a finished run is an error naming it. ``settings``: the ones the grid
     ran with (default: ``run_grid``'s), since run ids name the engine settings that change results."""
     from srd_worker.reports.loading import load_report_runs
-    from srd_worker.store.db import make_engine, sqlite_url
+    from srd_worker.store.db import open_sqlite
     from srd_worker.sweep import parse_sweep, prepare_sweep
     from srd_worker.testbed.experiment import grid_settings
 
@@ -80,7 +80,7 @@ def collect(sweep: dict, folders: list[Path], *, settings: object = None) -> lis
     found: dict[str, object] = {}
     for folder in folders:
         for path in sorted(folder.rglob("srdq.db")):
-            db = make_engine(sqlite_url(path))
+            db = open_sqlite(path)  # a store of an older srdq is brought to this schema
             try:
                 import sqlite3
 

@@ -145,7 +145,7 @@ def _local_store_hint() -> str | None:
 def open_db(db: str | None = None):
     """An engine for ``--db``, checked with one query: a clear message if the database is unreachable or
     was never migrated."""
-    from srd_worker.store.db import check_reachable, make_engine
+    from srd_worker.store.db import check_reachable, make_engine, schema_behind, upgrade
 
     try:
         engine = make_engine(db_url(db))
@@ -163,4 +163,15 @@ def open_db(db: str | None = None):
         raise click.ClickException(
             f"database {engine.url.render_as_string(hide_password=True)}: {first} ({hint})"
         ) from None
+    behind = schema_behind(engine)
+    if behind is not None:
+        shown = engine.url.render_as_string(hide_password=True)
+        if engine.url.get_backend_name() != "sqlite":
+            engine.dispose()
+            raise click.ClickException(
+                f"database {shown}: its schema is at revision {behind[0]}, older than this srdq's "
+                f"{behind[1]}; run `srdq db upgrade` first (the workers' srdq must be as new)"
+            )
+        # an embedded store (`srdq run`'s SQLite file) is brought up to date, as `srdq run` would
+        upgrade(engine.url.render_as_string(hide_password=False))
     return engine

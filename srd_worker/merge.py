@@ -134,13 +134,13 @@ def _markers(folder: Path, run_id: str | None) -> dict[str, Any]:
 def read_slice(folder: Path, run_id: str | None = None) -> SliceFolder:
     """The slice in ``folder``: its marker, its run row and its shards' statuses and results."""
     from srd_worker.store import crud
-    from srd_worker.store.db import make_engine, session_scope, sqlite_url
+    from srd_worker.store.db import open_sqlite, session_scope
 
     marker = _markers(folder, run_id)
     part = SliceOf(count=int(marker["num_shards"]), index=int(marker["shard_index"]))
     rid = str(marker.get("run_id"))
     first, stop = (int(x) for x in marker["shards"])
-    db = make_engine(sqlite_url(folder / "srdq.db"))
+    db = open_sqlite(folder / "srdq.db")  # a slice written by an older srdq is brought up to date
     try:
         with session_scope(db) as session:
             run = crud.get_run(session=session, run_id=rid)
@@ -339,13 +339,13 @@ def _check_out(out: Path, ref: SliceFolder) -> None:
     """``ConfigError`` when ``out`` cannot take the merged run: a file, or a store holding another run
     under the same id (a merge into a folder an earlier partial merge made completes it)."""
     from srd_worker.store import crud
-    from srd_worker.store.db import make_engine, session_scope, sqlite_url
+    from srd_worker.store.db import open_sqlite, session_scope
 
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file, not a folder")
     if not (out / "srdq.db").is_file():
         return
-    db = make_engine(sqlite_url(out / "srdq.db"))
+    db = open_sqlite(out / "srdq.db")
     try:
         with session_scope(db) as session:
             run = crud.get_run(session=session, run_id=ref.run_id)
@@ -418,9 +418,9 @@ def _write_store(out: Path, slices: list[SliceFolder], items: list[_Item]) -> li
 def _items(ref: SliceFolder) -> list[_Item]:
     """The run's items, in dataset order, from one slice's store (every slice's store holds them all)."""
     from srd_worker.store import crud
-    from srd_worker.store.db import make_engine, session_scope, sqlite_url
+    from srd_worker.store.db import open_sqlite, session_scope
 
-    db = make_engine(sqlite_url(ref.folder / "srdq.db"))
+    db = open_sqlite(ref.folder / "srdq.db")
     try:
         with session_scope(db) as session:
             rows = crud.list_items(session=session, run_id=ref.run_id)

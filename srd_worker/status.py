@@ -180,7 +180,8 @@ class RunStatus:
     gen_tokens: int
     elapsed_s: float
     #: Generated tokens per second: the recent rate of the finished shards while the run goes on (their
-    #: ``ewma_rate``; until one finished, the average since work began), the average once it ended.
+    #: ``ewma_rate``; until one finished, the average since work began), the average once it ended; both
+    #: averages count only the tokens made since work (re)started (``run.started_tokens``).
     tokens_per_s: float
     #: Seconds left: the unfinished items at ``items_per_s``.
     eta_s: float | None
@@ -257,6 +258,8 @@ def run_status(
     # the queue is not work (runs stored before migration 0006 have no start and fall back to creation)
     began = run.started_at or run.created_at
     elapsed = max((end - began).total_seconds(), 1e-9)
+    # tokens made since work (re)started: a resumed run's earlier tokens are not this session's speed
+    made = max(tokens - (run.started_tokens if run.started_at else 0), 0)
     items_rate, tokens_rate = progress_rates(timeline, began=began, now=end)
     remaining = run.n_items - done - failed
     eta = eta_seconds(remaining, items_rate)
@@ -271,7 +274,7 @@ def run_status(
         failed=failed,
         gen_tokens=tokens,
         elapsed_s=elapsed,
-        tokens_per_s=tokens / elapsed if final or tokens_rate is None else tokens_rate,
+        tokens_per_s=made / elapsed if final or tokens_rate is None else tokens_rate,
         eta_s=eta,
         created_at=run.created_at,
         started_at=run.started_at,

@@ -145,6 +145,30 @@ def check_backfill(engine: Engine, url: str) -> None:
     assert [(s.done, s.failed) for s in after.shards] == [(s.done, s.failed) for s in before.shards]
 
 
+def check_old_schema(engine: Engine, url: str) -> None:
+    """``srdq status`` on a store an older srdq migrated (here: down to 0008, before ``started_tokens``):
+    an embedded SQLite store is brought up to date and read; a fleet database is refused with one line
+    naming both revisions and `srdq db upgrade`, and left as it is."""
+    from click.testing import CliRunner
+
+    from srd_worker.store.db import head_revision, schema_revision
+    from srdq_cli.main import cli
+
+    alembic_to(url, "0008", down=True)
+    try:
+        shown = CliRunner().invoke(cli, ["status", RUN, "--db", url])
+        if engine.url.get_backend_name() == "sqlite":
+            assert shown.exit_code == 0, shown.output
+            assert RUN in shown.output and schema_revision(url) == head_revision()
+        else:
+            assert shown.exit_code == 1, shown.output
+            assert f"its schema is at revision 0008, older than this srdq's {head_revision()}" in shown.output
+            assert "run `srdq db upgrade` first" in shown.output and "Traceback" not in shown.output
+            assert schema_revision(url) == "0008"
+    finally:
+        alembic_to(url, "head")
+
+
 #: What a model can emit into a checkpoint's text: NUL, other control characters, a lone surrogate, a
 #: number too large for any integer column, quotes and backslashes.
 HOSTILE = ["a\x00b", "\x00", "\x01\x1f\x7f", "\ud800 lone", "9" * 400, 'q"\\u0000"\\', "\u2028\ufeff"]
@@ -228,6 +252,14 @@ def check_eta(engine: Engine) -> None:
         assert leases.acquire(
             session=session, run_id=run_id, shard_index=2, owner="w", ttl_s=60, max_attempts=3
         )
+        # the 100 tokens made before the resume are the baseline of the rate, not speed of this session
+        assert session.exec(select(Run.started_tokens).where(Run.id == run_id)).one() == 100
     again = run_status(db=engine, run_id=run_id)
     assert again.started_at is not None and again.started_at > now - timedelta(seconds=1)
     assert again.items_per_s is None and again.eta_s is None
+    assert again.gen_tokens == 100 and again.tokens_per_s == 0.0, again.tokens_per_s
+    # the embedded `srdq run` starts its clock (and baseline) itself
+    with session_scope(engine) as session:
+        crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
+        assert session.exec(select(Run.started_tokens).where(Run.id == run_id)).one() == 100
+    assert run_status(db=engine, run_id=run_id).tokens_per_s == 0.0

@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, SQLModel, col, select
 
 from srd_worker.errors import StoreError
+from srd_worker.store import queries
 from srd_worker.store.models import (
     Checkpoint,
     CheckpointRound,
@@ -490,11 +491,13 @@ def set_shard_status(
 
 
 def set_run_status(*, session: Session, run_id: str, status: str, started: bool = False) -> None:
-    """Set a run's status; ``started``: work (re)starts now (``run.started_at``, the ETA's origin)."""
+    """Set a run's status; ``started``: work (re)starts now (``run.started_at``, the ETA's origin, and
+    ``run.started_tokens``, the tokens already made, which the rate leaves out)."""
     now = utcnow()
     values: dict[str, Any] = {"status": _status(status), "updated_at": now}
     if started:
         values["started_at"] = now
+        values["started_tokens"] = queries.run_tokens(session=session, run_id=run_id)
     updated = session.exec(update(Run).where(col(Run.id) == run_id).values(**values)).rowcount
     if updated != 1:
         raise StoreError(f"no run {run_id!r}")

@@ -103,6 +103,44 @@ def upgrade(url: str) -> tuple[str | None, str | None]:
     return before, schema_revision(url)
 
 
+def head_revision() -> str:
+    """The newest schema revision this srdq's packaged migrations define."""
+    from alembic.script import ScriptDirectory
+
+    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
+        head = ScriptDirectory(str(location)).get_current_head()
+    assert head is not None, "srdq_migrations has no revisions"
+    return head
+
+
+def schema_behind(engine: Engine) -> tuple[str, str] | None:
+    """(the database's revision, this srdq's head) when the database at ``engine`` was migrated by srdq
+    to an older schema than this srdq reads; None when it is current, newer (a later srdq; the extra
+    columns are ignored) or has no Alembic stamp (tables made without migrations)."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    with engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    if current is None:
+        return None
+    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
+        script = ScriptDirectory(str(location))
+        head = script.get_current_head()
+        known = {rev.revision for rev in script.walk_revisions()}
+    if head is None or current == head or current not in known:
+        return None
+    return current, head
+
+
+def open_sqlite(path: str | Path) -> Engine:
+    """An engine on the SQLite store at ``path`` brought to this srdq's schema first (a store written by
+    an older srdq: a slice, a benchmark snapshot), as ``srdq run`` does with its own store."""
+    url = sqlite_url(path)
+    upgrade(url)
+    return make_engine(url)
+
+
 def schema_revision(url: str) -> str | None:
     """The Alembic revision the database at ``url`` is at; None when it has no srdq schema yet."""
     from alembic.runtime.migration import MigrationContext

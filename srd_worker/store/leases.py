@@ -25,6 +25,7 @@ from sqlalchemy import or_, update
 from sqlmodel import Session, col, select
 
 from srd_worker.errors import StoreError
+from srd_worker.store import queries
 from srd_worker.store.models import Run, Shard, Status, utcnow
 
 FINAL = (Status.DONE.value, Status.FAILED.value, Status.CANCELLED.value)
@@ -92,6 +93,7 @@ def acquire(
             run.status = Status.RUNNING.value
         if run.started_at is None:  # the first lease since submit or `srdq resume`: the ETA's origin
             run.started_at = now
+            run.started_tokens = queries.run_tokens(session=session, run_id=run.id)  # the rate's baseline
         session.add(run)
     session.flush()
     return Lease(run_id, shard_index, owner, shard.version, shard.attempt)

@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     CheckConstraint,
     DateTime,
     Dialect,
@@ -104,6 +105,13 @@ class Run(SQLModel, table=True):
         sa_type=UTCDateTime,
         description="When work on the run (re)started: its first lease after submit or `srdq resume` (a call "
         "of the embedded `srdq run`); the origin of `srdq status`'s rate and ETA (migration 0006).",
+    )
+    started_tokens: int = Field(
+        default=0,
+        sa_type=BigInteger,
+        sa_column_kwargs={"server_default": "0"},
+        description="Generated tokens the run already held at `started_at` (finished shards and the checkpoints "
+        "of unfinished ones): `srdq status` counts only the tokens made since in its rate (migration 0009).",
     )
     sweep_id: str | None = Field(
         default=None,

@@ -153,6 +153,15 @@ def unfinished_tokens(*, session: Session, run_id: str) -> int:
     return int(total or 0)
 
 
+def run_tokens(*, session: Session, run_id: str) -> int:
+    """Generated tokens of the whole run so far: its shards' counters (finished items) plus the last
+    checkpoints of items still under way (``unfinished_tokens``)."""
+    finished = session.exec(
+        select(func.coalesce(func.sum(Shard.gen_tokens), 0)).where(Shard.run_id == run_id)
+    ).one()
+    return int(finished or 0) + unfinished_tokens(session=session, run_id=run_id)
+
+
 def notable_condition() -> Any:
     """The shards ``srdq status`` lists without ``--all``: running, failed, and slow ones (pending again
     after an attempt crashed or raised: ``attempt`` > 0 or an error kept)."""

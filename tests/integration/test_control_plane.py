@@ -21,7 +21,14 @@ from sqlalchemy.engine import make_url
 from srd_worker.store.db import make_engine
 from srd_worker.tasks.registry import get_task
 from tests.integration.fleet import CLI, PG_URL
-from tests.status_cases import check_backfill, check_eta, check_hostile_status, check_status, make_run
+from tests.status_cases import (
+    check_backfill,
+    check_eta,
+    check_hostile_status,
+    check_old_schema,
+    check_status,
+    make_run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("servers")]
 
@@ -294,7 +301,9 @@ def test_hostile_text_through_every_reader_on_postgresql(pg_url, tmp_path) -> No
         engine.dispose()
 
 
-@pytest.mark.parametrize("check", [check_status, check_backfill, check_hostile_status, check_eta])
+@pytest.mark.parametrize(
+    "check", [check_status, check_backfill, check_hostile_status, check_eta, check_old_schema]
+)
 def test_status_on_postgresql(pg_url, check) -> None:
     from srd_worker.store.db import upgrade
 
@@ -302,7 +311,7 @@ def test_status_on_postgresql(pg_url, check) -> None:
     engine = make_engine(pg_url)
     try:
         make_run(engine)
-        check(engine, pg_url) if check is check_backfill else check(engine)
+        check(engine, pg_url) if check in (check_backfill, check_old_schema) else check(engine)
     finally:
         engine.dispose()
 

@@ -22,6 +22,7 @@ from tests.status_cases import (
     check_backfill,
     check_eta,
     check_hostile_status,
+    check_old_schema,
     check_status,
     make_run,
     shape_run,
@@ -136,6 +137,10 @@ def test_status_eta_counts_from_the_first_lease_not_from_submit(sqlite_engine) -
 
 def test_migration_0004_backfills_the_shard_counters(sqlite_engine) -> None:
     check_backfill(*sqlite_engine)
+
+
+def test_status_upgrades_an_old_embedded_store(sqlite_engine) -> None:
+    check_old_schema(*sqlite_engine)
 
 
 def test_status_counts_tokens_of_checkpoints_holding_hostile_text(sqlite_engine, tmp_path: Path) -> None:

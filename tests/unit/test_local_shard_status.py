@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from srdq_cli.main import cli
 
 from srd_worker.local import run_local
 from srd_worker.settings import Settings
 from srd_worker.spec import prepare_run
 from srd_worker.status import run_status
 from srd_worker.store.db import make_engine, sqlite_url
-from srdq_cli.main import cli
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,8 @@ and read status. ALGORITHMS.md §0.4 lists what the offline API gives; this adap
   free. A start-up that fails for memory is re-raised as an EngineError naming srdq's setting;
   ``SRDQ_VLLM_CPU_BLOCK_SIZE`` sets the CPU build's KV block size (prefix caching reuses whole blocks);
   ``SRDQ_VLLM_ENFORCE_EAGER`` skips torch.compile (faster start-up, slower decoding); chunked prefill is
-  off on the CPU build (``cpu_prefill_kwargs``: vLLM 0.32's CPU build crashes on seeded chunked prefills);
+  off on the CPU build (``cpu_prefill_kwargs``: vLLM 0.32's CPU build crashes on seeded chunked prefills),
+  and a model step may take up to an hour there (``allow_slow_steps``; vLLM's own limit is 300 s);
 - continuation from token ids: each request is ``TokensPrompt(prompt_token_ids=prompt + kept prefix)``,
   never re-tokenised text, and repeated prefixes hit the prefix cache;
 - one vLLM ``SamplingParams`` per request: temperature (0 = greedy), top_p, top_k (-1 = off),
@@ -379,6 +380,19 @@ def prepare_process(kwargs: dict[str, Any], *, daemon: bool | None = None) -> No
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
+#: How long vLLM's engine core waits for one model step on the CPU build before it declares the engine
+#: dead (``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``; vLLM's default is 300 s).
+CPU_STEP_TIMEOUT_S = 3600
+
+
+def allow_slow_steps() -> None:
+    """On the CPU build, give one model step ``CPU_STEP_TIMEOUT_S``, unless
+    ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` is set. A step of 8,192 batched tokens with prompt logprobs over the whole vocabulary (the ``logprob``
+    reward scoring ten 1,024-token MATH500 candidates) took more than vLLM's 300 s on two shared cores, and
+    vLLM then killed the engine mid-run."""
+    os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(CPU_STEP_TIMEOUT_S))
+
+
 def check_visible_gpus(kwargs: dict[str, Any], visible: int) -> None:
     """EngineError before vLLM starts when the engine spans more GPUs (``devices_needed``) than this process
     sees (``visible``: ``torch.cuda.device_count()``, which CUDA_VISIBLE_DEVICES limits): a fleet worker
@@ -517,6 +531,7 @@ class VLLMEngine:
             single = devices_needed(kwargs) == 1  # a list per rank otherwise: vLLM's own
             if bind is not None and single and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = bind
+            allow_slow_steps()
         else:
             import torch
 

@@ -29,6 +29,13 @@ def test_prefix_caching_is_on(engine):
     assert cfg.kv_cache_memory_bytes == 1 << 30  # SRDQ_VLLM_CPU_KV_CACHE_GB=1, not a share of RAM
 
 
+def test_a_cpu_model_step_may_take_an_hour(engine):
+    """vLLM's 300 s step limit killed a MATH500 run scoring long candidates on two cores."""
+    import vllm.envs
+
+    assert vllm.envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS == 3600
+
+
 def test_scoring_reads_the_prefix_cache_and_equals_a_full_pass(engine):
     """A response re-scored as it grows: the second call reads the blocks the first one cached (vLLM
     returns prompt logprobs only past the hit; the memo fills the rest) and gives a full pass's logprobs."""

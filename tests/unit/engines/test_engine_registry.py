@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import types
@@ -622,6 +623,17 @@ def test_vllm_cpu_thread_binding(setting, cores, expected):
     from srd_worker.engines.vllm_engine import cpu_threads
 
     assert cpu_threads(setting, cores) == expected
+
+
+def test_vllm_cpu_step_timeout_is_an_hour_unless_set(monkeypatch):
+    from srd_worker.engines.vllm_engine import CPU_STEP_TIMEOUT_S, allow_slow_steps
+
+    monkeypatch.delenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", raising=False)
+    allow_slow_steps()
+    assert os.environ["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == str(CPU_STEP_TIMEOUT_S) == "3600"
+    monkeypatch.setenv("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "42")
+    allow_slow_steps()
+    assert os.environ["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"] == "42"  # the user's own value wins
 
 
 def test_vllm_cpu_thread_binding_refuses_an_empty_list():

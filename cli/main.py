@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -417,11 +417,32 @@ def run(
             f"{out_dir}/srdq.db; run the same command again to resume"
         )
         raise SystemExit(128 + got.get("signal", signal.SIGINT)) from None
+    except Exception as exc:
+        if "meter" not in bar:  # nothing started: friendly_errors reports it as any bad input
+            raise
+        _stopped(exc, out_dir)
     finally:
         signal.signal(signal.SIGTERM, previous)
     _print_summary(summary)
     if tracker is not None:
         click.echo(f"tracked: {tracker.where}")
+
+
+def _stopped(exc: Exception, out_dir: str) -> NoReturn:
+    """A started `srdq run` that stopped on an error: say that its rounds are kept and how to resume. The
+    engine dying, memory, a lost server (``isolation.classify``) or srdq's own errors are one line; anything
+    else is a bug and keeps its traceback, after the same note."""
+    from srd_worker.errors import SrdqError
+    from srd_worker.isolation import ITEM, classify
+
+    kept = f"every finished round is checkpointed in {out_dir}/srdq.db; run the same command again to resume"
+    if isinstance(exc, SrdqError) or classify(exc) != ITEM:
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else ""
+        what = first if isinstance(exc, SrdqError) else f"{type(exc).__name__}: {first}".rstrip(": ")
+        raise click.ClickException(f"the run stopped: {what} ({kept} once the cause is fixed)") from exc
+    _console(stderr=True).print(f"the run stopped on an unexpected error; {kept}")
+    raise exc
 
 
 def _print_summary(summary: Any) -> None:

@@ -46,3 +46,40 @@ def test_db_upgrade_says_what_it_did(tmp_path, monkeypatch) -> None:
     assert first.exit_code == 0 and first.output.startswith("created the srdq schema (revision ")
     again = CliRunner().invoke(cli, ["db", "upgrade"])
     assert again.exit_code == 0 and again.output.startswith("database is already at the newest schema")
+
+
+def _run_that_stops(tmp_path, monkeypatch, datasets_dir, error: Exception):
+    """`srdq run` whose run starts (its store made, the first line printed) and then stops on ``error``."""
+    import srd_worker.local
+
+    def stops(prepared, *, out_dir, on_start, **_kwargs):
+        on_start("run-stopped", 4, 4)
+        raise error
+
+    monkeypatch.setattr(srd_worker.local, "run_local", stops)
+    monkeypatch.setenv("SRDQ_CACHE_DIR", str(tmp_path / "cache"))
+    args = [
+        "run",
+        str(datasets_dir / "gsm8k_test.jsonl"),
+        "--method",
+        "sampling",
+        "--model",
+        "tiny-random-llama",
+    ]
+    return CliRunner().invoke(cli, [*args, "--limit", "4", "--out", str(tmp_path / "out")])
+
+
+def test_a_run_stopped_by_a_lost_engine_says_how_to_resume(tmp_path, monkeypatch, datasets_dir) -> None:
+    """The engine dying, a lost server, memory: one line with the cause and how to resume, no traceback."""
+    result = _run_that_stops(tmp_path, monkeypatch, datasets_dir, ConnectionError("server went away\nmore"))
+    text = " ".join(result.output.split())
+    assert result.exit_code == 1, result.output
+    assert "the run stopped: ConnectionError: server went away (every finished round is checkpointed" in text
+    assert "run the same command again to resume once the cause is fixed)" in text
+    assert "Traceback" not in result.output and "more" not in text
+
+
+def test_a_run_stopped_by_a_bug_keeps_its_traceback(tmp_path, monkeypatch, datasets_dir) -> None:
+    result = _run_that_stops(tmp_path, monkeypatch, datasets_dir, ZeroDivisionError("a bug"))
+    assert isinstance(result.exception, ZeroDivisionError)  # raised on: the traceback reaches the user
+    assert "run the same command again to resume" in " ".join(result.output.split())

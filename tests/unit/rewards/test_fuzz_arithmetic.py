@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from srd_worker.rewards.arithmetic import _MAX_DIGITS, ArithmeticReward, check_claims
 from tests.unit.test_fuzz_strategies import hostile_text
 
-#: Time bound for one response of up to 20,000 characters (the profile's deadline is looser).
+#: Bound on the CPU time for one response of up to 20,000 characters (the profile's deadline is looser):
+#: CPU time, not wall time, so a busy machine (a benchmark beside the tests) does not fail it; a quadratic
+#: regex still does.
 SECONDS_PER_RESPONSE = 1.0
 
 
@@ -63,9 +65,9 @@ def test_a_number_over_the_digit_cap_is_not_judged():
 
 def test_long_whitespace_after_a_claim_is_linear():
     text = "1 + 1 = 2" + " " * 50_000 + "a"
-    start = time.perf_counter()
+    start = time.process_time()
     assert ArithmeticReward().score_one(text) == pytest.approx(2 / 3)
-    assert time.perf_counter() - start < SECONDS_PER_RESPONSE
+    assert time.process_time() - start < SECONDS_PER_RESPONSE
 
 
 @given(text=hostile_text(), finished=st.booleans())
@@ -74,9 +76,9 @@ def test_long_whitespace_after_a_claim_is_linear():
 @example(text=("(" * 60 + "1" + ")" * 60 + " = 1\n") * 200, finished=False)
 def test_score_is_in_range_and_fast(text, finished):
     reward = ArithmeticReward()
-    start = time.perf_counter()
+    start = time.process_time()
     scores = reward.score(["q", "q"], [text, text[: len(text) // 2]], finished=[finished, False])
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     assert len(scores) == 2 and all(_in_range(s) for s in scores)
     assert elapsed < 2 * SECONDS_PER_RESPONSE
     # Without the flag a response is partial; the default reward agrees with finished=False.

@@ -160,8 +160,9 @@ def test_repeats_within_a_batch_are_scored_once(testbed, db: Engine) -> None:
 
 
 def test_an_older_store_upgrades_and_its_checkpoints_still_score(testbed, tmp_path: Path) -> None:
-    """A store made at revision 0006 (the one before the cache): the upgrade adds the table, the stored run and its
-    checkpoint (a ledger without the hit counters) are read back and go on counting hits."""
+    """A store at revision 0006 (the one before the cache): the upgrade adds the table, the stored run and its
+    checkpoint (a ledger without the hit counters) are read back and go on counting hits. The run is written
+    by this srdq, then the store is taken down to 0006 (today's models name columns 0006 lacks)."""
     engine, reward = testbed
     url = sqlite_url(tmp_path / "old.db")
     config = Config()
@@ -170,7 +171,7 @@ def test_an_older_store_upgrades_and_its_checkpoints_still_score(testbed, tmp_pa
     with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
         config.set_main_option("script_location", str(location))
         config.set_main_option("sqlalchemy.url", url)
-        command.upgrade(config, "0006")
+        command.upgrade(config, "head")
     db = make_engine(url)
     try:
         old_state = new_state("q0", QUESTION, [1])
@@ -190,6 +191,9 @@ def test_an_older_store_upgrades_and_its_checkpoints_still_score(testbed, tmp_pa
             crud.save_checkpoints(
                 session=session, run_id="run-old", shard_index=0, round=1, states={"q0": old_state}
             )
+        with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
+            config.set_main_option("script_location", str(location))
+            command.downgrade(config, "0006")
         before, after = upgrade(url)
         assert before == "0006" and after >= "0007"  # the cache came with 0007; later revisions follow it
         with session_scope(db) as session:

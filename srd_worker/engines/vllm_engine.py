@@ -387,9 +387,9 @@ CPU_STEP_TIMEOUT_S = 3600
 
 def allow_slow_steps() -> None:
     """On the CPU build, give one model step ``CPU_STEP_TIMEOUT_S``, unless
-    ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` is set. A step of 8,192 batched tokens with prompt logprobs over the whole vocabulary (the ``logprob``
-    reward scoring ten 1,024-token MATH500 candidates) took more than vLLM's 300 s on two shared cores, and
-    vLLM then killed the engine mid-run."""
+    ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS`` is set. A step of 8,192 batched tokens with prompt logprobs over
+    the whole vocabulary (the ``logprob`` reward scoring 1,024-token MATH500 candidates) took more than
+    vLLM's 300 s on two shared cores, and vLLM then killed the engine mid-run."""
     os.environ.setdefault("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", str(CPU_STEP_TIMEOUT_S))
 
 

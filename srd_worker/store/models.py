@@ -110,8 +110,9 @@ class Run(SQLModel, table=True):
         default=0,
         sa_type=BigInteger,
         sa_column_kwargs={"server_default": "0"},
-        description="Generated tokens the run already held at `started_at` (finished shards and the checkpoints "
-        "of unfinished ones): `srdq status` counts only the tokens made since in its rate (migration 0009).",
+        description="Generated tokens the run already held at `started_at` (finished shards and the "
+        "checkpoints of unfinished ones): `srdq status` counts only the tokens made since in its rate "
+        "(migration 0009).",
     )
     sweep_id: str | None = Field(
         default=None,

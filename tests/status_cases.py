@@ -150,9 +150,9 @@ def check_old_schema(engine: Engine, url: str) -> None:
     an embedded SQLite store is brought up to date and read; a fleet database is refused with one line
     naming both revisions and `srdq db upgrade`, and left as it is."""
     from click.testing import CliRunner
+    from srdq_cli.main import cli
 
     from srd_worker.store.db import head_revision, schema_revision
-    from srdq_cli.main import cli
 
     alembic_to(url, "0008", down=True)
     try:

@@ -65,7 +65,14 @@ class VLLMServer:
     def start(self, timeout: float = 300.0) -> None:
         self.starts += 1
         log = open(self.log_dir / f"vllm-server-{self.starts}.log", "w")  # noqa: SIM115 - lives with the process
-        env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false"}
+        env = {
+            **os.environ,
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "TOKENIZERS_PARALLELISM": "false",
+            # vLLM's own step limit: this process may carry srdq's hour (allow_slow_steps, set when the tier's
+            # in-process engine started), and a stuck step of a tiny model must end the request, not wait
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "300",
+        }
         self.proc = subprocess.Popen(
             self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )

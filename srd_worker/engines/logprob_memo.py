@@ -82,3 +82,22 @@ class PrefixLogprobs:
                 self._seqs.move_to_end(sid)
                 return lps[: k + 1]
         return None
+
+
+def prefix_roots(seqs: Sequence[Sequence[int]]) -> list[int]:
+    """For each sequence, the index of a sequence of ``seqs`` that starts with it and is a prefix of no
+    other (itself when none is longer): teacher-forced logprobs of a sequence are the first entries of those
+    of any sequence it begins, so a batch needs a pass over its roots only (SRD's boundary search scores
+    many prefixes of one response). Equal sequences share one root.
+
+    In lexicographic order, a sequence's extensions directly follow it, so each sequence takes the root of
+    its successor when that successor starts with it: O(n log n) comparisons."""
+    tuples = [tuple(int(t) for t in s) for s in seqs]
+    root = list(range(len(tuples)))
+    after: int | None = None  # the next sequence in lexicographic order, its root already set
+    for i in sorted(range(len(tuples)), key=tuples.__getitem__, reverse=True):
+        s = tuples[i]
+        if after is not None and tuples[after][: len(s)] == s:
+            root[i] = root[after]
+        after = i
+    return root

@@ -77,7 +77,7 @@ from srd_worker.engines.base import (
     read_answers,
     token_budget,
 )
-from srd_worker.engines.logprob_memo import PrefixLogprobs
+from srd_worker.engines.logprob_memo import PrefixLogprobs, prefix_roots
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
 
@@ -637,7 +637,9 @@ class VLLMEngine:
         vLLM computes prompt logprobs only past its cache hit, so the tokens a hit covers come from the
         logprobs of sequences scored before (``PrefixLogprobs``); a sequence whose hit reaches past what
         is remembered is scored again without the cache. So a response re-scored as it grows (SRD every
-        Δ tokens) costs a pass over its new tokens, not over prompt + response.
+        Δ tokens) costs a pass over its new tokens, not over prompt + response. Within one call, a sequence
+        that another one starts with (the prefixes of one response that SRD's boundary search scores) is
+        not sent: its logprobs are the first entries of the longer one's (``prefix_roots``).
         """
         out: list[list[float]] = [[] for _ in pairs]
         seqs: dict[int, list[int]] = {}
@@ -654,7 +656,15 @@ class VLLMEngine:
             for i, lp in read_answers(pairs, groups, self._next_token_logprobs(list(groups))).items():
                 out[i] = [lp]
                 del seqs[i]
-        todo = list(seqs)  # the rest, and answers outside the top returned
+        # the rest, and answers outside the top returned; a sequence another one starts with (a prefix of a
+        # response scored beside it) is read from that one's pass, not sent
+        left = list(seqs)
+        root = {i: left[r] for i, r in zip(left, prefix_roots([seqs[i] for i in left]), strict=True)}
+        need: dict[int, int] = {}  # per root, the first continuation token any sequence it covers reads
+        for i in left:
+            need[root[i]] = min(need.get(root[i], len(seqs[root[i]])), len(pairs[i][0]))
+        todo = list(need)
+        full: dict[int, list[float]] = {}
         memo = self._logprob_memo if self.score_from_cache else None
         for reading in (memo, None):  # reading the cache (where there is a memo), then without it
             if not todo:
@@ -662,11 +672,10 @@ class VLLMEngine:
             rows = self._prompt_logprobs([seqs[i] for i in todo], reading)
             missed = []
             for i, row in zip(todo, rows, strict=True):
-                need = len(pairs[i][0])  # the first continuation token
-                if any(math.isnan(x) for x in row[need:]):
+                if any(math.isnan(x) for x in row[need[i] :]):
                     missed.append(i)
                     continue
-                out[i] = row[need:]
+                full[i] = row
                 if memo is not None:
                     memo.remember(seqs[i], row)
             todo = missed
@@ -674,6 +683,8 @@ class VLLMEngine:
             raise EngineError(
                 f"vLLM returned no prompt logprobs for {len(todo)} sequences scored without its cache"
             )
+        for i in left:
+            out[i] = full[root[i]][len(pairs[i][0]) : len(seqs[i])]
         return out
 
     def _next_token_logprobs(self, prefixes: list[tuple[int, ...]]) -> list[dict[int, float]]:

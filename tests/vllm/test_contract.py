@@ -53,6 +53,25 @@ def test_scoring_reads_the_prefix_cache_and_equals_a_full_pass(engine):
     assert len(grown) == len(r) and grown == pytest.approx(full, abs=1e-3)
 
 
+def test_prefixes_of_one_response_are_read_from_the_longest(engine):
+    """SRD's boundary search scores prefixes of one response in one call: one pass over the longest (the
+    prefill counter grows by at most its length), each prefix equal to a full pass of its own."""
+    p = tuple(engine.tokenizer.chat_prompt_ids([{"role": "user", "content": "Count on from 3."}]))
+    r = tuple(range(3, 99))
+    cuts = (16, 40, 64, 96)
+    engine.score_from_cache = False
+    try:
+        fed = engine.stats.prefill_tokens
+        together = engine.logprobs([(p, r[:c]) for c in cuts])
+        assert engine.stats.prefill_tokens - fed <= len(p) + len(r)
+        alone = [engine.logprobs([(p, r[:c])])[0] for c in cuts]
+    finally:
+        engine.score_from_cache = True
+    assert [len(x) for x in together] == list(cuts)
+    for got, want in zip(together, alone, strict=True):
+        assert got == pytest.approx(want, abs=1e-3)
+
+
 def test_a_judges_answers_are_read_from_the_next_tokens_top_logprobs(engine):
     """One-token answers after one prompt come from one greedy request's top logprobs of the next token
     and equal what prompt logprobs give each answer alone (to float rounding); an answer outside the top

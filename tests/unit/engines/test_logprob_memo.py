@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from srd_worker.engines.base import GenerationRequest, SamplingParams
-from srd_worker.engines.logprob_memo import PrefixLogprobs
+from srd_worker.engines.logprob_memo import PrefixLogprobs, prefix_roots
 from tests.unit.engines import fake_vllm
 
 pytestmark = pytest.mark.unit
@@ -122,3 +124,30 @@ def test_a_judges_answers_after_one_prompt_are_one_request_for_its_next_token(ca
     cached.next_token_top_k = 20
     cached.llm.llm_engine.model_config.max_logprobs = 5  # an engine built with max_logprobs=5
     assert len(cached._next_token_logprobs([p])[0]) == 5 and cached.llm.calls[-1][1][0].logprobs == 5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), max_size=6), max_size=12))
+def test_each_sequence_is_read_from_a_longest_sequence_that_starts_with_it(seqs):
+    root = prefix_roots(seqs)
+    assert len(root) == len(seqs)
+    for i, r in enumerate(root):
+        assert seqs[r][: len(seqs[i])] == seqs[i]  # the root starts with the sequence
+        assert root[r] == r  # and is its own root: a prefix of no other sequence but its equals
+        assert not any(len(t) > len(seqs[r]) and t[: len(seqs[r])] == seqs[r] for t in seqs)
+    # equal sequences share one root
+    assert all(root[i] == root[j] for i, s in enumerate(seqs) for j, t in enumerate(seqs) if s == t)
+
+
+def test_prefixes_of_one_response_scored_together_are_one_request(cached, tiny_engine):
+    """SRD's boundary search scores prefixes of one response in one call: only the longest is sent, the
+    others read from its pass (also one whose prompt holds part of the response), each equal to a full
+    pass; a sequence no other one starts with is still sent."""
+    p = tuple(cached.tokenizer.chat_prompt_ids([{"role": "user", "content": "Count from 30."}]))
+    r = tuple(range(30, 56))
+    pairs = [(p, r[:8]), (p, r), (p, r[:20]), ((*p, *r[:5]), r[5:12]), (p, r[:20]), (p, (*r[:6], 3))]
+    calls = len(cached.llm.calls)
+    assert _same(cached, tiny_engine, pairs)
+    sent = [tuple(q["prompt_token_ids"]) for prompts, _ in cached.llm.calls[calls:] for q in prompts]
+    # (the second may be sent again without the cache: its hit can reach blocks the first filled)
+    assert set(sent) == {(*p, *r), (*p, *r[:6], 3)}

@@ -20,7 +20,7 @@ Pure Python: the vLLM engine uses it (``VLLMEngine.logprobs``) and the unit test
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 
 class PrefixLogprobs:
@@ -101,3 +101,18 @@ def prefix_roots(seqs: Sequence[Sequence[int]]) -> list[int]:
             root[i] = root[after]
         after = i
     return root
+
+
+def scoring_plan(
+    seqs: Mapping[int, Sequence[int]], starts: Mapping[int, int]
+) -> tuple[dict[int, int], dict[int, int]]:
+    """The passes a batch of teacher-forced scorings needs: ``seqs`` are prefix + continuation by pair index,
+    ``starts`` each pair's first continuation token. Returns each pair's root (``prefix_roots``; the pair
+    whose pass it reads) and, per root, the first token any pair it covers reads: a pass over the root from
+    there serves them all, pair i reading tokens ``starts[i]`` … ``len(seqs[i])`` − 1 of it."""
+    keys = list(seqs)
+    root = {i: keys[r] for i, r in zip(keys, prefix_roots([seqs[i] for i in keys]), strict=True)}
+    first: dict[int, int] = {}
+    for i in keys:
+        first[root[i]] = min(first.get(root[i], starts[i]), starts[i])
+    return root, first

@@ -94,6 +94,7 @@ from srd_worker.engines.base import (
     read_answers,
     token_budget,
 )
+from srd_worker.engines.logprob_memo import scoring_plan
 from srd_worker.errors import ConfigError, EngineError, EngineUnavailable, ModelLoadError
 
 if TYPE_CHECKING:
@@ -643,11 +644,17 @@ class OpenAIEngine:
                 pairs, groups, self._map(self._next_token_logprobs, list(groups))
             ).items():
                 out[i] = [lp]
-        todo = [i for i in jobs if not out[i]]  # the rest, and candidates outside the top returned
-        for i, values in zip(
-            todo, self._map(lambda i: self._prompt_logprobs(pairs[i], i), todo), strict=True
-        ):
-            out[i] = values
+        # the rest, and candidates outside the top returned; a pair whose prefix + continuation another
+        # pair's starts with is read from that pair's request (SRD's boundary search: prefixes of a response)
+        seqs = {i: [*pairs[i][0], *pairs[i][1]] for i in jobs if not out[i]}
+        root, first = scoring_plan(seqs, {i: len(pairs[i][0]) for i in seqs})
+        roots = list(first)
+        rows = self._map(
+            lambda r: self._prompt_logprobs((seqs[r][: first[r]], seqs[r][first[r] :]), r), roots
+        )
+        got = dict(zip(roots, rows, strict=True))  # per root, the logprobs of its tokens first[r] … n-1
+        for i, r in root.items():
+            out[i] = got[r][len(pairs[i][0]) - first[r] : len(seqs[i]) - first[r]]
         return out
 
     def _next_token_logprobs(self, prefix: tuple[int, ...]) -> dict[int, float]:

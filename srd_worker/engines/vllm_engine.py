@@ -77,7 +77,7 @@ from srd_worker.engines.base import (
     read_answers,
     token_budget,
 )
-from srd_worker.engines.logprob_memo import PrefixLogprobs, prefix_roots
+from srd_worker.engines.logprob_memo import PrefixLogprobs, scoring_plan
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
 
@@ -639,7 +639,7 @@ class VLLMEngine:
         is remembered is scored again without the cache. So a response re-scored as it grows (SRD every
         Δ tokens) costs a pass over its new tokens, not over prompt + response. Within one call, a sequence
         that another one starts with (the prefixes of one response that SRD's boundary search scores) is
-        not sent: its logprobs are the first entries of the longer one's (``prefix_roots``).
+        not sent: its logprobs are the first entries of the longer one's (``scoring_plan``).
         """
         out: list[list[float]] = [[] for _ in pairs]
         seqs: dict[int, list[int]] = {}
@@ -658,11 +658,7 @@ class VLLMEngine:
                 del seqs[i]
         # the rest, and answers outside the top returned; a sequence another one starts with (a prefix of a
         # response scored beside it) is read from that one's pass, not sent
-        left = list(seqs)
-        root = {i: left[r] for i, r in zip(left, prefix_roots([seqs[i] for i in left]), strict=True)}
-        need: dict[int, int] = {}  # per root, the first continuation token any sequence it covers reads
-        for i in left:
-            need[root[i]] = min(need.get(root[i], len(seqs[root[i]])), len(pairs[i][0]))
+        root, need = scoring_plan(seqs, {i: len(pairs[i][0]) for i in seqs})
         todo = list(need)
         full: dict[int, list[float]] = {}
         memo = self._logprob_memo if self.score_from_cache else None
@@ -683,8 +679,8 @@ class VLLMEngine:
             raise EngineError(
                 f"vLLM returned no prompt logprobs for {len(todo)} sequences scored without its cache"
             )
-        for i in left:
-            out[i] = full[root[i]][len(pairs[i][0]) : len(seqs[i])]
+        for i, r in root.items():
+            out[i] = full[r][len(pairs[i][0]) : len(seqs[i])]
         return out
 
     def _next_token_logprobs(self, prefixes: list[tuple[int, ...]]) -> list[dict[int, float]]:

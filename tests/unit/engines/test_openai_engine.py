@@ -258,6 +258,32 @@ def test_teacher_forced_logprobs_read_vllm_prompt_logprobs(fault, tmp_path):
         eng.logprobs([([1] * 60, [2] * 4)])
 
 
+def test_prefixes_of_one_response_are_read_from_one_request(fault, tmp_path):
+    """SRD's boundary search scores prefixes of one response together: one request for the longest, from
+    the earliest continuation token any of them reads (also a pair whose prefix holds part of the response)."""
+    eng = engine_for(tmp_path, fault.url)
+    eng.next_token_top_k = 0
+
+    def answer(body):  # each prompt token's logprob is -(its id)
+        ids = body["prompt"]
+        return 200, completion(
+            [5], "length", prompt_logprobs=[None] + [{str(t): {"logprob": -float(t)}} for t in ids[1:]]
+        )
+
+    fault.default = answer
+    p, r = [1, 2, 3], [10, 11, 12, 13, 14]
+    pairs = [(p, r[:2]), (p, r), ([*p, 10], r[1:3]), (p, [10, 99]), (p, r[:2])]
+    want = [
+        [-10.0, -11.0],
+        [-10.0, -11.0, -12.0, -13.0, -14.0],
+        [-11.0, -12.0],
+        [-10.0, -99.0],
+        [-10.0, -11.0],
+    ]
+    assert eng.logprobs(pairs) == want
+    assert sorted(b["prompt"] for b in fault.posts()) == [[*p, 10, 11, 12, 13, 14], [*p, 10, 99]]
+
+
 def test_candidate_answers_after_one_prefix_are_one_request_for_its_next_token(fault, tmp_path):
     """A judge's one-token answers after one prompt: one greedy request for the prompt's next token with
     its top logprobs named by id (no prompt_logprobs, so vLLM may read its prefix cache); an answer

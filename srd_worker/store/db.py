@@ -87,6 +87,13 @@ def _make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+@contextmanager
+def _migrations() -> Iterator[str]:
+    """The folder of srdq's packaged Alembic migrations (``srdq_migrations``), as a path Alembic reads."""
+    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
+        yield str(location)
+
+
 def upgrade(url: str) -> tuple[str | None, str | None]:
     """Bring the database at ``url`` to the newest schema (``alembic upgrade head``); a no-op if current.
     Returns the schema revision before (None: an empty database) and after."""
@@ -95,8 +102,8 @@ def upgrade(url: str) -> tuple[str | None, str | None]:
 
     before = schema_revision(url)
     config = Config()
-    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as script_location:
-        config.set_main_option("script_location", str(script_location))
+    with _migrations() as script_location:
+        config.set_main_option("script_location", script_location)
         # ConfigParser interpolates '%': escape it (percent-encoded passwords).
         config.set_main_option("sqlalchemy.url", normalise_url(url).replace("%", "%%"))
         command.upgrade(config, "head")
@@ -107,8 +114,8 @@ def head_revision() -> str:
     """The newest schema revision this srdq's packaged migrations define."""
     from alembic.script import ScriptDirectory
 
-    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
-        head = ScriptDirectory(str(location)).get_current_head()
+    with _migrations() as location:
+        head = ScriptDirectory(location).get_current_head()
     assert head is not None, "srdq_migrations has no revisions"
     return head
 
@@ -124,8 +131,8 @@ def schema_behind(engine: Engine) -> tuple[str, str] | None:
         current = MigrationContext.configure(conn).get_current_revision()
     if current is None:
         return None
-    with importlib.resources.as_file(importlib.resources.files("srdq_migrations")) as location:
-        script = ScriptDirectory(str(location))
+    with _migrations() as location:
+        script = ScriptDirectory(location)
         head = script.get_current_head()
         known = {rev.revision for rev in script.walk_revisions()}
     if head is None or current == head or current not in known:

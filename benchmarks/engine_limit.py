@@ -89,6 +89,8 @@ CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     # teacher-forced scoring (the logprob and judge rewards) without reading vLLM's prefix cache: every
     # scoring a pass over prompt + response (vLLM's own default for prompt logprobs)
     "vllm-score-full": ("vllm", {"vllm_enforce_eager": False, "score_from_cache": False}),
+    # each prefix of a response scored in one call sent as its own sequence (before scoring_plan)
+    "vllm-prefixes-apart": ("vllm", {"vllm_enforce_eager": False, "score_prefixes_once": False}),
     # a judge's one-token answers after one prompt scored pair by pair with prompt logprobs (srdq reads
     # them from one request's top logprobs of the next token); float32 for CPUs without bf16
     "vllm-float32-judge-pairs": ("vllm", {"vllm_enforce_eager": False, "dtype": "float32", "next_token_top_k": 0}),
@@ -114,6 +116,7 @@ ENGINE_ATTRS = (
     "prefill_apart",
     "detokenize",
     "score_from_cache",
+    "score_prefixes_once",
     "next_token_top_k",
 )  # set on the built engine, not Settings fields
 DEFAULT_CONFIGS = ("vllm", "transformers-invariant", "transformers-padded", "transformers-deterministic")

@@ -475,6 +475,9 @@ class VLLMEngine:
         block = _prefix_cache_block(llm)  # None: no prefix cache to read, every scoring a full pass
         self._logprob_memo = PrefixLogprobs(block) if block else None
         self.score_from_cache = True  # False: every teacher-forced scoring a full pass (vLLM's default)
+        #: prefixes of one response scored in one call read from one pass (``scoring_plan``); False: each
+        #: sequence its own request (benchmarks/engine_limit.py measures the two side by side)
+        self.score_prefixes_once = True
         #: one-token continuations of one prefix (a judge's answers) are read from the top logprobs of
         #: its next token (vLLM's default max_logprobs is 20); 0: each pair scored with prompt logprobs
         self.next_token_top_k = 20
@@ -658,7 +661,10 @@ class VLLMEngine:
                 del seqs[i]
         # the rest, and answers outside the top returned; a sequence another one starts with (a prefix of a
         # response scored beside it) is read from that one's pass, not sent
-        root, need = scoring_plan(seqs, {i: len(pairs[i][0]) for i in seqs})
+        starts = {i: len(pairs[i][0]) for i in seqs}
+        root, need = (
+            scoring_plan(seqs, starts) if self.score_prefixes_once else ({i: i for i in seqs}, starts)
+        )
         todo = list(need)
         full: dict[int, list[float]] = {}
         memo = self._logprob_memo if self.score_from_cache else None

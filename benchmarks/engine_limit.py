@@ -386,11 +386,12 @@ def report(
             "engine-limit-tf-judge": "### The judge's scoring through the transformers engine's prefix store",
             "engine-limit-vllm-judge": "### The judge's answers on vLLM: one request per judged prefix",
             "engine-limit-steady": "### SRD on vLLM over many shards",
+            "engine-limit-scoring-long": "### Prefixes of one response scored from one pass (MATH500, 1,024 tokens)",
         }.get(args.section, f"### Engine limit ({args.section})"),
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()} CPU ({cpu_model()}, native bf16: "
         f"{'yes' if cpu_has_native_bf16() else 'no'}; {os.cpu_count()} cores, "
-        f"{platform.platform()}; {versions}), model {args.model}, {args.items} GSM8K problems × n={args.n} = batch "
+        f"{platform.platform()}; {versions}), model {args.model}, {args.items} {dataset_label(args.dataset)} problems × n={args.n} = batch "
         f"{one['batch']}, max_new_tokens={args.max_new_tokens}, chunk_tokens={args.chunk_tokens}, reward "
         f"{args.reward}; {args.reps} repetition(s), each one fresh process per engine configuration (order "
         "rotating over repetitions, workload order rotating inside each process); each engine's dtype and "
@@ -517,6 +518,11 @@ def parent(args: argparse.Namespace, ap: argparse.ArgumentParser) -> None:
     print(text)
     if not args.no_write:
         replace_section(ROOT / "docs" / "PERFORMANCE.md", args.section, text)
+
+
+def dataset_label(dataset: str) -> str:
+    """How the table names ``--dataset``: GSM8K / MATH500 for the packaged sets, else the file's name."""
+    return {"gsm8k": "GSM8K", "math500": "MATH500"}.get(dataset, Path(dataset).name)
 
 
 def main() -> None:

@@ -14,6 +14,10 @@ are read from any remembered sequence sharing its first k + 1 tokens; a miss (th
 request this memo never saw, e.g. a generation, or the memo evicted it) is reported, and the caller
 re-runs that sequence without the cache. Bounded: the least recently used sequences are dropped.
 
+``scoring_plan`` works within one call: a sequence that another one of the call starts with (the
+prefixes of one response that SRD's FINDBOUNDARY scores together) needs no pass of its own, since its
+logprobs are the first entries of the longer one's; the vLLM and openai engines send the longest only.
+
 Pure Python: the vLLM engine uses it (``VLLMEngine.logprobs``) and the unit tests drive it directly.
 """
 

@@ -102,6 +102,34 @@ def eta_seconds(remaining: int, rate: float | None) -> float | None:
     return remaining / rate
 
 
+#: The share of its expected tokens an item under way is always taken to still need: however many tokens
+#: it has made, it is not done until its result is in (one long item is not counted as finished).
+IN_FLIGHT_FLOOR = 0.1
+
+
+def eta_from_tokens(
+    *,
+    unstarted: int,
+    in_flight: int,
+    in_flight_tokens: int,
+    tokens_per_item: float | None,
+    tokens_per_s: float | None,
+) -> float | None:
+    """Seconds left from the work's tokens, which credits the items under way with what they have made:
+    ``unstarted`` items each need ``tokens_per_item`` (the mean of the finished ones), the ``in_flight``
+    ones together that many less the ``in_flight_tokens`` they hold (at least ``IN_FLIGHT_FLOOR`` of
+    their share), at ``tokens_per_s``. Counting only finished items overstates what is left when many
+    items are nearly done at once (a few shards finishing together at the end of a run). 0 when nothing
+    remains; None without a finished item or a rate."""
+    if unstarted + in_flight <= 0:
+        return 0.0
+    if tokens_per_item is None or tokens_per_item <= 0 or tokens_per_s is None or tokens_per_s <= 0:
+        return None
+    share = tokens_per_item * in_flight
+    left = tokens_per_item * unstarted + max(share - in_flight_tokens, IN_FLIGHT_FLOOR * share)
+    return left / tokens_per_s
+
+
 @dataclass
 class RunMeter:
     """Rate and ETA of one ``srdq run`` call, from the work done *in this call* (items an earlier call
@@ -183,7 +211,9 @@ class RunStatus:
     #: ``ewma_rate``; until one finished, the average since work began), the average once it ended; both
     #: averages count only the tokens made since work (re)started (``run.started_tokens``).
     tokens_per_s: float
-    #: Seconds left: the unfinished items at ``items_per_s``.
+    #: Seconds left: ``eta_from_tokens`` (the unfinished items' expected tokens less those the items under
+    #: way hold, at the average tokens/s since work began); the unfinished items at ``items_per_s`` where
+    #: the runs' tokens say nothing (no finished item with tokens, none made yet).
     eta_s: float | None
     created_at: datetime
     #: When work began (the first lease since submit or resume; None: not yet, or stored before 0006).
@@ -245,6 +275,7 @@ def run_status(
         run = crud.get_run(session=session, run_id=run_id)
         states = queries.shard_states(session=session, run_id=run_id)
         running_tokens = queries.unfinished_tokens(session=session, run_id=run_id)
+        in_flight = queries.unfinished_items(session=session, run_id=run_id)
         shards, matched = queries.list_status_shards(
             session=session, run_id=run_id, everything=all_shards, limit=None if all_shards else limit
         )
@@ -262,7 +293,15 @@ def run_status(
     made = max(tokens - (run.started_tokens if run.started_at else 0), 0)
     items_rate, tokens_rate = progress_rates(timeline, began=began, now=end)
     remaining = run.n_items - done - failed
-    eta = eta_seconds(remaining, items_rate)
+    eta = eta_from_tokens(
+        unstarted=max(remaining - in_flight, 0),
+        in_flight=min(in_flight, remaining),
+        in_flight_tokens=running_tokens,
+        tokens_per_item=(tokens - running_tokens) / (done + failed) if done + failed else None,
+        tokens_per_s=made / elapsed if made else None,
+    )
+    if eta is None:
+        eta = eta_seconds(remaining, items_rate)
     return RunStatus(
         run_id=run.id,
         name=run.name,

@@ -263,3 +263,59 @@ def check_eta(engine: Engine) -> None:
         crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
         assert session.exec(select(Run.started_tokens).where(Run.id == run_id)).one() == 100
     assert run_status(db=engine, run_id=run_id).tokens_per_s == 0.0
+
+
+def check_eta_in_flight(engine: Engine) -> None:
+    """The ETA credits the items under way with the tokens they hold: four shards running side by side,
+    one finished, three 80% through. Counting finished items alone (two in 100 s) would say 300 s for the
+    six left; their expected tokens less those made say 60 tokens at 3.4 tokens/s. An item that has made
+    more than the mean still counts as unfinished (``IN_FLIGHT_FLOOR`` of its share)."""
+    from srd_worker.status import IN_FLIGHT_FLOOR
+
+    run_id = "run-eta-flight"
+    make_run(engine, run_id=run_id, n_items=8, shard_size=2)  # four shards of two
+    now = utcnow()
+    started = now - timedelta(seconds=100)
+    with session_scope(engine) as session:
+        for index in range(4):
+            assert leases.acquire(
+                session=session,
+                run_id=run_id,
+                shard_index=index,
+                owner="w",
+                ttl_s=600,
+                max_attempts=3,
+                now=started,
+            )
+        crud.save_results(
+            session=session,
+            run_id=run_id,
+            shard_index=0,
+            records=[record(0, tokens=60), record(1, tokens=40)],  # 50 tokens an item
+        )
+        session.exec(
+            update(Shard)
+            .where(Shard.run_id == run_id, Shard.index == 0)
+            .values(status="done", updated_at=now)
+        )
+
+    def hold(tokens: int) -> None:
+        with session_scope(engine) as session:
+            for index in (1, 2, 3):
+                crud.save_checkpoints(
+                    session=session,
+                    run_id=run_id,
+                    shard_index=index,
+                    round=3,
+                    states={f"q{i}": {"ledger": {"gen_tokens": tokens}} for i in (2 * index, 2 * index + 1)},
+                )
+
+    hold(40)
+    st = run_status(db=engine, run_id=run_id)
+    assert st.done == 2 and st.gen_tokens == 100 + 6 * 40
+    assert st.items_per_s is not None and 250 < 6 / st.items_per_s < 350  # the finished items' reading
+    # 6 x 50 expected, 240 made: 60 tokens left at 340 tokens per 100 s
+    assert st.eta_s is not None and abs(st.eta_s - 60 / 3.4) < 2, st.eta_s
+    hold(70)  # longer than the finished ones: not done before their results are in
+    st = run_status(db=engine, run_id=run_id)
+    assert st.eta_s is not None and abs(st.eta_s - IN_FLIGHT_FLOOR * 300 / 5.2) < 2, st.eta_s

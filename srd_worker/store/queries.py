@@ -153,6 +153,18 @@ def unfinished_tokens(*, session: Session, run_id: str) -> int:
     return int(total or 0)
 
 
+def unfinished_items(*, session: Session, run_id: str) -> int:
+    """Items with no result yet in the shards ``unfinished_tokens`` reads (started, not done): the items
+    whose tokens it sums, so the two give the work in flight."""
+    left = col(Shard.stop) - col(Shard.start) - col(Shard.n_done) - col(Shard.n_failed)
+    total = session.exec(
+        select(func.coalesce(func.sum(left), 0)).where(
+            Shard.run_id == run_id, Shard.status != Status.DONE.value, col(Shard.round) > 0
+        )
+    ).one()
+    return int(total or 0)
+
+
 def run_tokens(*, session: Session, run_id: str) -> int:
     """Generated tokens of the whole run so far: its shards' counters (finished items) plus the last
     checkpoints of items still under way (``unfinished_tokens``)."""

@@ -24,6 +24,7 @@ from tests.integration.fleet import CLI, PG_URL
 from tests.status_cases import (
     check_backfill,
     check_eta,
+    check_eta_in_flight,
     check_hostile_status,
     check_old_schema,
     check_status,
@@ -302,7 +303,8 @@ def test_hostile_text_through_every_reader_on_postgresql(pg_url, tmp_path) -> No
 
 
 @pytest.mark.parametrize(
-    "check", [check_status, check_backfill, check_hostile_status, check_eta, check_old_schema]
+    "check",
+    [check_status, check_backfill, check_hostile_status, check_eta, check_eta_in_flight, check_old_schema],
 )
 def test_status_on_postgresql(pg_url, check) -> None:
     from srd_worker.store.db import upgrade

@@ -21,6 +21,7 @@ from tests.status_cases import (
     RUN,
     check_backfill,
     check_eta,
+    check_eta_in_flight,
     check_hostile_status,
     check_old_schema,
     check_status,
@@ -133,6 +134,10 @@ def test_status_sums_shards_and_lists_the_notable_ones(sqlite_engine) -> None:
 
 def test_status_eta_counts_from_the_first_lease_not_from_submit(sqlite_engine) -> None:
     check_eta(sqlite_engine[0])
+
+
+def test_status_eta_credits_the_items_under_way(sqlite_engine) -> None:
+    check_eta_in_flight(sqlite_engine[0])
 
 
 def test_migration_0004_backfills_the_shard_counters(sqlite_engine) -> None:

@@ -114,3 +114,20 @@ def test_eta_seconds():
     assert eta_seconds(-3, 0.5) == 0.0
     assert eta_seconds(10, None) is None and eta_seconds(10, 0.0) is None
     assert eta_seconds(30, 0.5) == 60.0
+
+
+def test_eta_from_tokens_credits_the_items_under_way():
+    from srd_worker.status import IN_FLIGHT_FLOOR, eta_from_tokens
+
+    def eta(**kw):
+        base = dict(unstarted=0, in_flight=0, in_flight_tokens=0, tokens_per_item=50.0, tokens_per_s=5.0)
+        return eta_from_tokens(**(base | kw))
+
+    assert eta() == 0.0  # nothing left
+    assert eta(unstarted=4) == pytest.approx(4 * 50 / 5)
+    # four items under way holding 180 of their 200 expected tokens: 20 left, beside two unstarted
+    assert eta(unstarted=2, in_flight=4, in_flight_tokens=180) == pytest.approx((100 + 20) / 5)
+    # holding more than their share: still a tenth of it left, never 0 while they run
+    assert eta(in_flight=4, in_flight_tokens=900) == pytest.approx(IN_FLIGHT_FLOOR * 200 / 5)
+    assert eta(unstarted=1, tokens_per_item=None) is None and eta(unstarted=1, tokens_per_s=None) is None
+    assert eta(unstarted=1, tokens_per_item=0.0) is None and eta(unstarted=1, tokens_per_s=0.0) is None

@@ -42,6 +42,7 @@ speculative-qwen markers (only with ``--qwen`` > 0); ``--no-write`` prints only.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import platform
 import sys
 import time
@@ -80,10 +81,11 @@ def summarise(
 
     from srd_worker.reports.stats import bootstrap_ci
 
-    correct, gen, target_passes, extra_counts = [], 0, [], {}
+    correct, gen, target_passes, extra_counts, texts = [], 0, [], {}, []
     for state, item in zip(states, items, strict=True):
         res = method.result(state)
         correct.append(1.0 if task.grade(res["response"], item) else 0.0)
+        texts.append(hashlib.sha256(res["response"].encode("utf-8", "surrogatepass")).hexdigest()[:16])
         n = state["ledger"]["gen_tokens"]
         gen += n
         if "spec" in state:
@@ -109,6 +111,9 @@ def summarise(
         "target_passes": passes / len(states),
         "draft_passes": sum(s["draft_forward_passes"] for s in spec) / len(states) if spec else 0.0,
         "counts": extra_counts,
+        # per problem, in order: paired comparisons with the group's baseline (``paired_table``)
+        "correct": correct,
+        "responses": texts,
     }
 
 
@@ -135,6 +140,34 @@ def table(rows: list[dict], baseline: dict[str, dict]) -> str:
             f"{r['tps'] / base['tps']:.2f}x | {r['tpcs']:.1f} | {r['tpcs'] / base['tpcs']:.2f}x |"
         )
     return "\n".join(lines)
+
+
+def paired_table(rows: list[dict], baseline: dict[str, dict]) -> str:
+    """Each configuration against its group's target-only row on the same problems: the paired accuracy
+    difference with its bootstrap interval, wins / ties / losses, exact McNemar p, and how many problems got
+    the very same response text (greedy speculative decoding should give the target's greedy text, up to
+    float rounding). Empty when the rows carry no per-problem results (rows kept from before they did)."""
+    from srd_worker.reports.stats import paired
+
+    lines = []
+    for r in rows:
+        base = baseline[r["group"]]
+        if r is base or "correct" not in r or "correct" not in base:
+            continue
+        p = paired(r["correct"], base["correct"])
+        same = sum(a == b for a, b in zip(r["responses"], base["responses"], strict=True))
+        lines.append(
+            f"| {r['label']} | {base['label']} | {100 * p.diff.mean:+.1f} pts [{100 * p.diff.low:+.1f}, "
+            f"{100 * p.diff.high:+.1f}] | {p.wins} / {p.ties} / {p.losses} | {_fmt(p.mcnemar_p, 3)} | "
+            f"{same} / {len(r['responses'])} |"
+        )
+    if not lines:
+        return ""
+    head = (
+        "| configuration | against | accuracy difference [95% CI] | wins / ties / losses | McNemar p | "
+        "same response |\n|---|---|---:|---:|---:|---:|"
+    )
+    return "\n".join([head, *lines])
 
 
 def smollm2_table(args: Any, build_method: Any) -> list[dict]:
@@ -422,7 +455,8 @@ def qwen_table(args: Any, build_method: Any, cmd: str) -> str:
         "entropies). Speed-up = tokens/s over target-only at the same temperature (wall clock and process CPU "
         "time)." + starts_note(rows)
     )
-    return header + "\n\n" + table(rows, baseline)
+    pairs = paired_table(rows, baseline)
+    return header + "\n\n" + table(rows, baseline) + (f"\n\nPaired by problem:\n\n{pairs}" if pairs else "")
 
 
 def main() -> None:

@@ -79,3 +79,23 @@ def test_a_row_of_another_configuration_at_the_same_place_is_not_reused(tmp_path
     store.save_row(0, row)
     assert store.row(0, "a")["accuracy"] == Interval(0.5, 0.0, 1.0, 2, 1)
     assert store.row(0, "b") is None and store.row(1, "a") is None
+
+
+def test_the_paired_table_compares_each_row_with_its_groups_baseline():
+    from srd_worker.reports.stats import Interval
+
+    def row(label, group, correct, responses):
+        acc = Interval(sum(correct) / len(correct), 0.0, 1.0, len(correct), 1)
+        return {"label": label, "group": group, "accuracy": acc, "correct": correct, "responses": responses}
+
+    base = row("target only (greedy)", "greedy", [1.0, 1.0, 0.0, 0.0], ["a", "b", "c", "d"])
+    spec = row("speculative greedy", "greedy", [1.0, 0.0, 1.0, 0.0], ["a", "x", "y", "d"])
+    old = {"label": "kept from before", "group": "greedy", "accuracy": base["accuracy"]}
+    text = speculative.paired_table([base, spec, old], {"greedy": base})
+    lines = text.splitlines()
+    assert len(lines) == 3  # header, rule, one row: the baseline and the row without per-problem data skipped
+    cells = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert cells[:2] == ["speculative greedy", "target only (greedy)"]
+    assert cells[2].startswith("+0.0 pts") and cells[3] == "1 / 2 / 1" and cells[4] == "1.000"
+    assert cells[5] == "2 / 4"  # problems 1 and 4 got the very same text
+    assert speculative.paired_table([old], {"greedy": old}) == ""

@@ -282,7 +282,8 @@ def run_status(
         timeline = queries.finish_timeline(session=session, run_id=run_id, since=run.started_at)
     done = sum(s[1] for s in states.values())
     failed = sum(s[2] for s in states.values())
-    tokens = sum(s[3] for s in states.values()) + running_tokens
+    finished_tokens = sum(s[3] for s in states.values())  # of the items with a result
+    tokens = finished_tokens + running_tokens
     final = run.status in ("done", "failed", "cancelled")
     end = run.updated_at if final else now
     # work began at the run's first lease (since the last `srdq resume`), not when it was submitted: time in
@@ -297,7 +298,7 @@ def run_status(
         unstarted=max(remaining - in_flight, 0),
         in_flight=min(in_flight, remaining),
         in_flight_tokens=running_tokens,
-        tokens_per_item=(tokens - running_tokens) / (done + failed) if done + failed else None,
+        tokens_per_item=finished_tokens / (done + failed) if done + failed else None,
         tokens_per_s=made / elapsed if made else None,
     )
     if eta is None:

@@ -137,12 +137,16 @@ def finish_timeline(
     return [(at, int(items), int(tokens)) for at, items, tokens in reversed(rows)]
 
 
+def _in_flight(run_id: str) -> tuple[Any, ...]:
+    """The conditions of a run's shards that are started and not done (a few at a time, however large
+    the run): the shards whose items ``unfinished_tokens`` and ``unfinished_items`` read."""
+    return (col(Shard.run_id) == run_id, col(Shard.status) != Status.DONE.value, col(Shard.round) > 0)
+
+
 def unfinished_tokens(*, session: Session, run_id: str) -> int:
     """Generated tokens so far of items that have no result yet: their last checkpoints, read only in the
-    shards that are started and not done (a few at a time, however large the run)."""
-    started = select(Shard.index).where(
-        Shard.run_id == run_id, Shard.status != Status.DONE.value, col(Shard.round) > 0
-    )
+    shards that are started and not done (``_in_flight``)."""
+    started = select(Shard.index).where(*_in_flight(run_id))
     has_result = select(Result.id).where(col(Result.item_id) == col(Checkpoint.item_id)).exists()
     tokens = func.sum(Checkpoint.gen_tokens)  # its own column: the state's JSON may hold any model text
     total = session.exec(
@@ -157,11 +161,7 @@ def unfinished_items(*, session: Session, run_id: str) -> int:
     """Items with no result yet in the shards ``unfinished_tokens`` reads (started, not done): the items
     whose tokens it sums, so the two give the work in flight."""
     left = col(Shard.stop) - col(Shard.start) - col(Shard.n_done) - col(Shard.n_failed)
-    total = session.exec(
-        select(func.coalesce(func.sum(left), 0)).where(
-            Shard.run_id == run_id, Shard.status != Status.DONE.value, col(Shard.round) > 0
-        )
-    ).one()
+    total = session.exec(select(func.coalesce(func.sum(left), 0)).where(*_in_flight(run_id))).one()
     return int(total or 0)
 
 

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.testbed import _pts, analyse, collect  # noqa: E402
+from benchmarks.testbed import _f, _pts, analyse, collect  # noqa: E402
 
 
 def _ints(text: str) -> list[int]:
@@ -238,6 +238,58 @@ def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
     ]
 
 
+SEARCH = ("beam_search", "dvts")
+
+
+def search_paired(runs: list, pool_n: int) -> str | None:
+    """Step-level search (beam search, DVTS) against Best-of-N at the same N (the k-curve of the Best-of-
+    ``pool_n`` run) and against SRD at the same N where the grid has it, paired by problem over the seeds
+    the search run has (the others are left out of the pairing); tokens as ratios of mean generated tokens.
+    None without a search run."""
+    from srd_worker.testbed.experiment import correctness, kcurve_rows, paired_values, run_rows
+
+    search = [r for r in runs if r.method in SEARCH]
+    if not search:
+        return None
+
+    def same_seeds(method: str, budget: int, seeds: set[int]) -> list:
+        return [
+            r
+            for r in runs
+            if r.method == method and r.budget == budget and int(r.spec.get("seed", 0)) in seeds
+        ]
+
+    lines = [
+        "| method | N | problems × seeds | − Best-of-N [95% CI] | wins / ties / losses | McNemar p "
+        "| tokens / Best-of-N's | − SRD [95% CI] | tokens / SRD's |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in run_rows(search):
+        group = [r for r in search if r.run_id in row.run_ids]
+        seeds = {int(r.spec.get("seed", 0)) for r in group}
+
+        mine = correctness(group)
+        bon = same_seeds("best_of_n", pool_n, seeds)
+        ref = next((k for k in kcurve_rows(bon, [row.n]) if k.method == "best_of_n"), None) if bon else None
+        cells = ["n/a", "–", "n/a", "n/a"]
+        if ref is not None and len(bon) == len(seeds):
+            p = paired_values(mine, ref.values or {})
+            ratio = row.tokens.mean / ref.tokens.mean if row.tokens.mean and ref.tokens.mean else None
+            cells = [_pts(p.diff), f"{p.wins} / {p.ties} / {p.losses}", _f(p.mcnemar_p), _f(ratio, 2)]
+        srd = same_seeds("srd", row.n, seeds)
+        vs_srd = ["n/a", "n/a"]
+        if srd and len(srd) == len(seeds):
+            s_row = run_rows(srd)[0]
+            ratio = row.tokens.mean / s_row.tokens.mean if row.tokens.mean and s_row.tokens.mean else None
+            vs_srd = [_pts(paired_values(mine, correctness(srd)).diff), _f(ratio, 2)]
+        lines.append(
+            f"| {row.method} | {row.n} | {row.accuracy.problems} × {row.accuracy.seeds} | "
+            + " | ".join(cells + vs_srd)
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def component_text(runs: list) -> list[str]:
     """Per-problem component costs of each run (paper Table 2 layout: time / calls per component, input and
     output tokens), from the compute ledger every record carries."""
@@ -425,6 +477,16 @@ def main() -> None:
             body += ([f"![real text, {reward}]({png.name})", ""] if png is not None else []) + adaptive_text(
                 out, rs_run="rejection_sampling" not in without
             )
+            searched = search_paired(runs, pool)
+            if searched:
+                body += [
+                    "Step-level search against Best-of-N and SRD at the same N, paired by problem and seed "
+                    "(over the seeds the search ran; Best-of-N from the k-curve of the Best-of-"
+                    f"{pool} candidates):",
+                    "",
+                    searched,
+                    "",
+                ]
             body += component_text(runs)
         body.append(
             f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --dataset {args.dataset} --rewards {reward} "

@@ -142,3 +142,41 @@ def test_refined_answers_counts_the_chosen_candidate_only():
     ]
     assert refined_answers(runs) == "3 of 4 (2 right)"
     assert refined_answers([]) == "0 of 0 (0 right)"
+
+
+def test_search_is_paired_with_best_of_n_and_srd_over_the_seeds_it_ran():
+    """Beam search at N = 2 on seed 0 only, beside a two-seed grid: it is paired with Best-of-2 (the
+    k-curve of the Best-of-2 candidates) and SRD at N = 2 on seed 0 alone; tokens as ratios."""
+    from benchmarks.real_text import search_paired
+
+    def run(method, budget, seed, records):
+        spec = {"method": method, "n": budget, "seed": seed}
+        return SimpleNamespace(
+            method=method, budget=budget, spec=spec, run_id=f"{method}-{budget}-{seed}", records=records
+        )
+
+    def outcome(i, correct, tokens):
+        return {"item_id": str(i), "correct": correct, "ledger": {"gen_tokens": tokens}}
+
+    def pool(i, rewards_right):  # two candidates, 50 tokens each
+        cands = [{"reward": r, "correct": c, "answer": str(c), "n_tokens": 50} for r, c in rewards_right]
+        return {"item_id": str(i), "candidates": cands, "ledger": {"gen_tokens": 100}}
+
+    # Best-of-2 picks the higher reward: right on items 0 and 1, wrong on 2 and 3
+    bon0 = [pool(0, [(0.9, True), (0.1, False)]), pool(1, [(0.8, True), (0.2, True)]),
+            pool(2, [(0.9, False), (0.1, True)]), pool(3, [(0.7, False), (0.3, False)])]  # fmt: skip
+    bon1 = [pool(i, [(0.9, False), (0.1, False)]) for i in range(4)]  # seed 1: all wrong (left out)
+    beam = [outcome(0, True, 200), outcome(1, False, 200), outcome(2, True, 200), outcome(3, True, 200)]
+    srd0 = [outcome(0, True, 50), outcome(1, True, 50), outcome(2, True, 50), outcome(3, False, 50)]
+    srd1 = [outcome(i, False, 50) for i in range(4)]
+    runs = [run("best_of_n", 2, 0, bon0), run("best_of_n", 2, 1, bon1), run("beam_search", 2, 0, beam),
+            run("srd", 2, 0, srd0), run("srd", 2, 1, srd1)]  # fmt: skip
+    table = search_paired(runs, pool_n=2)
+    assert table is not None
+    row = table.splitlines()[2].split("|")
+    # beam right on 0, 2, 3 vs Best-of-2 right on 0, 1: +25 points, wins item 2 and 3, loses item 1
+    assert row[1].strip() == "beam_search" and row[3].strip() == "4 × 1"
+    assert row[4].strip().startswith("+25.0 pts") and row[5].strip() == "2 / 1 / 1"
+    assert row[7].strip() == "2.00"  # 200 tokens against Best-of-2's 100
+    assert row[8].strip().startswith("+0.0 pts") and row[9].strip() == "4.00"  # SRD seed 0: 3 of 4 right
+    assert search_paired([r for r in runs if r.method != "beam_search"], pool_n=2) is None

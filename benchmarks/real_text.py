@@ -261,7 +261,7 @@ def search_paired(runs: list, pool_n: int) -> str | None:
 
     lines = [
         "| method | N | problems × seeds | − Best-of-N [95% CI] | wins / ties / losses | McNemar p "
-        "| tokens / Best-of-N's | − SRD [95% CI] | tokens / SRD's |",
+        "| tokens / Best-of-N's | − SRD [95% CI], McNemar p | tokens / SRD's |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in run_rows(search):
@@ -281,11 +281,68 @@ def search_paired(runs: list, pool_n: int) -> str | None:
         if srd and len(srd) == len(seeds):
             s_row = run_rows(srd)[0]
             ratio = row.tokens.mean / s_row.tokens.mean if row.tokens.mean and s_row.tokens.mean else None
-            vs_srd = [_pts(paired_values(mine, correctness(srd)).diff), _f(ratio, 2)]
+            p = paired_values(mine, correctness(srd))
+            vs_srd = [f"{_pts(p.diff)}, p {_f(p.mcnemar_p)}", _f(ratio, 2)]
         lines.append(
             f"| {row.method} | {row.n} | {row.accuracy.problems} × {row.accuracy.seeds} | "
             + " | ".join(cells + vs_srd)
             + " |"
+        )
+    return "\n".join(lines)
+
+
+def candidate_spread(runs: list, pool_n: int) -> str | None:
+    """What each search run's final candidates hold against Best-of-``pool_n``'s independent samples, on
+    the seeds the search ran: distinct extracted answers per problem, the share of problems where some
+    candidate is right (the ceiling of any selector over them), and a majority vote over them (ties as
+    ``reports.kcurves.vote_at_k`` breaks them); each share with its 95% interval over problems and seeds.
+    None without a search run."""
+    from srd_worker.reports.kcurves import usable, vote_at_k
+    from srd_worker.reports.stats import bootstrap_ci
+
+    search = [r for r in runs if r.method in SEARCH]
+    if not search:
+        return None
+    seeds = {int(r.spec.get("seed", 0)) for r in search}
+    groups: dict[tuple[str, int], list] = {}
+    for r in runs:
+        if int(r.spec.get("seed", 0)) in seeds and (
+            r.method in SEARCH or (r.method == "best_of_n" and r.budget == pool_n)
+        ):
+            groups.setdefault((r.method, int(r.budget)), []).append(r)
+
+    def share(matrix: list[list[float | None]]) -> str:
+        ci = bootstrap_ci(matrix)
+        if ci.mean is None or ci.low is None or ci.high is None:
+            return "n/a"
+        return f"{100 * ci.mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
+
+    lines = [
+        "| method | N | problems × seeds | distinct answers per problem | some candidate right % [95% CI] "
+        "| majority vote over them % [95% CI] |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for (method, n), group in groups.items():
+        group.sort(key=lambda r: int(r.spec.get("seed", 0)))
+        by_seed = [{str(rec["item_id"]): usable(rec) for rec in r.records} for r in group]
+        items = [i for i in by_seed[0] if all(i in b for b in by_seed)]
+        right: list[list[float | None]] = []
+        vote: list[list[float | None]] = []
+        distinct: list[int] = []
+        for i in items:
+            right.append([])
+            vote.append([])
+            for b in by_seed:
+                cs = b[i]
+                right[-1].append(None if not cs else float(any(c.get("correct") for c in cs)))
+                vote[-1].append(None if not cs else vote_at_k(cs, len(cs)))
+                if cs:
+                    distinct.append(len({c.get("answer") for c in cs if c.get("answer")}))
+        if not distinct:
+            continue
+        lines.append(
+            f"| {method} | {n} | {len(items)} × {len(group)} | {sum(distinct) / len(distinct):.2f} "
+            f"| {share(right)} | {share(vote)} |"
         )
     return "\n".join(lines)
 
@@ -485,6 +542,11 @@ def main() -> None:
                     f"{pool} candidates):",
                     "",
                     searched,
+                    "",
+                    "What the final candidates hold (a search run's last beams against Best-of-"
+                    f"{pool}'s independent samples):",
+                    "",
+                    candidate_spread(runs, pool) or "",
                     "",
                 ]
             body += component_text(runs)

@@ -178,5 +178,48 @@ def test_search_is_paired_with_best_of_n_and_srd_over_the_seeds_it_ran():
     assert row[1].strip() == "beam_search" and row[3].strip() == "4 × 1"
     assert row[4].strip().startswith("+25.0 pts") and row[5].strip() == "2 / 1 / 1"
     assert row[7].strip() == "2.00"  # 200 tokens against Best-of-2's 100
-    assert row[8].strip().startswith("+0.0 pts") and row[9].strip() == "4.00"  # SRD seed 0: 3 of 4 right
+    # SRD seed 0: 3 of 4 right; beam wins item 2 and loses item 1: McNemar p 1
+    srd_cell = row[8].strip()
+    assert srd_cell.startswith("+0.0 pts [") and srd_cell.endswith("], p 1.000") and row[9].strip() == "4.00"
     assert search_paired([r for r in runs if r.method != "beam_search"], pool_n=2) is None
+
+
+def test_candidate_spread_counts_answers_the_ceiling_and_the_vote_of_final_candidates():
+    """Best-of-3's independent samples against a search run's final beams, which repeat one answer: the
+    distinct answers per problem, whether some candidate is right, and the majority vote over them."""
+    from benchmarks.real_text import candidate_spread
+
+    def cands(*pairs):
+        return [{"answer": a, "correct": c, "reward": 0.5, "n_tokens": 10} for a, c in pairs]
+
+    def run(method, seed, per_item):
+        recs = [{"item_id": str(i), "candidates": cs} for i, cs in enumerate(per_item)]
+        spec = {"method": method, "seed": seed}
+        return SimpleNamespace(method=method, budget=3, spec=spec, run_id=f"{method}-{seed}", records=recs)
+
+    bon = run(
+        "best_of_n",
+        0,
+        [cands(("1", True), ("2", False), ("2", False)), cands(("6", True), ("5", False), ("7", False))],
+    )
+    beam = run(
+        "dvts",
+        0,
+        [cands(("2", False), ("2", False), ("2", False)), cands(("6", True), ("6", True), (None, False))],
+    )
+    # seed 1 was not searched: its Best-of-3 is left out
+    other_seed = run("best_of_n", 1, [cands(("9", False), ("9", False), ("9", False))] * 2)
+    rows = {
+        r.split("|")[1].strip(): r.split("|")
+        for r in candidate_spread([bon, beam, other_seed], 3).splitlines()[2:]
+    }
+    # Best-of-3: answers {1, 2} and {6, 5, 7}; some candidate right in both; the vote picks 2 (wrong), then
+    # breaks a three-way tie by the answer seen first (6, right)
+    assert rows["best_of_n"][3].strip() == "2 × 1" and rows["best_of_n"][4].strip() == "2.50"
+    assert rows["best_of_n"][5].strip().startswith("100.0 [") and rows["best_of_n"][6].strip().startswith(
+        "50.0 ["
+    )
+    # the beams: one answer each (no answer does not count); right only in the second, where the vote is right
+    assert rows["dvts"][4].strip() == "1.00" and rows["dvts"][5].strip().startswith("50.0 [")
+    assert rows["dvts"][6].strip().startswith("50.0 [")
+    assert candidate_spread([bon, other_seed], 3) is None

@@ -15,7 +15,9 @@ seeded candidates give sampling, Best-of-k, self-consistency = majority@k and pa
 with two-stage bootstrap intervals over problems then seeds; SRD's routing statistics with ρ̂ and the
 gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N and self-consistency − Best-of-N
 paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
-(an interval from a bootstrap over problems). Writes docs/real_text_<slug>.png and the
+(an interval from a bootstrap over problems); with ``--search-n``, beam search and DVTS paired against
+Best-of-N and SRD at the same N, and what their final candidates hold beside Best-of-N's (distinct
+answers, some candidate right, a vote over them). Writes docs/real_text_<slug>.png and the
 ``real-text-<slug>`` section of docs/PERFORMANCE.md (``--tag T``: ``<slug>_T``).
 """
 
@@ -267,7 +269,6 @@ def search_paired(runs: list, pool_n: int) -> str | None:
     for row in run_rows(search):
         group = [r for r in search if r.run_id in row.run_ids]
         seeds = {int(r.spec.get("seed", 0)) for r in group}
-
         mine = correctness(group)
         bon = same_seeds("best_of_n", pool_n, seeds)
         ref = next((k for k in kcurve_rows(bon, [row.n]) if k.method == "best_of_n"), None) if bon else None

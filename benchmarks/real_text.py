@@ -29,6 +29,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -243,6 +244,15 @@ def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
 SEARCH = ("beam_search", "dvts")
 
 
+def _seed(run: Any) -> int:
+    return int(run.spec.get("seed", 0))
+
+
+def _runs_on(runs: list, method: str, budget: int, seeds: set[int]) -> list:
+    """The runs of ``method`` at ``budget`` on ``seeds`` (the seeds a search run has)."""
+    return [r for r in runs if r.method == method and r.budget == budget and _seed(r) in seeds]
+
+
 def search_paired(runs: list, pool_n: int) -> str | None:
     """Step-level search (beam search, DVTS) against Best-of-N at the same N (the k-curve of the Best-of-
     ``pool_n`` run) and against SRD at the same N where the grid has it, paired by problem over the seeds
@@ -253,14 +263,6 @@ def search_paired(runs: list, pool_n: int) -> str | None:
     search = [r for r in runs if r.method in SEARCH]
     if not search:
         return None
-
-    def same_seeds(method: str, budget: int, seeds: set[int]) -> list:
-        return [
-            r
-            for r in runs
-            if r.method == method and r.budget == budget and int(r.spec.get("seed", 0)) in seeds
-        ]
-
     lines = [
         "| method | N | problems × seeds | − Best-of-N [95% CI] | wins / ties / losses | McNemar p "
         "| tokens / Best-of-N's | − SRD [95% CI], McNemar p | tokens / SRD's |",
@@ -268,16 +270,16 @@ def search_paired(runs: list, pool_n: int) -> str | None:
     ]
     for row in run_rows(search):
         group = [r for r in search if r.run_id in row.run_ids]
-        seeds = {int(r.spec.get("seed", 0)) for r in group}
+        seeds = {_seed(r) for r in group}
         mine = correctness(group)
-        bon = same_seeds("best_of_n", pool_n, seeds)
+        bon = _runs_on(runs, "best_of_n", pool_n, seeds)
         ref = next((k for k in kcurve_rows(bon, [row.n]) if k.method == "best_of_n"), None) if bon else None
         cells = ["n/a", "–", "n/a", "n/a"]
         if ref is not None and len(bon) == len(seeds):
             p = paired_values(mine, ref.values or {})
             ratio = row.tokens.mean / ref.tokens.mean if row.tokens.mean and ref.tokens.mean else None
             cells = [_pts(p.diff), f"{p.wins} / {p.ties} / {p.losses}", _f(p.mcnemar_p), _f(ratio, 2)]
-        srd = same_seeds("srd", row.n, seeds)
+        srd = _runs_on(runs, "srd", row.n, seeds)
         vs_srd = ["n/a", "n/a"]
         if srd and len(srd) == len(seeds):
             s_row = run_rows(srd)[0]
@@ -304,13 +306,9 @@ def candidate_spread(runs: list, pool_n: int) -> str | None:
     search = [r for r in runs if r.method in SEARCH]
     if not search:
         return None
-    seeds = {int(r.spec.get("seed", 0)) for r in search}
-    groups: dict[tuple[str, int], list] = {}
-    for r in runs:
-        if int(r.spec.get("seed", 0)) in seeds and (
-            r.method in SEARCH or (r.method == "best_of_n" and r.budget == pool_n)
-        ):
-            groups.setdefault((r.method, int(r.budget)), []).append(r)
+    seeds = {_seed(r) for r in search}
+    keys = dict.fromkeys([("best_of_n", pool_n), *((r.method, int(r.budget)) for r in search)])
+    groups = {(m, n): group for m, n in keys if (group := _runs_on(runs, m, n, seeds))}
 
     def share(matrix: list[list[float | None]]) -> str:
         ci = bootstrap_ci(matrix)
@@ -324,7 +322,7 @@ def candidate_spread(runs: list, pool_n: int) -> str | None:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for (method, n), group in groups.items():
-        group.sort(key=lambda r: int(r.spec.get("seed", 0)))
+        group.sort(key=_seed)
         by_seed = [{str(rec["item_id"]): usable(rec) for rec in r.records} for r in group]
         items = [i for i in by_seed[0] if all(i in b for b in by_seed)]
         right: list[list[float | None]] = []

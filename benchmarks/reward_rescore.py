@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+WORK = "/tmp/srdq-reward-rescore"  # the score caches' default folder
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
@@ -210,7 +211,7 @@ def main() -> None:
     ap.add_argument("--items", type=int, default=50, help="the first ITEMS problems of the run")
     ap.add_argument("--ks", default="4,8", help="Best-of-k sizes to compare (at most the run's N)")
     ap.add_argument("--engine", default="transformers", help="engine for a reward that reads the policy")
-    ap.add_argument("--work", default="/tmp/srdq-reward-rescore", help="score caches (resume)")
+    ap.add_argument("--work", default=WORK, help="score caches (resume)")
     ap.add_argument("--section", default="reward-rescore")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -276,6 +277,10 @@ def main() -> None:
         if judged and settings.judge_engine != "transformers"
         else ""
     )
+    # vLLM lives in its own virtualenv (make .venv-vllm/.installed), so a judge served by it runs from there
+    served = (settings.judge_engine if judged else "", args.engine)
+    python = ".venv-vllm/bin/python" if "vllm" in served else ".venv/bin/python"
+    work_arg = "" if args.work == WORK else f" --work {args.work}"  # where the score cache is kept
     text = "\n".join(
         [
             f"The candidates of `{run.run_id}` ({run.spec.get('method')} N = {n}, reward `{base}`, model "
@@ -287,8 +292,8 @@ def main() -> None:
             "",
             table(out, base, ks, seconds),
             "",
-            f"Command: `{judge_env}.venv/bin/python benchmarks/reward_rescore.py --store {args.store} "
-            f"--run {run.run_id} --rewards {args.rewards} --items {args.items} --ks {args.ks}`",
+            f"Command: `{judge_env}{python} benchmarks/reward_rescore.py --store {args.store} "
+            f"--run {run.run_id} --rewards {args.rewards} --items {args.items} --ks {args.ks}{work_arg}`",
         ]
     )
     print(text, flush=True)

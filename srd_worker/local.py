@@ -216,6 +216,7 @@ def _mark_interrupted(db: Any, run_id: str) -> None:
         with session_scope(db) as session:
             if crud.get_run(session=session, run_id=run_id).status == "running":
                 crud.set_run_status(session=session, run_id=run_id, status="pending")
+                crud.stop_clock(session=session, run_id=run_id)  # status: no rate until it resumes
             for shard in crud.list_shards(session=session, run_id=run_id):
                 if shard.status == "running":
                     crud.set_shard_status(
@@ -332,6 +333,8 @@ def run_local(
             )
         pending = [s for s in shards if s.status != "done"]
         if pending:
+            with session_scope(db) as session:  # a sitting killed outright left its clock running
+                crud.stop_clock(session=session, run_id=run_id)
             if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
                 from srd_worker.engines.registry import build_engine
 

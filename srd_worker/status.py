@@ -293,6 +293,10 @@ def run_status(
     # tokens made since work (re)started: a resumed run's earlier tokens are not this session's speed
     made = max(tokens - (run.started_tokens if run.started_at else 0), 0)
     items_rate, tokens_rate = progress_rates(timeline, began=began, now=end)
+    if not final and run.started_at is None:
+        # between sittings (after `srdq resume`, or while a reopened `srdq run` loads its engine) nothing
+        # is under way yet: the earlier sittings' tokens over the time since submit would be no speed at all
+        made, items_rate, tokens_rate = 0, None, None
     remaining = run.n_items - done - failed
     eta = eta_from_tokens(
         unstarted=max(remaining - in_flight, 0),

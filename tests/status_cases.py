@@ -7,10 +7,12 @@ from __future__ import annotations
 import importlib.resources
 from datetime import timedelta
 
+import pytest
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, update
 
+from srd_worker.errors import StoreError
 from srd_worker.status import run_status
 from srd_worker.store import crud, leases
 from srd_worker.store.db import session_scope
@@ -249,6 +251,11 @@ def check_eta(engine: Engine) -> None:
     with session_scope(engine) as session:
         assert leases.reopen_run(session=session, run_id=run_id) == [2, 3]
         assert session.exec(select(Run.started_at).where(Run.id == run_id)).one() is None
+    # between the resume and the next lease nothing is under way: no rate from the earlier sitting's tokens
+    idle = run_status(db=engine, run_id=run_id)
+    assert idle.tokens_per_s == 0.0 and idle.items_per_s is None and idle.eta_s is None
+    assert idle.gen_tokens == 100 and idle.done == 4
+    with session_scope(engine) as session:
         assert leases.acquire(
             session=session, run_id=run_id, shard_index=2, owner="w", ttl_s=60, max_attempts=3
         )
@@ -263,6 +270,16 @@ def check_eta(engine: Engine) -> None:
         crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
         assert session.exec(select(Run.started_tokens).where(Run.id == run_id)).one() == 100
     assert run_status(db=engine, run_id=run_id).tokens_per_s == 0.0
+    # a sitting that stops (or a reopened one still loading its engine) stops the clock: no rate, no ETA,
+    # though the run still says running and its shards still say what they were
+    with session_scope(engine) as session:
+        crud.stop_clock(session=session, run_id=run_id)
+    stopped = run_status(db=engine, run_id=run_id)
+    assert stopped.status == "running" and stopped.started_at is None
+    assert stopped.tokens_per_s == 0.0 and stopped.eta_s is None and stopped.items_per_s is None
+    with pytest.raises(StoreError, match="no run 'run-none'"):
+        with session_scope(engine) as session:
+            crud.stop_clock(session=session, run_id="run-none")
 
 
 def check_eta_in_flight(engine: Engine) -> None:

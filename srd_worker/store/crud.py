@@ -490,6 +490,14 @@ def set_shard_status(
         raise StoreError(f"no shard {shard_index} in run {run_id!r}")
 
 
+def stop_clock(*, session: Session, run_id: str) -> None:
+    """Work on the run stopped (a sitting ended, cleanly or not): status shows no rate and no ETA until
+    work starts again (``set_run_status(started=True)`` or the next lease)."""
+    updated = session.exec(update(Run).where(col(Run.id) == run_id).values(started_at=None)).rowcount
+    if updated != 1:
+        raise StoreError(f"no run {run_id!r}")
+
+
 def set_run_status(*, session: Session, run_id: str, status: str, started: bool = False) -> None:
     """Set a run's status; ``started``: work (re)starts now (``run.started_at``, the ETA's origin, and
     ``run.started_tokens``, the tokens already made, which the rate leaves out)."""

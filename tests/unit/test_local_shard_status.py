@@ -78,3 +78,87 @@ def test_open_shards_are_running_then_done_or_pending_again(tmp_path, tiny_engin
     shown = CliRunner().invoke(cli, ["status", summary.run_id, "--db", str(out)], env={"COLUMNS": "60"})
     assert shown.exit_code == 0, shown.output
     assert summary.run_id in shown.output and "…" not in shown.output, shown.output
+
+
+def _status(out, run_id):
+    db = make_engine(sqlite_url(out / "srdq.db"))
+    try:
+        return run_status(db=db, run_id=run_id)
+    finally:
+        db.dispose()
+
+
+def test_a_reopened_run_shows_no_rate_from_an_earlier_sitting(tmp_path, tiny_engine, datasets_dir):
+    """A sitting that stopped, cleanly or killed outright (its clock and status left as they were), shows no
+    rate and no ETA in ``srdq status`` until the reopened run starts work: not the earlier tokens over the
+    time since that sitting began."""
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from srd_worker.store.models import Run, Shard, utcnow
+
+    settings = Settings(cache_dir=tmp_path / "cache", device="cpu", dtype="float32")
+    prepared = prepare_run(
+        dataset=datasets_dir / "gsm8k_test.jsonl",
+        method="best_of_n",
+        params={"n": 2, "max_new_tokens": 8},
+        model="tiny-random-llama",
+        reward="arithmetic",
+        limit=4,
+        shard_size=2,
+        settings=settings,
+    )
+    out = tmp_path / "out"
+    ids: list[str] = []
+
+    def first_shard_then_stop(report) -> None:
+        if report.items_done >= 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_local(
+            prepared,
+            out_dir=out,
+            settings=settings,
+            engine=tiny_engine,
+            on_start=lambda run_id, *_: ids.append(run_id),
+            on_round=first_shard_then_stop,
+        )
+    stopped = _status(out, ids[0])
+    assert stopped.status == "pending" and stopped.started_at is None and stopped.gen_tokens > 0
+    assert stopped.tokens_per_s == 0.0 and stopped.eta_s is None
+
+    # killed outright an hour into its sitting: the run still says running, its clock still runs
+    db = make_engine(sqlite_url(out / "srdq.db"))
+    try:
+        with db.begin() as con:
+            con.execute(
+                update(Run)
+                .where(Run.id == ids[0])
+                .values(status="running", started_at=utcnow() - timedelta(hours=1), started_tokens=0)
+            )
+            con.execute(
+                update(Shard).where(Shard.run_id == ids[0], Shard.status != "done").values(status="running")
+            )
+    finally:
+        db.dispose()
+    assert _status(out, ids[0]).tokens_per_s > 0  # the stale clock: earlier tokens over the hour
+    at_start = []
+    summary = run_local(
+        prepared,
+        out_dir=out,
+        settings=settings,
+        engine=tiny_engine,
+        on_start=lambda run_id, *_: at_start.append(_status(out, run_id)),
+    )
+    assert summary.items == 4 and len(at_start) == 1
+    reopened = at_start[0]  # the reopened run, before its work starts
+    assert reopened.started_at is None and reopened.tokens_per_s == 0.0 and reopened.eta_s is None
+    assert reopened.gen_tokens == stopped.gen_tokens
+    done = _status(out, summary.run_id)
+    assert (
+        done.status == "done"
+        and done.started_at is not None
+        and done.started_at > utcnow() - timedelta(minutes=5)
+    )

@@ -213,11 +213,12 @@ def analyse(
                   seeds=r.accuracy.seeds, problems=r.accuracy.problems)
             for r in rows if r.tokens.mean is not None and r.accuracy.mean is not None
         ]  # fmt: skip
+        seeds = rows[0].accuracy.seeds
         plot_frontier(
             points,
             png,
             title=title or f"testbed: accuracy vs generated tokens, reward {reward}",
-            subtitle=f"{rows[0].accuracy.problems} problems × {rows[0].accuracy.seeds} seeds; 95% intervals",
+            subtitle=f"{rows[0].accuracy.problems} problems × {seeds} seed{'' if seeds == 1 else 's'}; 95% intervals",
         )
     tok = {(r.method, r.n): r for r in rows}
     routing = ["| N | events | p̂_H | p̂_M | p̂_L | refinements | ρ̂ | formula 1 + ρ̂·p̂_M/p̂_H "

@@ -21,63 +21,35 @@ class Stop(Exception):
     pass
 
 
-def test_open_shards_are_running_then_done_or_pending_again(tmp_path, tiny_engine, datasets_dir):
+def _prepared(tmp_path, datasets_dir, method: str, params: dict):
+    """Settings and a prepared 4-problem run of ``method`` in shards of 2 on the tiny model."""
     settings = Settings(cache_dir=tmp_path / "cache", device="cpu", dtype="float32")
     prepared = prepare_run(
         dataset=datasets_dir / "gsm8k_test.jsonl",
-        method="srd",
-        params={"n": 2, "max_new_tokens": 12, "chunk_tokens": 4},
+        method=method,
+        params=params,
         model="tiny-random-llama",
         reward="arithmetic",
         limit=4,
         shard_size=2,
         settings=settings,
     )
-    out = tmp_path / "out"
-    seen: list[dict[str, int]] = []
+    return settings, prepared
+
+
+def _stopped(prepared, out, settings, engine, on_round) -> str:
+    """Run until ``on_round`` raises ``Stop``; the run id."""
     ids: list[str] = []
-
-    def watch(report) -> None:
-        db = make_engine(sqlite_url(out / "srdq.db"))
-        try:
-            status = run_status(db=db, run_id=ids[0])
-        finally:
-            db.dispose()
-        seen.append(status.shard_states)
-        assert [s.status for s in status.shards] == ["running"] * len(status.shards)  # the listed ones
-        if len(seen) == 3:
-            raise Stop
-
     with pytest.raises(Stop):
         run_local(
             prepared,
             out_dir=out,
             settings=settings,
-            engine=tiny_engine,
+            engine=engine,
             on_start=lambda run_id, *_: ids.append(run_id),
-            on_round=watch,
+            on_round=on_round,
         )
-    assert all(states.get("running", 0) >= 1 for states in seen), seen
-    db = make_engine(sqlite_url(out / "srdq.db"))
-    try:
-        stopped = run_status(db=db, run_id=ids[0])
-    finally:
-        db.dispose()
-    assert stopped.status == "pending" and "running" not in stopped.shard_states, stopped.shard_states
-
-    summary = run_local(prepared, out_dir=out, settings=settings, engine=tiny_engine)
-    assert summary.items == 4
-    db = make_engine(sqlite_url(out / "srdq.db"))
-    try:
-        done = run_status(db=db, run_id=summary.run_id)
-    finally:
-        db.dispose()
-    assert done.status == "done" and done.shard_states == {"done": 2}
-
-    # Piped (not a terminal), the status table is wide enough to show the whole run id.
-    shown = CliRunner().invoke(cli, ["status", summary.run_id, "--db", str(out)], env={"COLUMNS": "60"})
-    assert shown.exit_code == 0, shown.output
-    assert summary.run_id in shown.output and "…" not in shown.output, shown.output
+    return ids[0]
 
 
 def _status(out, run_id):
@@ -86,6 +58,36 @@ def _status(out, run_id):
         return run_status(db=db, run_id=run_id)
     finally:
         db.dispose()
+
+
+def test_open_shards_are_running_then_done_or_pending_again(tmp_path, tiny_engine, datasets_dir):
+    settings, prepared = _prepared(
+        tmp_path, datasets_dir, "srd", {"n": 2, "max_new_tokens": 12, "chunk_tokens": 4}
+    )
+    out = tmp_path / "out"
+    seen: list[dict[str, int]] = []
+
+    def watch(report) -> None:
+        status = _status(out, prepared.spec.run_id())
+        seen.append(status.shard_states)
+        assert [s.status for s in status.shards] == ["running"] * len(status.shards)  # the listed ones
+        if len(seen) == 3:
+            raise Stop
+
+    run_id = _stopped(prepared, out, settings, tiny_engine, watch)
+    assert all(states.get("running", 0) >= 1 for states in seen), seen
+    stopped = _status(out, run_id)
+    assert stopped.status == "pending" and "running" not in stopped.shard_states, stopped.shard_states
+
+    summary = run_local(prepared, out_dir=out, settings=settings, engine=tiny_engine)
+    assert summary.items == 4
+    done = _status(out, summary.run_id)
+    assert done.status == "done" and done.shard_states == {"done": 2}
+
+    # Piped (not a terminal), the status table is wide enough to show the whole run id.
+    shown = CliRunner().invoke(cli, ["status", summary.run_id, "--db", str(out)], env={"COLUMNS": "60"})
+    assert shown.exit_code == 0, shown.output
+    assert summary.run_id in shown.output and "…" not in shown.output, shown.output
 
 
 def test_a_reopened_run_shows_no_rate_from_an_earlier_sitting(tmp_path, tiny_engine, datasets_dir):
@@ -98,34 +100,15 @@ def test_a_reopened_run_shows_no_rate_from_an_earlier_sitting(tmp_path, tiny_eng
 
     from srd_worker.store.models import Run, Shard, utcnow
 
-    settings = Settings(cache_dir=tmp_path / "cache", device="cpu", dtype="float32")
-    prepared = prepare_run(
-        dataset=datasets_dir / "gsm8k_test.jsonl",
-        method="best_of_n",
-        params={"n": 2, "max_new_tokens": 8},
-        model="tiny-random-llama",
-        reward="arithmetic",
-        limit=4,
-        shard_size=2,
-        settings=settings,
-    )
+    settings, prepared = _prepared(tmp_path, datasets_dir, "best_of_n", {"n": 2, "max_new_tokens": 8})
     out = tmp_path / "out"
-    ids: list[str] = []
 
     def first_shard_then_stop(report) -> None:
         if report.items_done >= 2:
             raise Stop
 
-    with pytest.raises(Stop):
-        run_local(
-            prepared,
-            out_dir=out,
-            settings=settings,
-            engine=tiny_engine,
-            on_start=lambda run_id, *_: ids.append(run_id),
-            on_round=first_shard_then_stop,
-        )
-    stopped = _status(out, ids[0])
+    run_id = _stopped(prepared, out, settings, tiny_engine, first_shard_then_stop)
+    stopped = _status(out, run_id)
     assert stopped.status == "pending" and stopped.started_at is None and stopped.gen_tokens > 0
     assert stopped.tokens_per_s == 0.0 and stopped.eta_s is None
 
@@ -135,15 +118,15 @@ def test_a_reopened_run_shows_no_rate_from_an_earlier_sitting(tmp_path, tiny_eng
         with db.begin() as con:
             con.execute(
                 update(Run)
-                .where(Run.id == ids[0])
+                .where(Run.id == run_id)
                 .values(status="running", started_at=utcnow() - timedelta(hours=1), started_tokens=0)
             )
             con.execute(
-                update(Shard).where(Shard.run_id == ids[0], Shard.status != "done").values(status="running")
+                update(Shard).where(Shard.run_id == run_id, Shard.status != "done").values(status="running")
             )
     finally:
         db.dispose()
-    assert _status(out, ids[0]).tokens_per_s > 0  # the stale clock: earlier tokens over the hour
+    assert _status(out, run_id).tokens_per_s > 0  # the stale clock: earlier tokens over the hour
     at_start = []
     summary = run_local(
         prepared,

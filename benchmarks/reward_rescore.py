@@ -95,11 +95,20 @@ def rescore(
     scores: dict[str, dict[int, float]] = {}
     seconds = 0.0
     if cache.exists():
-        for line in cache.read_text(encoding="utf-8").splitlines():
-            if line.strip():
+        lines = [x for x in cache.read_text(encoding="utf-8").splitlines() if x.strip()]
+        for i, line in enumerate(lines):
+            try:
                 row = json.loads(line)
-                scores[row["item"]] = {int(k): float(v) for k, v in row["scores"].items()}
-                seconds += float(row.get("s", 0.0))
+            except json.JSONDecodeError:
+                if i < len(lines) - 1:
+                    raise SystemExit(
+                        f"{cache}: line {i + 1} is not JSON; move the file away to score anew"
+                    ) from None
+                # the last line, cut short by a kill mid-write: dropped, and its problem scored again
+                cache.write_text("".join(x + "\n" for x in lines[:-1]), encoding="utf-8")
+                break
+            scores[row["item"]] = {int(k): float(v) for k, v in row["scores"].items()}
+            seconds += float(row.get("s", 0.0))
     todo = [r for r in records if r["item_id"] not in scores]
     if not todo:
         return scores, seconds

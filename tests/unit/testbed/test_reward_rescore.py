@@ -75,6 +75,24 @@ def test_rescoring_resumes_from_its_cache_and_leaves_the_run_alone(tmp_path):
     assert run.records[0]["candidates"][1]["reward"] == 0.1  # the run itself is untouched
 
 
+def test_a_last_line_cut_short_by_a_kill_is_scored_again(tmp_path):
+    from benchmarks.reward_rescore import rescore, scoreable
+
+    run = _run(3)
+    cache = tmp_path / "scores-arithmetic.jsonl"
+    first, _ = rescore(scoreable(run.records, 2), Counting, cache, progress=False)
+    whole = cache.read_text()
+    cache.write_text(whole[: len(whole) - 20])  # the second problem's line, half written
+    again = Counting()
+    scores, _ = rescore(scoreable(run.records, 3), lambda: again, cache, progress=False)
+    assert again.scored == 8  # the cut line's problem and the third one
+    assert scores["line-1"] == first["line-1"]
+    assert [json.loads(x)["item"] for x in cache.read_text().splitlines()] == ["line-0", "line-1", "line-2"]
+    cache.write_text("{not json\n" + cache.read_text())  # a broken line before the last: refused, kept
+    with pytest.raises(SystemExit, match="line 1 is not JSON"):
+        rescore(scoreable(run.records, 3), Counting, cache, progress=False)
+
+
 def test_scoreable_skips_errors_and_problems_without_candidates():
     from benchmarks.reward_rescore import scoreable
 

@@ -87,13 +87,13 @@ def rescore(
     records: list[dict], make_reward: Callable[[], Any], cache: Path, *, progress: bool = True
 ) -> tuple[dict[str, dict[int, float]], float]:
     """``{item_id: {candidate id: score}}`` of every candidate of ``records`` under the reward that
-    ``make_reward()`` builds and the seconds spent scoring (this call and earlier ones, from ``cache``).
+    ``make_reward()`` builds and the seconds spent scoring them (this call and earlier ones, from ``cache``).
     Scores already in ``cache`` (one JSON line per problem) are reused, and the reward (a judge model, say)
     is built only when some problem has none; new ones are appended as each problem is scored."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     scores: dict[str, dict[int, float]] = {}
-    seconds = 0.0
+    spent_on: dict[str, float] = {}
     if cache.exists():
         lines = [x for x in cache.read_text(encoding="utf-8").splitlines() if x.strip()]
         for i, line in enumerate(lines):
@@ -108,7 +108,9 @@ def rescore(
                 cache.write_text("".join(x + "\n" for x in lines[:-1]), encoding="utf-8")
                 break
             scores[row["item"]] = {int(k): float(v) for k, v in row["scores"].items()}
-            seconds += float(row.get("s", 0.0))
+            spent_on[row["item"]] = float(row.get("s", 0.0))
+    # the time spent on these records only: the cache may hold more problems than asked for
+    seconds = sum(spent_on.get(r["item_id"], 0.0) for r in records)
     todo = [r for r in records if r["item_id"] not in scores]
     if not todo:
         return scores, seconds

@@ -67,8 +67,13 @@ def test_rescoring_resumes_from_its_cache_and_leaves_the_run_alone(tmp_path):
     def unbuildable():
         raise AssertionError("every score is cached: the reward (a judge model, say) must not be built")
 
-    cached, _ = rescore(scoreable(run.records, 3), unbuildable, cache, progress=False)
+    cached, spent = rescore(scoreable(run.records, 3), unbuildable, cache, progress=False)
     assert cached == scores
+    rows = [json.loads(x) for x in cache.read_text().splitlines()]
+    assert spent == pytest.approx(sum(r["s"] for r in rows))
+    cache.write_text("".join(json.dumps({**r, "s": 10.0 * (i + 1)}) + "\n" for i, r in enumerate(rows)))
+    _, fewer = rescore(scoreable(run.records, 2), unbuildable, cache, progress=False)
+    assert fewer == pytest.approx(30.0)  # the time of the problems asked for (10 + 20 s), not the whole cache
 
     rescored = with_scores(run, run.records, scores)
     assert [c["reward"] for c in rescored.records[0]["candidates"]][1] == 0.75

@@ -279,24 +279,25 @@ def run_status(
         shards, matched = queries.list_status_shards(
             session=session, run_id=run_id, everything=all_shards, limit=None if all_shards else limit
         )
-        timeline = queries.finish_timeline(session=session, run_id=run_id, since=run.started_at)
+        final = run.status in ("done", "failed", "cancelled")
+        # between sittings (after `srdq resume`, or while a reopened `srdq run` loads its engine) nothing is
+        # under way: no rate and no ETA, not the earlier sittings' progress over the time since submit
+        idle = not final and run.started_at is None
+        timeline = (
+            [] if idle else queries.finish_timeline(session=session, run_id=run_id, since=run.started_at)
+        )
     done = sum(s[1] for s in states.values())
     failed = sum(s[2] for s in states.values())
     finished_tokens = sum(s[3] for s in states.values())  # of the items with a result
     tokens = finished_tokens + running_tokens
-    final = run.status in ("done", "failed", "cancelled")
     end = run.updated_at if final else now
     # work began at the run's first lease (since the last `srdq resume`), not when it was submitted: time in
     # the queue is not work (runs stored before migration 0006 have no start and fall back to creation)
     began = run.started_at or run.created_at
     elapsed = max((end - began).total_seconds(), 1e-9)
     # tokens made since work (re)started: a resumed run's earlier tokens are not this session's speed
-    made = max(tokens - (run.started_tokens if run.started_at else 0), 0)
+    made = 0 if idle else max(tokens - (run.started_tokens if run.started_at else 0), 0)
     items_rate, tokens_rate = progress_rates(timeline, began=began, now=end)
-    if not final and run.started_at is None:
-        # between sittings (after `srdq resume`, or while a reopened `srdq run` loads its engine) nothing
-        # is under way yet: the earlier sittings' tokens over the time since submit would be no speed at all
-        made, items_rate, tokens_rate = 0, None, None
     remaining = run.n_items - done - failed
     eta = eta_from_tokens(
         unstarted=max(remaining - in_flight, 0),

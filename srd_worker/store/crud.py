@@ -493,8 +493,11 @@ def set_shard_status(
 def stop_clock(*, session: Session, run_id: str) -> None:
     """Work on the run stopped (a sitting ended, cleanly or not): status shows no rate and no ETA until
     work starts again (``set_run_status(started=True)`` or the next lease)."""
-    updated = session.exec(update(Run).where(col(Run.id) == run_id).values(started_at=None)).rowcount
-    if updated != 1:
+    _update_run(session, run_id, started_at=None)
+
+
+def _update_run(session: Session, run_id: str, **values: Any) -> None:
+    if session.exec(update(Run).where(col(Run.id) == run_id).values(**values)).rowcount != 1:
         raise StoreError(f"no run {run_id!r}")
 
 
@@ -506,9 +509,7 @@ def set_run_status(*, session: Session, run_id: str, status: str, started: bool 
     if started:
         values["started_at"] = now
         values["started_tokens"] = queries.run_tokens(session=session, run_id=run_id)
-    updated = session.exec(update(Run).where(col(Run.id) == run_id).values(**values)).rowcount
-    if updated != 1:
-        raise StoreError(f"no run {run_id!r}")
+    _update_run(session, run_id, **values)
 
 
 def record_runtime(*, session: Session, run_id: str, record: dict[str, Any]) -> bool:

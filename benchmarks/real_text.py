@@ -87,54 +87,51 @@ def real_sweep(
 
 
 def state_file(work: Path, state: Path) -> Path:
-    """Where the snapshot of the store in ``work`` lives under ``state``: ``state/<work name>.db.gz``."""
-    return state / f"{work.name}.db.gz"
+    """Where the snapshot of the store in ``work`` lives under ``state``: the folder ``state/<work name>/``
+    (``benchmarks/_snapshot.py``: one file per run, so a save adds only what changed to git)."""
+    return state / work.name
 
 
 def save_state(work: Path, state: Path) -> Path | None:
-    """A consistent copy of the grid's store ``work/srdq.db`` (safe while a run writes to it: SQLite's
-    ``VACUUM INTO`` reads one snapshot), gzipped to ``state/<work name>.db.gz``; None without a store.
-    The store is what the runner resumes from (finished shards, checkpoints), so a new machine carries a
-    long grid on from the copy (``restore_state``)."""
-    import gzip
-    import shutil
-    import sqlite3
-    import tempfile
+    """Snapshot the grid's store ``work/srdq.db`` into ``state/<work name>/`` (safe while a run writes to
+    it: one read transaction); None without a store. The store is what the runner resumes from (finished
+    shards, checkpoints), so a new machine carries a long grid on from the copy (``restore_state``). The
+    single-file snapshot of earlier versions (``state/<work name>.db.gz``) is removed once replaced."""
+    from benchmarks import _snapshot
 
     db = work / "srdq.db"
     if not db.is_file():
         return None
-    state.mkdir(parents=True, exist_ok=True)
     out = state_file(work, state)
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "srdq.db"
-        con = sqlite3.connect(db)
-        try:
-            con.execute("VACUUM INTO ?", (str(copy),))
-        finally:
-            con.close()
-        part = out.with_name(out.name + ".part")
-        with copy.open("rb") as src, gzip.GzipFile(part, "wb", mtime=0) as dst:
-            shutil.copyfileobj(src, dst)
-        part.replace(out)
+    _snapshot.save(db, out)
+    out.with_name(out.name + ".db.gz").unlink(missing_ok=True)
     return out
 
 
 def restore_state(work: Path, state: Path) -> Path | None:
-    """Unpack ``state/<work name>.db.gz`` into ``work/srdq.db`` when ``work`` has no store yet (never over
-    one: the store in ``work`` is newer); the snapshot it unpacked, or None."""
+    """Rebuild ``work/srdq.db`` from ``state/<work name>/`` (or an earlier version's single-file snapshot
+    ``state/<work name>.db.gz``) when ``work`` has no store yet (never over one: the store in ``work`` is
+    newer); the snapshot it read, or None."""
     import gzip
     import shutil
 
-    src = state_file(work, state)
-    if (work / "srdq.db").exists() or not src.is_file():
+    from benchmarks import _snapshot
+
+    folder = state_file(work, state)
+    if (work / "srdq.db").exists():
+        return None
+    if _snapshot.is_snapshot(folder):
+        _snapshot.restore(folder, work / "srdq.db")
+        return folder
+    legacy = folder.with_name(folder.name + ".db.gz")
+    if not legacy.is_file():
         return None
     work.mkdir(parents=True, exist_ok=True)
     part = work / "srdq.db.part"
-    with gzip.open(src, "rb") as f, part.open("wb") as dst:
+    with gzip.open(legacy, "rb") as f, part.open("wb") as dst:
         shutil.copyfileobj(f, dst)
     part.replace(work / "srdq.db")
-    return src
+    return legacy
 
 
 def auroc(scores: list[float], labels: list[bool]) -> float | None:
@@ -410,7 +407,7 @@ def main() -> None:
         default=None,
         metavar="DIR",
         help="carry the grid across machines: before running, a reward's store missing from --work is "
-        "unpacked from DIR/<name>.db.gz (benchmarks/state/real_text holds the committed copies); with "
+        "rebuilt from DIR/<name>/ (benchmarks/state/real_text holds the committed copies); with "
         "--save-state, write those copies from --work (safe while a run is writing) and exit",
     )
     ap.add_argument("--save-state", action="store_true", help="only snapshot the stores into --state")

@@ -2,7 +2,7 @@
 re-scored by other rewards (no generation), then for each reward its AUROC for correct vs wrong responses
 and the Best-of-k accuracy it would select, paired against the run's own reward.
 
-    .venv/bin/python benchmarks/reward_rescore.py --store benchmarks/state/real_text/logprob.db.gz \\
+    .venv/bin/python benchmarks/reward_rescore.py --store benchmarks/state/real_text/logprob \\
         --rewards arithmetic,judge:qwen2.5-coder-1.5b --items 50 [--run RUN_ID] [--work DIR]
         [--section NAME] [--no-write]
 
@@ -37,8 +37,15 @@ from benchmarks.real_text import reward_auroc  # noqa: E402
 
 
 def open_store(store: Path, scratch: Path) -> Path:
-    """The SQLite file of ``store``: a ``srdq.db``, a folder holding one, or a gzipped snapshot
-    (``benchmarks/state/real_text/*.db.gz``, unpacked into ``scratch``)."""
+    """The SQLite file of ``store``: a ``srdq.db``, a folder holding one, a snapshot folder
+    (``benchmarks/state/real_text/logprob``, rebuilt into ``scratch``) or an older gzipped single-file
+    snapshot (``*.db.gz``, unpacked into ``scratch``)."""
+    from benchmarks import _snapshot
+
+    if _snapshot.is_snapshot(store):
+        out = scratch / f"{store.name}.db"
+        _snapshot.restore(store, out)
+        return out
     if store.is_dir():
         store = store / "srdq.db"
     if not store.exists():
@@ -216,7 +223,11 @@ def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--store", required=True, help="srdq.db, a folder holding one, or a .db.gz snapshot")
+    ap.add_argument(
+        "--store",
+        required=True,
+        help="srdq.db, a folder holding one, a snapshot folder (benchmarks/state/...) or a .db.gz",
+    )
     ap.add_argument("--run", default=None, help="the finished best_of_n run (default: the store's only one)")
     ap.add_argument("--rewards", required=True, help="comma-separated reward names (srdq's --reward names)")
     ap.add_argument("--items", type=int, default=50, help="the first ITEMS problems of the run")

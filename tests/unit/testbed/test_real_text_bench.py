@@ -50,7 +50,7 @@ def test_state_snapshot_round_trips_a_store_and_never_overwrites_one(tmp_path):
     live.executemany("INSERT INTO shard (status) VALUES (?)", [("done",), ("done",), ("pending",)])
     live.commit()  # committed to the WAL, not yet checkpointed into the main file
     saved = save_state(work, state)
-    assert saved == state / "logprob.db.gz"
+    assert saved == state / "logprob"
     live.execute("UPDATE shard SET status = 'done'")
     live.commit()
     assert not restore_state(work, state)  # the store in work is newer: kept
@@ -68,6 +68,98 @@ def test_state_snapshot_round_trips_a_store_and_never_overwrites_one(tmp_path):
     finally:
         got.close()
     assert not restore_state(elsewhere, state)  # restored once; never over a store
+
+
+def _store(path, runs: dict[str, int], cache: int):
+    """A store shaped like srdq's: a run table, run-owned rows (``run_id``) and a run-less score cache."""
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute("CREATE TABLE IF NOT EXISTS run (id TEXT PRIMARY KEY, status TEXT)")
+    con.execute("CREATE TABLE IF NOT EXISTS result (id INTEGER PRIMARY KEY, run_id TEXT, record BLOB)")
+    con.execute("CREATE INDEX IF NOT EXISTS ix_result_run_id ON result (run_id)")
+    con.execute("CREATE TABLE IF NOT EXISTS score_cache (key TEXT PRIMARY KEY, score REAL)")
+    for run_id, n in runs.items():
+        con.execute("INSERT OR IGNORE INTO run VALUES (?, 'done')", (run_id,))
+        con.executemany(
+            "INSERT INTO result (run_id, record) VALUES (?, ?)",
+            [(run_id, bytes([i % 256]) * 40) for i in range(n)],
+        )
+    have = con.execute("SELECT count(*) FROM score_cache").fetchone()[0]
+    con.executemany(
+        "INSERT INTO score_cache VALUES (?, ?)", [(f"k{have + i:06d}", i / 7) for i in range(cache)]
+    )
+    con.commit()
+    return con
+
+
+def _rows(path):
+    import sqlite3
+
+    con = sqlite3.connect(path)
+    try:
+        return {
+            t: con.execute(f'SELECT rowid, * FROM "{t}" ORDER BY rowid').fetchall()
+            for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
+    finally:
+        con.close()
+
+
+def test_a_snapshot_adds_only_what_changed(tmp_path, monkeypatch):
+    """The committed copy of a long grid's store: one file per run and blocks of the run-less rows, so a
+    save after one more run rewrites that run's file and the last block and leaves every other file's bytes
+    alone; the store it rebuilds holds the same rows with the same rowids, and saving that again changes
+    nothing; a run gone from the store takes its file with it."""
+    from benchmarks import _snapshot
+
+    monkeypatch.setattr(_snapshot, "BLOCK", 10)
+    db, folder = tmp_path / "srdq.db", tmp_path / "state" / "logprob"
+    live = _store(db, {"run-a": 5, "run-b": 3}, cache=25)
+    assert _snapshot.save(db, folder) == {"written": 5, "unchanged": 0, "removed": 0}
+    names = sorted(p.name for p in folder.iterdir())
+    assert names == ["common-0.db.gz", "common-1.db.gz", "common-2.db.gz", "run-a.db.gz", "run-b.db.gz"]
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    _store(db, {"run-c": 4}, cache=3).close()  # one more run, three more scores (the last block grows)
+    assert _snapshot.save(db, folder) == {"written": 2, "unchanged": 4, "removed": 0}
+    after = {p.name: p.read_bytes() for p in folder.iterdir()}
+    assert {n for n in after if after[n] != before.get(n)} == {"run-c.db.gz", "common-2.db.gz"}
+
+    rebuilt = tmp_path / "elsewhere" / "srdq.db"
+    assert _snapshot.restore(folder, rebuilt) == 6
+    assert _rows(rebuilt) == _rows(db)
+    assert _snapshot.save(rebuilt, folder) == {"written": 0, "unchanged": 6, "removed": 0}
+    with pytest.raises(FileExistsError):
+        _snapshot.restore(folder, rebuilt)  # never over a store
+
+    live.execute("DELETE FROM result WHERE run_id = 'run-b'")
+    live.execute("DELETE FROM run WHERE id = 'run-b'")
+    live.commit()
+    live.close()
+    assert _snapshot.save(db, folder)["removed"] == 1
+    assert not (folder / "run-b.db.gz").exists()
+
+
+def test_a_single_file_copy_of_an_earlier_version_is_read_then_replaced(tmp_path):
+    """A state folder holding only ``<name>.db.gz`` (the single-file snapshot of earlier versions) still
+    restores; the next save writes the per-run folder and removes the single file."""
+    import gzip
+
+    from benchmarks.real_text import restore_state, save_state
+
+    src = tmp_path / "old.db"
+    _store(src, {"run-a": 2}, cache=1).close()
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "logprob.db.gz").write_bytes(gzip.compress(src.read_bytes()))
+    work = tmp_path / "run" / "logprob"
+    assert restore_state(work, state) == state / "logprob.db.gz"
+    assert _rows(work / "srdq.db") == _rows(src)
+    assert save_state(work, state) == state / "logprob"
+    assert not (state / "logprob.db.gz").exists()
+    assert sorted(p.name for p in (state / "logprob").iterdir()) == ["common-0.db.gz", "run-a.db.gz"]
 
 
 def test_the_best_of_n_pool_can_be_larger_than_every_budget():

@@ -103,8 +103,11 @@ def save_state(work: Path, state: Path) -> Path | None:
     if not db.is_file():
         return None
     out = state_file(work, state)
-    _snapshot.save(db, out)
+    counts = _snapshot.save(db, out)
     out.with_name(out.name + ".db.gz").unlink(missing_ok=True)
+    print(
+        f"{out}: {counts['written']} files written, {counts['unchanged']} unchanged, {counts['removed']} removed"
+    )
     return out
 
 

@@ -3,7 +3,7 @@ re-scored by other rewards (no generation), then for each reward its AUROC for c
 and the Best-of-k accuracy it would select, paired against the run's own reward.
 
     .venv/bin/python benchmarks/reward_rescore.py --store benchmarks/state/real_text/logprob \\
-        --rewards arithmetic,judge:qwen2.5-coder-1.5b --items 50 [--run RUN_ID] [--work DIR]
+        --rewards arithmetic,judge:qwen2.5-coder-1.5b --items 50 [--run RUN_ID[,RUN_ID...]] [--work DIR]
         [--section NAME] [--no-write]
 
 Every candidate is scored as the methods score a finished response: the task's question and the whole
@@ -58,8 +58,9 @@ def open_store(store: Path, scratch: Path) -> Path:
     return store
 
 
-def load_run(db_file: Path, run_id: str | None) -> Any:
-    """The finished Best-of-N run ``run_id`` (default: the store's only finished best_of_n run)."""
+def load_runs(db_file: Path, run_ids: list[str]) -> list[Any]:
+    """The finished Best-of-N runs ``run_ids`` (default: the store's only finished best_of_n run), one
+    configuration over different seeds: the same method, N, reward, model and dataset (else refused)."""
     import sqlite3
 
     from srd_worker.reports.loading import load_report_runs
@@ -70,18 +71,38 @@ def load_run(db_file: Path, run_id: str | None) -> Any:
             (rid, json.loads(spec or "{}").get("method"))
             for rid, spec in con.execute("select id, spec from run where status = 'done'")
         ]
-    if run_id is None:
+    if not run_ids:
         bon = [rid for rid, method in done if method == "best_of_n"]
         if len(bon) != 1:
             raise SystemExit(f"{db_file}: {len(bon)} finished best_of_n runs ({bon}); name one with --run")
-        run_id = bon[0]
-    elif run_id not in {rid for rid, _ in done}:
-        raise SystemExit(f"{db_file}: no finished run {run_id!r}; finished: {[rid for rid, _ in done]}")
+        run_ids = bon
+    missing = [r for r in run_ids if r not in {rid for rid, _ in done}]
+    if missing:
+        raise SystemExit(f"{db_file}: no finished run {missing[0]!r}; finished: {[rid for rid, _ in done]}")
+    if len(set(run_ids)) != len(run_ids):
+        raise SystemExit(f"--run {','.join(run_ids)}: a run is named twice")
     db = open_sqlite(db_file)  # a snapshot stored by an older srdq is brought to this schema
     try:
-        return load_report_runs(db, [run_id])[0]
+        runs = load_report_runs(db, run_ids)
     finally:
         db.dispose()
+    check_seeded(runs)
+    return runs
+
+
+def check_seeded(runs: list[Any]) -> None:
+    """Refuse runs that are not one configuration over different seeds (they could not be pooled)."""
+    first = runs[0]
+    for run in runs[1:]:
+        for field in ("method", "params", "reward", "model", "engine", "dataset", "dataset_sha256", "task"):
+            if run.spec.get(field) != first.spec.get(field):
+                raise SystemExit(
+                    f"--run: {run.run_id} and {first.run_id} differ in {field} "
+                    f"({run.spec.get(field)!r} vs {first.spec.get(field)!r}); name runs of one configuration"
+                )
+    seeds = [r.spec.get("seed", 0) for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--run: two runs share a seed ({seeds}); name one run per seed")
 
 
 def scoreable(records: list[dict], items: int) -> list[dict]:
@@ -160,18 +181,19 @@ def _pct(ci: Any) -> str:
     return f"{100 * ci.mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
 
 
-def compare(runs: dict[str, Any], base: str, ks: list[int]) -> dict[str, Any]:
-    """Per reward: AUROC with its bootstrap interval, Best-of-k accuracy for each k, and Best-of-k −
-    ``base``'s Best-of-k paired by problem; plus the reward-free rows (sampling, majority@k, pass@k)."""
+def compare(runs: dict[str, list[Any]], base: str, ks: list[int]) -> dict[str, Any]:
+    """Per reward (its copies of the seeds' runs): AUROC with its bootstrap interval, Best-of-k accuracy
+    for each k, and Best-of-k − ``base``'s Best-of-k paired by problem (over the seeds); plus the
+    reward-free rows (sampling, majority@k, pass@k)."""
     from srd_worker.testbed.experiment import kcurve_rows, paired_values
 
     rows = {
-        name: {(r.method, r.n): r for r in kcurve_rows([run], [1, *ks], oracle=True)}
-        for name, run in runs.items()
+        name: {(r.method, r.n): r for r in kcurve_rows(seeded, [1, *ks], oracle=True)}
+        for name, seeded in runs.items()
     }
     out: dict[str, Any] = {"rewards": {}}
-    for name, run in runs.items():
-        roc = reward_auroc([run])
+    for name, seeded in runs.items():
+        roc = reward_auroc(seeded)
         entry: dict[str, Any] = {"auroc": roc}
         for k in ks:
             mine = rows[name][("best_of_n", k)]
@@ -228,7 +250,12 @@ def main() -> None:
         required=True,
         help="srdq.db, a folder holding one, a snapshot folder (benchmarks/state/...) or a .db.gz",
     )
-    ap.add_argument("--run", default=None, help="the finished best_of_n run (default: the store's only one)")
+    ap.add_argument(
+        "--run",
+        default="",
+        help="the finished best_of_n run, or several of one configuration over different seeds, "
+        "comma-separated (pooled: problems × seeds); default: the store's only one",
+    )
     ap.add_argument("--rewards", required=True, help="comma-separated reward names (srdq's --reward names)")
     ap.add_argument("--items", type=int, default=50, help="the first ITEMS problems of the run")
     ap.add_argument("--ks", default="4,8", help="Best-of-k sizes to compare (at most the run's N)")
@@ -257,19 +284,22 @@ def main() -> None:
         raise SystemExit(f"--rewards: {exc}") from None
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
     with tempfile.TemporaryDirectory() as scratch:
-        run = load_run(open_store(Path(args.store), Path(scratch)), args.run)
+        seeded = load_runs(open_store(Path(args.store), Path(scratch)), [x for x in args.run.split(",") if x])
+    run = seeded[0]
     n = run.budget or 0
     if not ks or min(ks) < 2 or max(ks) > n:
         raise SystemExit(f"--ks {args.ks}: each k must be in 2..{n} (the run's N)")
-    records = scoreable(run.records, args.items)
-    if len(records) < args.items:
-        raise SystemExit(f"the run has {len(records)} scoreable problems, fewer than --items {args.items}")
+    records = {r.run_id: scoreable(r.records, args.items) for r in seeded}
+    for r in seeded:
+        if len(records[r.run_id]) < args.items:
+            raise SystemExit(
+                f"{r.run_id} has {len(records[r.run_id])} scoreable problems, fewer than --items {args.items}"
+            )
     base = str(run.spec.get("reward"))
     settings = Settings(device="cpu")
     policy = None
-    runs = {base: with_scores(run, records, None)}
+    runs = {base: [with_scores(r, records[r.run_id], None) for r in seeded]}
     seconds: dict[str, float] = {}
-    work = Path(args.work) / run.run_id
     try:
         for name in names:
             if name == base:
@@ -285,14 +315,22 @@ def main() -> None:
                     policy = build_engine(args.engine, str(run.spec.get("model")), settings)
                 return build_reward(name, policy, settings=settings)
 
-            cache = work / f"scores-{name.replace(':', '_').replace('/', '_')}.jsonl"
-            scores, seconds[name] = rescore(records, make, cache)
-            runs[name] = with_scores(run, records, scores)
+            runs[name] = []
+            seconds[name] = 0.0
+            for r in seeded:  # one score cache per run, so adding a seed later reuses the others' scores
+                cache = (
+                    Path(args.work) / r.run_id / f"scores-{name.replace(':', '_').replace('/', '_')}.jsonl"
+                )
+                scores, spent = rescore(records[r.run_id], make, cache)
+                seconds[name] += spent
+                runs[name].append(with_scores(r, records[r.run_id], scores))
     finally:
         close_rewards()
         close_all([policy] if policy is not None else [])
     out = compare(runs, base, ks)
-    n_cands = sum(len(r["candidates"]) for r in records)
+    n_cands = sum(len(rec["candidates"]) for recs in records.values() for rec in recs)
+    ids = ", ".join(f"`{r.run_id}`" for r in seeded)
+    seed_list = ", ".join(str(r.spec.get("seed", 0)) for r in seeded)
     judged = any(name.partition(":")[0] in JUDGE_KINDS for name in names)
     judge_env = (
         f"SRDQ_JUDGE_ENGINE={settings.judge_engine} "
@@ -305,17 +343,18 @@ def main() -> None:
     work_arg = "" if args.work == WORK else f" --work {args.work}"  # where the score cache is kept
     text = "\n".join(
         [
-            f"The candidates of `{run.run_id}` ({run.spec.get('method')} N = {n}, reward `{base}`, model "
-            f"`{run.spec.get('model')}`, {run.spec.get('dataset')}), the first {len(records)} problems "
-            f"({n_cands} responses, seed {run.spec.get('seed', 0)}), re-scored by each reward; Best-of-k is "
-            "exact over the k-subsets of each problem's candidates, intervals are bootstraps over problems, "
-            "differences are paired by problem (wins / ties / losses). Scoring time on the shared 2-core "
-            "machine.",
+            f"The candidates of {ids} ({run.spec.get('method')} N = {n}, reward `{base}`, model "
+            f"`{run.spec.get('model')}`, {run.spec.get('dataset')}), the first {args.items} problems × "
+            f"{len(seeded)} seed{'s' if len(seeded) > 1 else ''} ({n_cands} responses, seed"
+            f"{'s' if len(seeded) > 1 else ''} {seed_list}), re-scored by each reward; Best-of-k is exact over "
+            "the k-subsets of each problem's candidates, intervals are bootstraps over problems (AUROC's "
+            "over problem-seeds), differences are paired by problem over the seeds (wins / ties / losses "
+            "count problem-seeds). Scoring time on the shared 2-core machine.",
             "",
             table(out, base, ks, seconds),
             "",
             f"Command: `{judge_env}{python} benchmarks/reward_rescore.py --store {args.store} "
-            f"--run {run.run_id} --rewards {args.rewards} --items {args.items} --ks {args.ks}{work_arg}`",
+            f"--run {','.join(r.run_id for r in seeded)} --rewards {args.rewards} --items {args.items} --ks {args.ks}{work_arg}`",
         ]
     )
     print(text, flush=True)

@@ -16,7 +16,7 @@ RIGHT = "2 + 3 = 5, 5 * 4 = 20. The answer is 20."
 WRONG = "2 + 3 = 7. The answer is 28."
 
 
-def _run(n_problems: int) -> RunRecords:
+def _run(n_problems: int, seed: int = 0) -> RunRecords:
     """Best-of-4 records whose own reward ranks the wrong candidates first (two right, two wrong each)."""
     records = []
     for i in range(n_problems):
@@ -32,8 +32,8 @@ def _run(n_problems: int) -> RunRecords:
             for j, (text, reward) in enumerate([(WRONG, 0.9), (RIGHT, 0.1), (WRONG, 0.8), (RIGHT, 0.2)])
         ]
         records.append({"item_id": f"line-{i}", "question": "What is (2 + 3) * 4?", "candidates": cands})
-    spec = {"method": "best_of_n", "params": {"n": 4}, "reward": "logprob", "seed": 0}
-    return RunRecords("run-x", "best_of_n-gsm8k", spec, "done", n_problems, None, records)
+    spec = {"method": "best_of_n", "params": {"n": 4}, "reward": "logprob", "seed": seed}
+    return RunRecords(f"run-s{seed}", "best_of_n-gsm8k", spec, "done", n_problems, None, records)
 
 
 class Counting:
@@ -113,8 +113,8 @@ def test_the_comparison_ranks_a_reward_that_finds_the_right_answers_above_one_th
     run = _run(6)
     scores, _ = rescore(run.records, Counting, tmp_path / "s.jsonl", progress=False)
     runs = {
-        "logprob": with_scores(run, run.records, None),
-        "arithmetic": with_scores(run, run.records, scores),
+        "logprob": [with_scores(run, run.records, None)],
+        "arithmetic": [with_scores(run, run.records, scores)],
     }
     out = compare(runs, "logprob", [2, 4])
     own, arith = out["rewards"]["logprob"], out["rewards"]["arithmetic"]
@@ -128,3 +128,31 @@ def test_the_comparison_ranks_a_reward_that_finds_the_right_answers_above_one_th
     assert out["sampling"].mean == pytest.approx(0.5) and out["pass"][4].mean == 1.0
     text = table(out, "logprob", [2, 4], {"arithmetic": 0.0})
     assert "| `arithmetic` | 1.000 [1.000, 1.000] | 83.3" in text and "+100.0 pts" in text
+
+
+def test_seeds_pool_into_problem_seeds_and_other_configurations_are_refused(tmp_path):
+    """--run A,B: each seed's candidates scored from its own cache, the comparison paired over
+    problems × seeds; runs of different configurations, or two of one seed, are refused."""
+    from dataclasses import replace
+
+    from benchmarks.reward_rescore import check_seeded, compare, rescore, with_scores
+
+    seeded = [_run(3, seed=0), _run(3, seed=1)]
+    runs: dict[str, list] = {"logprob": [], "arithmetic": []}
+    for r in seeded:
+        scores, _ = rescore(r.records, Counting, tmp_path / r.run_id / "s.jsonl", progress=False)
+        runs["logprob"].append(with_scores(r, r.records, None))
+        runs["arithmetic"].append(with_scores(r, r.records, scores))
+    out = compare(runs, "logprob", [4])
+    paired = out["rewards"]["arithmetic"]["paired_4"]
+    assert (paired.problems, paired.seeds, paired.wins, paired.losses) == (3, 2, 6, 0)
+    assert out["rewards"]["arithmetic"]["auroc"]["problems"] == 6  # problem-seeds
+    assert sorted(p.parent.name for p in tmp_path.glob("*/s.jsonl")) == ["run-s0", "run-s1"]
+
+    check_seeded(seeded)  # one configuration, two seeds
+    with pytest.raises(SystemExit, match="share a seed"):
+        check_seeded([seeded[0], replace(seeded[1], spec={**seeded[1].spec, "seed": 0})])
+    with pytest.raises(SystemExit, match="differ in reward"):
+        check_seeded([seeded[0], replace(seeded[1], spec={**seeded[1].spec, "reward": "judge:m"})])
+    with pytest.raises(SystemExit, match="differ in params"):
+        check_seeded([seeded[0], replace(seeded[1], spec={**seeded[1].spec, "params": {"n": 8}})])

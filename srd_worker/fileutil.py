@@ -1,10 +1,13 @@
 """Atomic file writes: the one way srdq replaces a file (object store folder, exports, ``srdq run``
-output), so a reader sees the old bytes or the new ones, never a torn file."""
+output), so a reader sees the old bytes or the new ones, never a torn file; and the lock that keeps two
+``srdq run`` processes off one run."""
 
 from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -32,3 +35,46 @@ def write_atomic(
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+class Locked(Exception):
+    """``exclusive_lock``'s path is held by another process; ``holder`` is what it wrote there."""
+
+    def __init__(self, path: Path, holder: str) -> None:
+        super().__init__(f"{path} is held by {holder or 'another process'}")
+        self.path, self.holder = path, holder
+
+
+@contextmanager
+def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an advisory lock on ``path`` (created if missing) for the ``with`` block, or raise ``Locked``
+    at once when another process holds it. The lock is the kernel's (``flock``), so a process that dies,
+    even killed outright, lets it go: no stale lock file to clear. While held the file says who holds it
+    (pid, host, since when); it is emptied, not removed, on the way out. Where ``fcntl`` does not exist
+    (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not a POSIX system
+        yield
+        return
+    import socket
+    from datetime import UTC, datetime
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", errors="replace").strip()
+            raise Locked(path, holder) from None
+        since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)  # lets the lock go

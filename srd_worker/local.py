@@ -29,7 +29,8 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -252,6 +253,24 @@ def window_rows(spec: Any, settings: Settings, wired: Any, works: list[ShardWork
     return spec.shard_size * fresh_width(wired.method, wired.task, wired.engine, works[0].items[0])
 
 
+@contextmanager
+def run_lock(out: Path, run_id: str) -> Iterator[None]:
+    """Hold ``OUT/.<run id>.lock`` while this process runs the run (``fileutil.exclusive_lock``): a second
+    ``srdq run`` (or ``srdq fork``) of the same run in the same --out, which would run its pending shards
+    twice and interleave their results, stops with one line naming the process that has it. The kernel
+    lets the lock go when that process ends, however it ends."""
+    from srd_worker.fileutil import Locked, exclusive_lock
+
+    try:
+        with exclusive_lock(out / f".{run_id}.lock"):
+            yield
+    except Locked as exc:
+        raise SrdqError(
+            f"run {run_id} is already being run in {out} ({exc.holder or 'another process'}); wait for it "
+            "to finish, or stop it and run the same command again to resume"
+        ) from None
+
+
 def run_local(
     prepared: PreparedRun,
     *,
@@ -291,191 +310,197 @@ def run_local(
         check_slice_fits(len(prepared.items), spec.shard_size, part)
     refuse_other_slice(out / run_id, run_id, part)  # before anything is written
     out.mkdir(parents=True, exist_ok=True)
-    url = sqlite_url(out / "srdq.db")
-    upgrade(url)
-    db = make_engine(url)
-    built: list[Any] = []  # the engine this call built: closed on the way out, also on Ctrl-C
-    tracked = False  # the tracker got the whole run
-    try:
-        with session_scope(db) as session:
-            run = crud.create_run(
-                session=session,
-                run_id=run_id,
-                name=f"{spec.method}-{Path(spec.dataset).stem}",
-                spec=spec.stored(),
-                config_hash=spec.config_hash(),
-                versions=versions(),
-                items=prepared.items,
-                shard_size=spec.shard_size,
-            )
-            all_shards = crud.list_shards(session=session, run_id=run_id)
-            items = crud.list_items(session=session, run_id=run_id)
-        if engine is None:  # settings that change results must match the ones the run was made with
-            refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings, spec.engine_args)
-        shards, positions = all_shards, range(len(items))
-        if part is not None:  # only the slice's shards, and their items
-            mine = slice_shards(len(all_shards), part)
-            shards = [s for s in all_shards if s.index in mine]
-            positions = range(shards[0].start, shards[-1].stop)
-            items = [r for r in items if r.position in positions]
-            write_marker(
-                out / run_id,
-                slice_marker(
-                    run_id=run_id,
-                    config_hash=spec.config_hash(),
-                    spec=spec.model_dump(),
-                    part=part,
-                    shards=mine,
-                    positions=positions,
-                    n_items=len(prepared.items),
-                    n_shards=len(all_shards),
-                ),
-            )
-        pending = [s for s in shards if s.status != "done"]
-        if pending:
-            with session_scope(db) as session:  # a sitting killed outright left its clock running
-                crud.stop_clock(session=session, run_id=run_id)
-            if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
-                from srd_worker.engines.registry import build_engine
-
-                engine = build_engine(spec.engine, spec.model, settings, spec.engine_args)
-                built.append(engine)
-            wired = wire(spec, settings=settings, engine=engine)
-            from srd_worker.provenance import record_runtime, score_cache
-
-            # engine version, model and reward revisions, once per distinct record
-            record_runtime(db, run_id, spec, wired.engine, settings=settings)
-            # reward scores by content, shared by every run of this store (None: SRDQ_SCORE_CACHE=false)
-            cache = score_cache(db, spec, wired.engine, wired.reward, settings=settings)
-            if tracker is not None:
-                tracker.start(_run_records(db, run_id))
-            by_key = {it.id: it for it in prepared.items}
-            if on_start is not None:
-                on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
+    with run_lock(out, run_id):  # one process per run: a second `srdq run` of it is refused, not doubled
+        url = sqlite_url(out / "srdq.db")
+        upgrade(url)
+        db = make_engine(url)
+        built: list[Any] = []  # the engine this call built: closed on the way out, also on Ctrl-C
+        tracked = False  # the tracker got the whole run
+        try:
             with session_scope(db) as session:
-                crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
-                # the partial files hold exactly the shards finished so far (repairs a cut-short append)
-                reset_partial_results(
-                    out / run_id, _in(positions, crud.load_results(session=session, run_id=run_id))
+                run = crud.create_run(
+                    session=session,
+                    run_id=run_id,
+                    name=f"{spec.method}-{Path(spec.dataset).stem}",
+                    spec=spec.stored(),
+                    config_hash=spec.config_hash(),
+                    versions=versions(),
+                    items=prepared.items,
+                    shard_size=spec.shard_size,
                 )
-            finished = len(items) - sum(s.stop - s.start for s in pending)  # done by an earlier call
-            totals = {"items": finished, "tokens": 0}  # the tokens: of the shards finished in this call
-
-            def report(rep: RoundReport) -> None:
-                # progress of the whole run, not of this call alone
-                if on_round is not None:
-                    on_round(replace(rep, items_done=finished + rep.items_done, items_total=len(items)))
-
-            def shard_open(position: int) -> None:
-                # `srdq status` shows the shards this call is working on as running (no lease: one process)
-                with session_scope(db) as session:
-                    crud.set_shard_status(
-                        session=session, run_id=run_id, shard_index=pending[position].index, status="running"
-                    )
-
-            def shard_done(position: int, outcome: ShardOutcome) -> None:
-                shard = pending[position]
-                totals["items"] += shard.stop - shard.start
-                counts = outcome.counts()
-                totals["tokens"] += counts["tokens"]
-                log.info(
-                    "shard finished",
-                    extra={
-                        "event": "shard_finished",
-                        "run_id": run_id,
-                        "shard": shard.index,
-                        "items": shard.stop - shard.start,
-                        **counts,
-                        "rounds": outcome.rounds,
-                        "seconds": round(outcome.round_seconds, 3),
-                    },
+                all_shards = crud.list_shards(session=session, run_id=run_id)
+                items = crud.list_items(session=session, run_id=run_id)
+            if engine is None:  # settings that change results must match the ones the run was made with
+                refuse_other_config(run_id, out, spec.engine, run.versions or {}, settings, spec.engine_args)
+            shards, positions = all_shards, range(len(items))
+            if part is not None:  # only the slice's shards, and their items
+                mine = slice_shards(len(all_shards), part)
+                shards = [s for s in all_shards if s.index in mine]
+                positions = range(shards[0].start, shards[-1].stop)
+                items = [r for r in items if r.position in positions]
+                write_marker(
+                    out / run_id,
+                    slice_marker(
+                        run_id=run_id,
+                        config_hash=spec.config_hash(),
+                        spec=spec.model_dump(),
+                        part=part,
+                        shards=mine,
+                        positions=positions,
+                        n_items=len(prepared.items),
+                        n_shards=len(all_shards),
+                    ),
                 )
-                with session_scope(db) as session:  # the stored records, as the final write has them
-                    shard_records = crud.load_results(session=session, run_id=run_id, shard_index=shard.index)
-                    append_results(out / run_id, shard_records)
+            pending = [s for s in shards if s.status != "done"]
+            if pending:
+                with session_scope(db) as session:  # a sitting killed outright left its clock running
+                    crud.stop_clock(session=session, run_id=run_id)
+                if engine is None:  # built here, so closed here (a caller's engine is the caller's to close)
+                    from srd_worker.engines.registry import build_engine
+
+                    engine = build_engine(spec.engine, spec.model, settings, spec.engine_args)
+                    built.append(engine)
+                wired = wire(spec, settings=settings, engine=engine)
+                from srd_worker.provenance import record_runtime, score_cache
+
+                # engine version, model and reward revisions, once per distinct record
+                record_runtime(db, run_id, spec, wired.engine, settings=settings)
+                # reward scores by content, shared by every run of this store (None: SRDQ_SCORE_CACHE=false)
+                cache = score_cache(db, spec, wired.engine, wired.reward, settings=settings)
                 if tracker is not None:
-                    tracker.shard(
-                        shard.index + 1,
-                        {
-                            "items_done": float(totals["items"]),
-                            "items_failed": float(sum(1 for r in shard_records if r.get("error"))),
-                            "gen_tokens": float(totals["tokens"]),
-                            "shard_items": float(shard.stop - shard.start),
-                            "shard_seconds": float(outcome.round_seconds),
-                            "shard_tokens_per_s": counts["tokens"] / outcome.round_seconds
-                            if outcome.round_seconds > 0
-                            else 0.0,
+                    tracker.start(_run_records(db, run_id))
+                by_key = {it.id: it for it in prepared.items}
+                if on_start is not None:
+                    on_start(run_id, len(items), sum(s.stop - s.start for s in pending))
+                with session_scope(db) as session:
+                    crud.set_run_status(session=session, run_id=run_id, status="running", started=True)
+                    # the partial files hold exactly the shards finished so far (repairs a cut-short append)
+                    reset_partial_results(
+                        out / run_id, _in(positions, crud.load_results(session=session, run_id=run_id))
+                    )
+                finished = len(items) - sum(s.stop - s.start for s in pending)  # done by an earlier call
+                totals = {"items": finished, "tokens": 0}  # the tokens: of the shards finished in this call
+
+                def report(rep: RoundReport) -> None:
+                    # progress of the whole run, not of this call alone
+                    if on_round is not None:
+                        on_round(replace(rep, items_done=finished + rep.items_done, items_total=len(items)))
+
+                def shard_open(position: int) -> None:
+                    # `srdq status` shows the shards this call is working on as running (no lease: one process)
+                    with session_scope(db) as session:
+                        crud.set_shard_status(
+                            session=session,
+                            run_id=run_id,
+                            shard_index=pending[position].index,
+                            status="running",
+                        )
+
+                def shard_done(position: int, outcome: ShardOutcome) -> None:
+                    shard = pending[position]
+                    totals["items"] += shard.stop - shard.start
+                    counts = outcome.counts()
+                    totals["tokens"] += counts["tokens"]
+                    log.info(
+                        "shard finished",
+                        extra={
+                            "event": "shard_finished",
+                            "run_id": run_id,
+                            "shard": shard.index,
+                            "items": shard.stop - shard.start,
+                            **counts,
+                            "rounds": outcome.rounds,
+                            "seconds": round(outcome.round_seconds, 3),
                         },
                     )
+                    with session_scope(db) as session:  # the stored records, as the final write has them
+                        shard_records = crud.load_results(
+                            session=session, run_id=run_id, shard_index=shard.index
+                        )
+                        append_results(out / run_id, shard_records)
+                    if tracker is not None:
+                        tracker.shard(
+                            shard.index + 1,
+                            {
+                                "items_done": float(totals["items"]),
+                                "items_failed": float(sum(1 for r in shard_records if r.get("error"))),
+                                "gen_tokens": float(totals["tokens"]),
+                                "shard_items": float(shard.stop - shard.start),
+                                "shard_seconds": float(outcome.round_seconds),
+                                "shard_tokens_per_s": counts["tokens"] / outcome.round_seconds
+                                if outcome.round_seconds > 0
+                                else 0.0,
+                            },
+                        )
 
-            stores: list[SqlShardStore] = []
-            works: list[ShardWork] = []
-            for shard in pending:
-                rows = [r for r in items if r.shard_index == shard.index]
-                stores.append(
-                    SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds)
+                stores: list[SqlShardStore] = []
+                works: list[ShardWork] = []
+                for shard in pending:
+                    rows = [r for r in items if r.shard_index == shard.index]
+                    stores.append(
+                        SqlShardStore(db, run_id, shard.index, snapshot_rounds=settings.snapshot_rounds)
+                    )
+                    works.append(
+                        ShardWork([by_key[r.item_key] for r in rows], [r.position for r in rows], stores[-1])
+                    )
+                run_shards(
+                    works,
+                    method=wired.method,
+                    task=wired.task,
+                    engine=wired.engine,
+                    reward=wired.reward,
+                    run_seed=spec.seed,
+                    on_round=report,
+                    on_shard_done=shard_done,
+                    on_shard_open=shard_open,
+                    score_cache=cache,
+                    max_rows=window_rows(spec, settings, wired, works),
+                    window_store=SqlWindowStore(stores),
                 )
-                works.append(
-                    ShardWork([by_key[r.item_key] for r in rows], [r.position for r in rows], stores[-1])
-                )
-            run_shards(
-                works,
-                method=wired.method,
-                task=wired.task,
-                engine=wired.engine,
-                reward=wired.reward,
-                run_seed=spec.seed,
-                on_round=report,
-                on_shard_done=shard_done,
-                on_shard_open=shard_open,
-                score_cache=cache,
-                max_rows=window_rows(spec, settings, wired, works),
-                window_store=SqlWindowStore(stores),
-            )
+                with session_scope(db) as session:
+                    # a slice's run is done when every shard is (another slice's may run in this store later)
+                    left = [s for s in crud.list_shards(session=session, run_id=run_id) if s.status != "done"]
+                    crud.set_run_status(session=session, run_id=run_id, status="pending" if left else "done")
+            elif tracker is not None:  # a finished run re-reported: logged from its records
+                from srd_worker.tracking import shard_progress
+
+                done_run = _run_records(db, run_id)
+                tracker.start(done_run)
+                for step, metrics in shard_progress(done_run):
+                    tracker.shard(step, metrics)
             with session_scope(db) as session:
-                # a slice's run is done when every shard is (another slice's may run in this store later)
-                left = [s for s in crud.list_shards(session=session, run_id=run_id) if s.status != "done"]
-                crud.set_run_status(session=session, run_id=run_id, status="pending" if left else "done")
-        elif tracker is not None:  # a finished run re-reported: logged from its records
-            from srd_worker.tracking import shard_progress
-
-            done_run = _run_records(db, run_id)
-            tracker.start(done_run)
-            for step, metrics in shard_progress(done_run):
-                tracker.shard(step, metrics)
-        with session_scope(db) as session:
-            records = _in(positions, crud.load_results(session=session, run_id=run_id))
-        if tracker is not None:
-            tracker.finish(_run_records(db, run_id))
-            tracked = True
-    except BaseException:  # Ctrl-C, SIGTERM, an error: the run is not left `running` in `srdq status`
-        _mark_interrupted(db, run_id)
-        raise
-    finally:
-        if tracker is not None:
-            try:
-                tracker.close(ok=tracked)
-            except Exception as exc:  # noqa: BLE001 - never hide the run's own outcome
-                log.warning("could not close the %s tracking run: %s", tracker.kind, exc)
-        db.dispose()
-        close_all(built)
-    if len(records) != len(positions):
-        raise SrdqError(f"run {run_id} has {len(records)} results for {len(positions)} items")
-    path = write_results(out / run_id, records)
-    summary = Summary.of(run_id, spec.method, records, time.perf_counter() - t0, path)
-    write_summary(out / run_id / "summary.json", summary)
-    log.info(
-        "run finished",
-        extra={
-            "event": "run_finished",
-            "run_id": run_id,
-            "items": summary.items,
-            "done": summary.done,
-            "failed": summary.failed,
-            "seconds": round(summary.wall_seconds, 3),
-        },
-    )
-    return summary
+                records = _in(positions, crud.load_results(session=session, run_id=run_id))
+            if tracker is not None:
+                tracker.finish(_run_records(db, run_id))
+                tracked = True
+        except BaseException:  # Ctrl-C, SIGTERM, an error: the run is not left `running` in `srdq status`
+            _mark_interrupted(db, run_id)
+            raise
+        finally:
+            if tracker is not None:
+                try:
+                    tracker.close(ok=tracked)
+                except Exception as exc:  # noqa: BLE001 - never hide the run's own outcome
+                    log.warning("could not close the %s tracking run: %s", tracker.kind, exc)
+            db.dispose()
+            close_all(built)
+        if len(records) != len(positions):
+            raise SrdqError(f"run {run_id} has {len(records)} results for {len(positions)} items")
+        path = write_results(out / run_id, records)
+        summary = Summary.of(run_id, spec.method, records, time.perf_counter() - t0, path)
+        write_summary(out / run_id / "summary.json", summary)
+        log.info(
+            "run finished",
+            extra={
+                "event": "run_finished",
+                "run_id": run_id,
+                "items": summary.items,
+                "done": summary.done,
+                "failed": summary.failed,
+                "seconds": round(summary.wall_seconds, 3),
+            },
+        )
+        return summary
 
 
 def fork_local(

@@ -45,13 +45,32 @@ class Locked(Exception):
         self.path, self.holder = path, holder
 
 
+_HELD: set[int] = set()  # the descriptors of the locks this process holds
+
+
+def _drop_held_in_child() -> None:
+    """In a child forked while a lock is held (vLLM's engine process, a multiprocessing worker): close the
+    inherited descriptors, so the lock stays the parent's alone and goes when the parent does."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_held_in_child)
+
+
 @contextmanager
 def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     """Hold an advisory lock on ``path`` (created if missing) for the ``with`` block, or raise ``Locked``
     at once when another process holds it. The lock is the kernel's (``flock``), so a process that dies,
     even killed outright, lets it go: no stale lock file to clear. While held the file says who holds it
-    (pid, host, since when); it is emptied, not removed, on the way out. Where ``fcntl`` does not exist
-    (Windows) nothing is locked."""
+    (pid, host, since when); it is emptied, not removed, on the way out. A child forked meanwhile does
+    not keep it (``_drop_held_in_child``): an engine process outliving a killed parent does not block the
+    resume. Where ``fcntl`` does not exist (Windows) nothing is locked."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX system
@@ -72,9 +91,11 @@ def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
         since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode(), 0)
+        _HELD.add(fd)
         try:
             yield
         finally:
+            _HELD.discard(fd)
             os.ftruncate(fd, 0)
     finally:
         os.close(fd)  # lets the lock go

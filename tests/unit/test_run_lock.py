@@ -77,3 +77,54 @@ def test_a_second_run_of_a_run_under_way_is_refused_and_the_first_finishes(
     assert len(lines) == 4
     again = run_local(prepared, out_dir=out, settings=settings, engine=tiny_engine)  # free once it ended
     assert again.done == 4
+
+
+HOLD_AND_FORK = """
+import multiprocessing as mp, sys, time
+from srd_worker.fileutil import exclusive_lock
+
+def linger():
+    time.sleep(600)
+
+with exclusive_lock(sys.argv[1]):
+    child = mp.get_context("fork").Process(target=linger)
+    child.start()
+    print(child.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_forked_child_that_outlives_the_holder_does_not_keep_the_lock(tmp_path):
+    """vLLM's engine runs in a forked process; if it lingers after its parent is killed, the lock must
+    still go with the parent, or the resume would be refused."""
+    path = tmp_path / ".run-x.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_AND_FORK, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    forked = None
+    try:
+        assert holder.stdout is not None
+        forked = int(holder.stdout.readline())
+        with pytest.raises(Locked):
+            with exclusive_lock(path):
+                pass
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+        os.kill(forked, 0)  # the forked child is still alive
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with exclusive_lock(path):
+                    break
+            except Locked:
+                assert time.monotonic() < deadline, "the lingering child kept the dead parent's lock"
+                time.sleep(0.1)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        if forked is not None:
+            try:
+                os.kill(forked, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

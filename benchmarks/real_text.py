@@ -6,12 +6,14 @@ CPU build (``--dataset math500`` for MATH500, the paper's Tables 2, 6 and 7 sett
         [--rewards logprob,judge:qwen2.5-coder-1.5b] [--model qwen2.5-coder-0.5b] [--engine vllm]
         [--max-new-tokens 512] [--chunk-tokens 128] [--work /tmp/srdq-real-text] [--methods M,...]
         [--analyse-only [FOLDER...]] [--no-write] [--state DIR [--save-state]]
+        [--pool-from STORE [--pool-scores DIR]]
 
 Per reward, one sweep (``srd_worker.testbed.experiment.run_grid``: the ``srdq run --sweep`` runner, so an
 interrupted benchmark resumes where it stopped, shard by shard) of ``best_of_n`` at the largest N (its
 seeded candidates give sampling, Best-of-k, self-consistency = majority@k and pass@k for every k ≤ N,
 ``kcurves``), and ``rejection_sampling`` (rank variant, θ = SRD's θ_high), ``speculative_rejection`` and
-``srd`` at every N. The tables are those of ``benchmarks/testbed.py`` (accuracy and mean generated tokens
+``srd`` at every N (with ``--pool-from``, Best-of-N is another grid's, re-scored by this reward:
+``rescored_pool``). The tables are those of ``benchmarks/testbed.py`` (accuracy and mean generated tokens
 with two-stage bootstrap intervals over problems then seeds; SRD's routing statistics with ρ̂ and the
 gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N and self-consistency − Best-of-N
 paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
@@ -365,6 +367,77 @@ def component_text(runs: list) -> list[str]:
     ]
 
 
+def rescored_pool(
+    store: Path, scores: Path, *, reward: str, pool_n: int, seeds: list[int], items: int
+) -> list:
+    """Best-of-``pool_n``'s candidates for a grid whose reward is ``reward``, taken from another grid's
+    store (``store``: its finished best_of_n runs at N = ``pool_n``, one per seed of ``seeds``, over the
+    same ``items`` problems) with every candidate re-scored by ``reward`` from ``benchmarks/reward_rescore.py``'s
+    caches under ``scores``. Best-of-N's candidates do not depend on its reward, so this is the run
+    Best-of-N with ``reward`` would make, without generating its candidates again; each run's spec says
+    ``rescored_from`` (the reward it was made with). A problem with no cached score is an error naming the
+    command that scores it."""
+    import tempfile
+    from dataclasses import replace
+
+    from benchmarks.reward_rescore import check_seeded, open_store, rescore, scoreable, with_scores
+    from srd_worker.reports.loading import load_report_runs
+    from srd_worker.store.db import open_sqlite
+
+    cache_name = f"scores-{reward.replace(':', '_').replace('/', '_')}.jsonl"
+    with tempfile.TemporaryDirectory() as scratch:
+        db_file = open_store(store, Path(scratch))
+        import sqlite3
+
+        with sqlite3.connect(f"file:{db_file}?mode=ro", uri=True) as con:
+            specs = {
+                rid: json.loads(spec or "{}")
+                for rid, spec in con.execute("select id, spec from run where status = 'done'")
+            }
+        by_seed: dict[int, str] = {}
+        for rid, spec in specs.items():
+            params = spec.get("params") or {}
+            if (
+                spec.get("method") == "best_of_n"
+                and params.get("n") == pool_n
+                and spec.get("seed", 0) in seeds
+            ):
+                if int(spec.get("limit") or 0) >= items:
+                    by_seed.setdefault(int(spec.get("seed", 0)), rid)
+        missing = [s for s in seeds if s not in by_seed]
+        if missing:
+            raise SystemExit(
+                f"--pool-from {store}: no finished best_of_n run at N = {pool_n} for seeds {missing}"
+            )
+        db = open_sqlite(db_file)
+        try:
+            runs = load_report_runs(db, [by_seed[s] for s in seeds])
+        finally:
+            db.dispose()
+    check_seeded(runs)
+    out = []
+    for run in runs:
+        records = scoreable(run.records, items)
+        if len(records) < items:
+            raise SystemExit(
+                f"--pool-from: {run.run_id} has {len(records)} scoreable problems, fewer than {items}"
+            )
+
+        def unscored(run_id: str = run.run_id) -> Any:
+            raise SystemExit(
+                f"--pool-from: {scores / run_id / cache_name} lacks scores of the first {items} problems; "
+                f"score them with: benchmarks/reward_rescore.py --store {store} --run {run_id} --rewards {reward} "
+                f"--items {items} --work {scores}"
+            )
+
+        got, _ = rescore(records, unscored, scores / run.run_id / cache_name, progress=False)
+        rescored = with_scores(run, records, got)
+        out.append(
+            replace(rescored, spec={**run.spec, "reward": reward, "rescored_from": run.spec.get("reward")})
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="gsm8k", help="gsm8k or math500 (the packaged test sets)")
@@ -377,6 +450,20 @@ def main() -> None:
         default=None,
         help="Best-of-N's N, whose seeded candidates give sampling, Best-of-k, self-consistency and pass@k "
         "(default the largest budget; may be larger, e.g. a Best-of-8 pool beside SRD at N = 4)",
+    )
+    ap.add_argument(
+        "--pool-from",
+        default=None,
+        metavar="STORE",
+        help="take Best-of-N's candidates from another grid's store (e.g. benchmarks/state/real_text/logprob: "
+        "its best_of_n runs at --pool-n, one per seed) re-scored by this grid's reward from "
+        "benchmarks/reward_rescore.py's caches (--pool-scores); this grid then generates no Best-of-N run",
+    )
+    ap.add_argument(
+        "--pool-scores",
+        default="benchmarks/state/reward_rescore",
+        metavar="DIR",
+        help="the score caches --pool-from reads (reward_rescore.py's --work)",
     )
     ap.add_argument(
         "--search-n",
@@ -428,6 +515,7 @@ def main() -> None:
 
     matplotlib.use("Agg")
 
+    from srd_worker.rewards.registry import JUDGE_KINDS
     from srd_worker.settings import Settings
     from srd_worker.testbed.experiment import run_grid
 
@@ -464,6 +552,8 @@ def main() -> None:
                 print(f"{reward}: store restored from {restored}")
         without = {m for m in args.without.split(",") if m}
         sweep["methods"] = [m for m in sweep["methods"] if m["method"] not in without]
+        if args.pool_from:  # Best-of-N comes from another grid's candidates, re-scored: not generated here
+            sweep["methods"] = [m for m in sweep["methods"] if m["method"] != "best_of_n"]
         if args.methods:
             keep = args.methods.split(",")
             sweep["methods"] = [m for m in sweep["methods"] if m["method"] in keep]
@@ -471,11 +561,22 @@ def main() -> None:
             continue
         dataset_name = {"gsm8k": "GSM8K", "math500": "MATH500"}.get(args.dataset, args.dataset)
         t0 = time.perf_counter()
-        if args.analyse_only is not None:
+        if not sweep["methods"]:  # nothing to generate: a --pool-from grid of Best-of-N alone
+            runs = []
+        elif args.analyse_only is not None:
             runs = collect(sweep, [Path(f) for f in (args.analyse_only or [work])], settings=settings)
         else:
             runs = run_grid(sweep, work, settings=settings)
         wall = time.perf_counter() - t0
+        if args.pool_from:
+            runs += rescored_pool(
+                Path(args.pool_from),
+                Path(args.pool_scores),
+                reward=reward,
+                pool_n=pool,
+                seeds=seeds,
+                items=args.items,
+            )
         slug = reward.split(":")[0].replace("-", "_")
         if args.dataset != "gsm8k":
             slug = f"{args.dataset}_{slug}"
@@ -489,6 +590,7 @@ def main() -> None:
             title = f"{dataset_name}, {args.model}: accuracy vs generated tokens, reward {reward}"
             out = analyse(reward, runs, budgets, png, title=title, pool_n=args.pool_n)
         roc = reward_auroc([r for r in runs if r.method == "best_of_n"])
+        rescored = [r for r in runs if r.method == "best_of_n" and r.spec.get("rescored_from")]
         setting = (
             f"**Reward `{reward}`**: the first {args.items} {dataset_name} test problems × seeds "
             f"{', '.join(map(str, seeds))}; policy `{args.model}` on the `{args.engine}` engine, "
@@ -502,6 +604,14 @@ def main() -> None:
                 else ""
             )
             + "). "
+            + (
+                f"Best-of-{pool}'s candidates are those of the `{rescored[0].spec['rescored_from']}` grid's "
+                f"Best-of-{pool} runs ({', '.join(f'`{r.run_id}`' for r in rescored)}) re-scored by "
+                f"`{reward}` (`benchmarks/reward_rescore.py`): Best-of-N's candidates do not depend on its "
+                "reward, so this is the Best-of-N run this reward would make, not generated again. "
+                if rescored
+                else ""
+            )
             + (
                 f"Wall time of this grid on the shared 2-core machine (runs reused from an earlier "
                 f"invocation count nothing): {wall / 60:.0f} min."
@@ -550,13 +660,20 @@ def main() -> None:
                 ]
             body += component_text(runs)
         body.append(
-            f"Command: `.venv-vllm/bin/python benchmarks/real_text.py --dataset {args.dataset} --rewards {reward} "
+            "Command: `"
+            + (
+                f"SRDQ_JUDGE_ENGINE={settings.judge_engine} "
+                if reward.partition(":")[0] in JUDGE_KINDS and settings.judge_engine != "transformers"
+                else ""
+            )
+            + f".venv-vllm/bin/python benchmarks/real_text.py --dataset {args.dataset} --rewards {reward} "
             f"--items {args.items} "
             f"--seeds {args.seeds} --budgets {args.budgets} --max-new-tokens {args.max_new_tokens} "
             f"--chunk-tokens {args.chunk_tokens} --model {args.model} --engine {args.engine} "
             f"--shard-size {args.shard_size}"
             + (f" --pool-n {args.pool_n}" if args.pool_n else "")
             + (f" --search-n {args.search_n}" if args.search_n else "")
+            + (f" --pool-from {args.pool_from} --pool-scores {args.pool_scores}" if args.pool_from else "")
             + (f" --without {args.without}" if args.without else "")
             + (f" --tag {args.tag}" if args.tag else "")
             + "`"

@@ -315,3 +315,46 @@ def test_candidate_spread_counts_answers_the_ceiling_and_the_vote_of_final_candi
     assert rows["dvts"][4].strip() == "1.00" and rows["dvts"][5].strip().startswith("50.0 [")
     assert rows["dvts"][6].strip().startswith("50.0 [")
     assert candidate_spread([bon, other_seed], 3) is None
+
+
+class _Length:
+    """A rule-based stand-in for another reward (a judge, say): a response's length, so its scores differ
+    from the run's own."""
+
+    name = "judge:m"
+
+    def score(self, prompts, responses):
+        return [len(r) / 100 for r in responses]
+
+
+def test_a_pool_from_another_grid_carries_its_candidates_rescored(tmp_path, tiny_engine, datasets_dir):
+    """--pool-from: another grid's Best-of-N run (a real one, made here on the tiny model) with every
+    candidate's reward replaced by the cached re-scoring under this grid's reward; its spec names the
+    reward it was made with; a problem without a cached score stops with the command that scores it."""
+    from benchmarks.real_text import rescored_pool
+    from benchmarks.reward_rescore import load_runs, rescore, scoreable
+    from srd_worker.local import run_local
+    from tests.unit.test_local_shard_status import _prepared
+
+    settings, prepared = _prepared(tmp_path, datasets_dir, "best_of_n", {"n": 2, "max_new_tokens": 8})
+    out = tmp_path / "grid"
+    run_local(prepared, out_dir=out, settings=settings, engine=tiny_engine)
+    run_id = prepared.spec.run_id()
+    scores = tmp_path / "scores"
+    with pytest.raises(SystemExit, match=f"--run {run_id} --rewards judge:m --items 4"):
+        rescored_pool(out, scores, reward="judge:m", pool_n=2, seeds=[0], items=4)
+
+    (run,) = load_runs(out / "srdq.db", [run_id])
+    records = scoreable(run.records, 4)
+    rescore(records, _Length, scores / run_id / "scores-judge_m.jsonl", progress=False)
+    (pool,) = rescored_pool(out, scores, reward="judge:m", pool_n=2, seeds=[0], items=4)
+    assert pool.run_id == run_id
+    assert (pool.spec["reward"], pool.spec["rescored_from"]) == ("judge:m", "arithmetic")
+    assert [[c["reward"] for c in r["candidates"]] for r in pool.records] == [
+        [len(c.get("text") or "") / 100 for c in r["candidates"]] for r in records
+    ]
+    assert [[c["reward"] for c in r["candidates"]] for r in records] != [
+        [c["reward"] for c in r["candidates"]] for r in pool.records
+    ]  # the run's own rewards were others
+    with pytest.raises(SystemExit, match="no finished best_of_n run at N = 4 for seeds"):
+        rescored_pool(out, scores, reward="judge:m", pool_n=4, seeds=[0], items=4)

@@ -6,13 +6,13 @@ again (34 MB a save for the real-text grid), although a finished run never chang
 therefore a folder of small SQLite files, each holding the store's whole schema and a part of its rows:
 
 - ``run-<id>.db.gz``: the rows of one run (the ``run`` row and every row whose ``run_id`` is it);
-- ``common-<k>.db.gz``: the rows of the tables that belong to no run (the score cache, sweeps, the schema
-  version) whose rowid falls in block ``k`` (``BLOCK`` rows a block), so rows added later land in the last
-  block and the earlier blocks keep their bytes.
+- ``common-<table>-<k>.db.gz``: the rows of a table that belongs to no run (the score cache, sweeps, the
+  schema version) whose rowid falls in block ``k`` (``BLOCK`` rows a block), so rows added later land in
+  that table's last block and every other file keeps its bytes.
 
 The files are written deterministically (rows in rowid order into a fresh file, gzip without a time
 stamp) and a file whose bytes would not change is not rewritten, so a save after one more run touches that
-run's file and the last score-cache block only. ``restore`` puts the rows back with their rowids, so a
+run's file, the last score-cache block and the sweeps' file only. ``restore`` puts the rows back with their rowids, so a
 store restored and saved again gives the same files.
 """
 
@@ -24,7 +24,7 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-BLOCK = 20_000  # rows of a run-less table per common-<k> file
+BLOCK = 20_000  # rows of a run-less table per common-<table>-<k> file
 _SAFE = re.compile(r"[^A-Za-z0-9._-]")
 # the statements that rebuild the schema: tables first, then their indexes (SQLite's own entries left out)
 _SCHEMA = (
@@ -110,16 +110,16 @@ def save(db: Path, folder: Path) -> dict[str, int]:
                 written += 1
             else:
                 unchanged += 1
-        common = [t for t in tables if t not in by_run]
-        top = max([con.execute(f'SELECT max(rowid) FROM "{t}"').fetchone()[0] or 0 for t in common] or [0])
-        for k in range(max(1, -(-top // BLOCK))):
-            name = f"common-{k}.db.gz"
-            parts = {t: rows(t, "rowid > ? AND rowid <= ?", (k * BLOCK, (k + 1) * BLOCK)) for t in common}
-            keep.add(name)
-            if _write(folder / name, schema_sql, parts):
-                written += 1
-            else:
-                unchanged += 1
+        for table in (t for t in tables if t not in by_run):  # each run-less table in its own blocks
+            top = con.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0
+            for k in range(max(1, -(-top // BLOCK))):
+                name = f"common-{_SAFE.sub('_', table)}-{k}.db.gz"
+                parts = {table: rows(table, "rowid > ? AND rowid <= ?", (k * BLOCK, (k + 1) * BLOCK))}
+                keep.add(name)
+                if _write(folder / name, schema_sql, parts):
+                    written += 1
+                else:
+                    unchanged += 1
         con.execute("COMMIT")
     finally:
         con.close()

@@ -80,6 +80,8 @@ def _store(path, runs: dict[str, int], cache: int):
     con.execute("CREATE TABLE IF NOT EXISTS result (id INTEGER PRIMARY KEY, run_id TEXT, record BLOB)")
     con.execute("CREATE INDEX IF NOT EXISTS ix_result_run_id ON result (run_id)")
     con.execute("CREATE TABLE IF NOT EXISTS score_cache (key TEXT PRIMARY KEY, score REAL)")
+    con.execute("CREATE TABLE IF NOT EXISTS sweep (id INTEGER PRIMARY KEY, run_ids TEXT)")
+    con.execute("INSERT INTO sweep (run_ids) VALUES (?)", (",".join(runs),))  # each invocation adds one
     for run_id, n in runs.items():
         con.execute("INSERT OR IGNORE INTO run VALUES (?, 'done')", (run_id,))
         con.executemany(
@@ -117,20 +119,29 @@ def test_a_snapshot_adds_only_what_changed(tmp_path, monkeypatch):
     monkeypatch.setattr(_snapshot, "BLOCK", 10)
     db, folder = tmp_path / "srdq.db", tmp_path / "state" / "logprob"
     live = _store(db, {"run-a": 5, "run-b": 3}, cache=25)
-    assert _snapshot.save(db, folder) == {"written": 5, "unchanged": 0, "removed": 0}
+    assert _snapshot.save(db, folder) == {"written": 6, "unchanged": 0, "removed": 0}
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["common-0.db.gz", "common-1.db.gz", "common-2.db.gz", "run-a.db.gz", "run-b.db.gz"]
+    assert names == [
+        "common-score_cache-0.db.gz",
+        "common-score_cache-1.db.gz",
+        "common-score_cache-2.db.gz",
+        "common-sweep-0.db.gz",
+        "run-a.db.gz",
+        "run-b.db.gz",
+    ]
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
-    _store(db, {"run-c": 4}, cache=3).close()  # one more run, three more scores (the last block grows)
-    assert _snapshot.save(db, folder) == {"written": 2, "unchanged": 4, "removed": 0}
+    # one more run, one more sweep, three more scores (the last block grows)
+    _store(db, {"run-c": 4}, cache=3).close()
+    assert _snapshot.save(db, folder) == {"written": 3, "unchanged": 4, "removed": 0}
     after = {p.name: p.read_bytes() for p in folder.iterdir()}
-    assert {n for n in after if after[n] != before.get(n)} == {"run-c.db.gz", "common-2.db.gz"}
+    changed = {n for n in after if after[n] != before.get(n)}
+    assert changed == {"run-c.db.gz", "common-score_cache-2.db.gz", "common-sweep-0.db.gz"}
 
     rebuilt = tmp_path / "elsewhere" / "srdq.db"
-    assert _snapshot.restore(folder, rebuilt) == 6
+    assert _snapshot.restore(folder, rebuilt) == 7
     assert _rows(rebuilt) == _rows(db)
-    assert _snapshot.save(rebuilt, folder) == {"written": 0, "unchanged": 6, "removed": 0}
+    assert _snapshot.save(rebuilt, folder) == {"written": 0, "unchanged": 7, "removed": 0}
     with pytest.raises(FileExistsError):
         _snapshot.restore(folder, rebuilt)  # never over a store
 
@@ -159,7 +170,11 @@ def test_a_single_file_copy_of_an_earlier_version_is_read_then_replaced(tmp_path
     assert _rows(work / "srdq.db") == _rows(src)
     assert save_state(work, state) == state / "logprob"
     assert not (state / "logprob.db.gz").exists()
-    assert sorted(p.name for p in (state / "logprob").iterdir()) == ["common-0.db.gz", "run-a.db.gz"]
+    assert sorted(p.name for p in (state / "logprob").iterdir()) == [
+        "common-score_cache-0.db.gz",
+        "common-sweep-0.db.gz",
+        "run-a.db.gz",
+    ]
 
 
 def test_the_best_of_n_pool_can_be_larger_than_every_budget():

@@ -493,6 +493,12 @@ def main() -> None:
     )
     ap.add_argument("--analyse-only", nargs="*", default=None, metavar="FOLDER")
     ap.add_argument(
+        "--partial",
+        action="store_true",
+        help="with --analyse-only: leave out the grid points not finished yet (named on stderr and in the "
+        "section) instead of stopping; Best-of-N and SRD are still needed at every seed",
+    )
+    ap.add_argument(
         "--state",
         default=None,
         metavar="DIR",
@@ -564,10 +570,23 @@ def main() -> None:
         if not sweep["methods"]:  # nothing to generate: a --pool-from grid of Best-of-N alone
             runs = []
         elif args.analyse_only is not None:
-            runs = collect(sweep, [Path(f) for f in (args.analyse_only or [work])], settings=settings)
+            runs = collect(
+                sweep,
+                [Path(f) for f in (args.analyse_only or [work])],
+                settings=settings,
+                missing_ok=args.partial,
+            )
         else:
             runs = run_grid(sweep, work, settings=settings)
         wall = time.perf_counter() - t0
+        have = {(r.method, int(r.budget or 0), _seed(r)) for r in runs}
+        absent = [
+            f"{m['method']} N = {n} seed {seed}"
+            for m in sweep["methods"]
+            for n in (m["n"] if isinstance(m["n"], list) else [m["n"]])
+            for seed in seeds
+            if (m["method"], int(n), seed) not in have
+        ]
         if args.pool_from:
             runs += rescored_pool(
                 Path(args.pool_from),
@@ -618,6 +637,7 @@ def main() -> None:
                 if args.analyse_only is None
                 else "Runs collected from their stores (`--analyse-only`)."
             )
+            + (f" Not finished yet, so left out (`--partial`): {', '.join(absent)}." if absent else "")
         )
         a = roc["auroc"]
         roc_line = (

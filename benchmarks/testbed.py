@@ -66,10 +66,11 @@ def testbed_sweep(reward: str, items: int, seeds: list[int], methods: list[dict]
     }
 
 
-def collect(sweep: dict, folders: list[Path], *, settings: object = None) -> list:
+def collect(sweep: dict, folders: list[Path], *, settings: object = None, missing_ok: bool = False) -> list:
     """The grid's finished runs, found by run id in any srdq.db under ``folders`` (runs made by several
-    processes); a grid point without a finished run is an error naming it. ``settings``: the ones the grid
-    ran with (default: ``run_grid``'s), since run ids name the engine settings that change results."""
+    processes); a grid point without a finished run is an error naming it (``missing_ok``: left out, and
+    named on stderr). ``settings``: the ones the grid ran with (default: ``run_grid``'s), since run ids name
+    the engine settings that change results."""
     from srd_worker.reports.loading import load_report_runs
     from srd_worker.store.db import open_sqlite
     from srd_worker.sweep import parse_sweep, prepare_sweep
@@ -92,9 +93,16 @@ def collect(sweep: dict, folders: list[Path], *, settings: object = None) -> lis
             finally:
                 db.dispose()
     missing = [i for i in wanted if i not in found]
-    if missing:
+    if missing and not missing_ok:
         raise SystemExit(f"runs not finished in {folders}: {missing}")
-    return [found[i] for i in wanted]
+    if missing:
+        points = [
+            f"{p.spec.method} seed {p.spec.seed} ({p.spec.run_id()})"
+            for p in prepared
+            if p.spec.run_id() in missing
+        ]
+        print(f"left out, not finished: {', '.join(points)}", file=sys.stderr)
+    return [found[i] for i in wanted if i in found]
 
 
 def _pooled(runs: list) -> object:

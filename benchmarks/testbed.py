@@ -222,11 +222,16 @@ def analyse(
             for r in rows if r.tokens.mean is not None and r.accuracy.mean is not None
         ]  # fmt: skip
         seeds = rows[0].accuracy.seeds
+        # a method measured on fewer seeds than the rest (a partial grid) says so in the subtitle
+        fewer = sorted({f"{r.method}: {r.accuracy.seeds} seed{'' if r.accuracy.seeds == 1 else 's'}"
+                        for r in rows if r.accuracy.seeds != seeds})  # fmt: skip
         plot_frontier(
             points,
             png,
             title=title or f"testbed: accuracy vs generated tokens, reward {reward}",
-            subtitle=f"{rows[0].accuracy.problems} problems × {seeds} seed{'' if seeds == 1 else 's'}; 95% intervals",
+            subtitle=f"{rows[0].accuracy.problems} problems × {seeds} seed{'' if seeds == 1 else 's'}"
+            + (f" ({', '.join(fewer)})" if fewer else "")
+            + "; 95% intervals",
         )
     tok = {(r.method, r.n): r for r in rows}
     routing = ["| N | events | p̂_H | p̂_M | p̂_L | refinements | ρ̂ | formula 1 + ρ̂·p̂_M/p̂_H "

@@ -4,6 +4,7 @@ output), so a reader sees the old bytes or the new ones, never a torn file; and 
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Iterator
@@ -70,7 +71,8 @@ def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     even killed outright, lets it go: no stale lock file to clear. While held the file says who holds it
     (pid, host, since when); it is emptied, not removed, on the way out. A child forked meanwhile does
     not keep it (``_drop_held_in_child``): an engine process outliving a killed parent does not block the
-    resume. Where ``fcntl`` does not exist (Windows) nothing is locked."""
+    resume. Where ``fcntl`` does not exist (Windows), or the file system refuses locks (some network
+    mounts: a warning), nothing is locked."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not a POSIX system
@@ -88,6 +90,12 @@ def exclusive_lock(path: str | os.PathLike[str]) -> Iterator[None]:
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode("utf-8", errors="replace").strip()
             raise Locked(path, holder) from None
+        except OSError as exc:  # a file system without locks (some network mounts): go on unguarded
+            logging.getLogger(__name__).warning(
+                "could not lock %s (%s): going on without the lock", path, exc
+            )
+            yield
+            return
         since = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode(), 0)

@@ -128,3 +128,21 @@ def test_a_forked_child_that_outlives_the_holder_does_not_keep_the_lock(tmp_path
                 os.kill(forked, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_file_system_without_locks_runs_unguarded_with_a_warning(tmp_path, monkeypatch, caplog):
+    """Some network mounts refuse flock (ENOLCK): the run goes on without the guard, and says so."""
+    import errno
+    import fcntl
+    import logging
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ran = False
+    with caplog.at_level(logging.WARNING, logger="srd_worker.fileutil"):
+        with exclusive_lock(tmp_path / ".run-x.lock"):
+            ran = True
+    assert ran
+    assert "could not lock" in caplog.text and "No locks available" in caplog.text

@@ -341,6 +341,8 @@ def main() -> None:
     served = (settings.judge_engine if judged else "", args.engine)
     python = ".venv-vllm/bin/python" if "vllm" in served else ".venv/bin/python"
     work_arg = "" if args.work == WORK else f" --work {args.work}"  # where the score cache is kept
+    if args.section != "reward-rescore":
+        work_arg += f" --section {args.section}"
     text = "\n".join(
         [
             f"The candidates of {ids} ({run.spec.get('method')} N = {n}, reward `{base}`, model "

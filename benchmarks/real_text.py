@@ -603,6 +603,12 @@ def main() -> None:
             slug = f"{slug}_{args.tag}"
         png = None if args.no_write else ROOT / "docs" / f"real_text_{slug}.png"
         pool_only = "srd" in without  # a grid of Best-of-N alone: its k-curves
+        needed = [("best_of_n", pool)] + ([] if pool_only else [("srd", n) for n in budgets])
+        lacking = [
+            f"{m} N = {n}" for m, n in needed if not any(r.method == m and r.budget == n for r in runs)
+        ]
+        if lacking:  # --partial leaves out other methods, not these
+            raise SystemExit(f"no finished run of {', '.join(lacking)}: the tables need it; nothing analysed")
         if pool_only:
             out = analyse_pool([r for r in runs if r.method == "best_of_n"], sorted({*budgets, pool}))
         else:

@@ -368,11 +368,19 @@ def component_text(runs: list) -> list[str]:
 
 
 def rescored_pool(
-    store: Path, scores: Path, *, reward: str, pool_n: int, seeds: list[int], items: int
+    store: Path,
+    scores: Path,
+    *,
+    reward: str,
+    pool_n: int,
+    seeds: list[int],
+    items: int,
+    like: dict[str, Any] | None = None,
 ) -> list:
     """Best-of-``pool_n``'s candidates for a grid whose reward is ``reward``, taken from another grid's
     store (``store``: its finished best_of_n runs at N = ``pool_n``, one per seed of ``seeds``, over the
-    same ``items`` problems) with every candidate re-scored by ``reward`` from ``benchmarks/reward_rescore.py``'s
+    same ``items`` problems; ``like``: spec fields, such as the dataset, model and max_new_tokens, it
+    must match, a ``params.`` prefix for a method parameter) with every candidate re-scored by ``reward`` from ``benchmarks/reward_rescore.py``'s
     caches under ``scores``. Best-of-N's candidates do not depend on its reward, so this is the run
     Best-of-N with ``reward`` would make, without generating its candidates again; each run's spec says
     ``rescored_from`` (the reward it was made with). A problem with no cached score is an error naming the
@@ -394,16 +402,18 @@ def rescored_pool(
                 rid: json.loads(spec or "{}")
                 for rid, spec in con.execute("select id, spec from run where status = 'done'")
             }
-        by_seed: dict[int, str] = {}
+
+        def field(spec: dict, key: str) -> Any:
+            return (spec.get("params") or {}).get(key[7:]) if key.startswith("params.") else spec.get(key)
+
+        want = {"method": "best_of_n", "params.n": pool_n, **(like or {})}
+        by_seed: dict[int, list[str]] = {}
         for rid, spec in specs.items():
-            params = spec.get("params") or {}
-            if (
-                spec.get("method") == "best_of_n"
-                and params.get("n") == pool_n
-                and spec.get("seed", 0) in seeds
-            ):
-                if int(spec.get("limit") or 0) >= items:
-                    by_seed.setdefault(int(spec.get("seed", 0)), rid)
+            if all(field(spec, k) == v for k, v in want.items()) and int(spec.get("limit") or 0) >= items:
+                by_seed.setdefault(int(spec.get("seed", 0)), []).append(rid)
+        twice = {s: ids for s, ids in by_seed.items() if s in seeds and len(ids) > 1}
+        if twice:
+            raise SystemExit(f"--pool-from {store}: more than one best_of_n run fits ({twice}); keep one")
         missing = [s for s in seeds if s not in by_seed]
         if missing:
             raise SystemExit(
@@ -411,7 +421,7 @@ def rescored_pool(
             )
         db = open_sqlite(db_file)
         try:
-            runs = load_report_runs(db, [by_seed[s] for s in seeds])
+            runs = load_report_runs(db, [by_seed[s][0] for s in seeds])
         finally:
             db.dispose()
     check_seeded(runs)
@@ -595,6 +605,12 @@ def main() -> None:
                 pool_n=pool,
                 seeds=seeds,
                 items=args.items,
+                like={
+                    "dataset": args.dataset,
+                    "model": args.model,
+                    "engine": args.engine,
+                    "params.max_new_tokens": args.max_new_tokens,
+                },
             )
         slug = reward.split(":")[0].replace("-", "_")
         if args.dataset != "gsm8k":

@@ -373,3 +373,13 @@ def test_a_pool_from_another_grid_carries_its_candidates_rescored(tmp_path, tiny
     ]  # the run's own rewards were others
     with pytest.raises(SystemExit, match="no finished best_of_n run at N = 4 for seeds"):
         rescored_pool(out, scores, reward="judge:m", pool_n=4, seeds=[0], items=4)
+    with pytest.raises(SystemExit, match="no finished best_of_n run at N = 2 for seeds"):  # another model's
+        rescored_pool(out, scores, reward="judge:m", pool_n=2, seeds=[0], items=4, like={"model": "other"})
+    with pytest.raises(SystemExit, match="no finished best_of_n run"):  # other max_new_tokens
+        rescored_pool(
+            out, scores, reward="judge:m", pool_n=2, seeds=[0], items=4, like={"params.max_new_tokens": 9}
+        )
+    (same,) = rescored_pool(
+        out, scores, reward="judge:m", pool_n=2, seeds=[0], items=4, like={"params.max_new_tokens": 8}
+    )
+    assert same.run_id == run_id

@@ -700,7 +700,8 @@ def main() -> None:
                     candidate_spread(runs, pool) or "",
                     "",
                 ]
-            body += component_text(runs)
+            # a re-scored pool's costs are those of the grid it was made in, not this reward's: left out
+            body += component_text([r for r in runs if not r.spec.get("rescored_from")])
         body.append(
             "Command: `"
             + (

@@ -388,20 +388,19 @@ def rescored_pool(
     import tempfile
     from dataclasses import replace
 
-    from benchmarks.reward_rescore import check_seeded, open_store, rescore, scoreable, with_scores
-    from srd_worker.reports.loading import load_report_runs
-    from srd_worker.store.db import open_sqlite
+    from benchmarks.reward_rescore import (
+        finished_specs,
+        load_runs,
+        open_store,
+        rescore,
+        scoreable,
+        with_scores,
+    )
 
     cache_name = f"scores-{reward.replace(':', '_').replace('/', '_')}.jsonl"
     with tempfile.TemporaryDirectory() as scratch:
         db_file = open_store(store, Path(scratch))
-        import sqlite3
-
-        with sqlite3.connect(f"file:{db_file}?mode=ro", uri=True) as con:
-            specs = {
-                rid: json.loads(spec or "{}")
-                for rid, spec in con.execute("select id, spec from run where status = 'done'")
-            }
+        specs = finished_specs(db_file)
 
         def field(spec: dict, key: str) -> Any:
             return (spec.get("params") or {}).get(key[7:]) if key.startswith("params.") else spec.get(key)
@@ -419,12 +418,7 @@ def rescored_pool(
             raise SystemExit(
                 f"--pool-from {store}: no finished best_of_n run at N = {pool_n} for seeds {missing}"
             )
-        db = open_sqlite(db_file)
-        try:
-            runs = load_report_runs(db, [by_seed[s][0] for s in seeds])
-        finally:
-            db.dispose()
-    check_seeded(runs)
+        runs = load_runs(db_file, [by_seed[s][0] for s in seeds])  # one configuration over the seeds
     out = []
     for run in runs:
         records = scoreable(run.records, items)

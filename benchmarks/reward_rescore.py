@@ -58,19 +58,24 @@ def open_store(store: Path, scratch: Path) -> Path:
     return store
 
 
+def finished_specs(db_file: Path) -> dict[str, dict[str, Any]]:
+    """The spec of every finished run in the SQLite store ``db_file``, by run id (read-only)."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db_file}?mode=ro", uri=True) as con:
+        return {
+            rid: json.loads(spec or "{}")
+            for rid, spec in con.execute("select id, spec from run where status = 'done'")
+        }
+
+
 def load_runs(db_file: Path, run_ids: list[str]) -> list[Any]:
     """The finished Best-of-N runs ``run_ids`` (default: the store's only finished best_of_n run), one
     configuration over different seeds: the same method, N, reward, model and dataset (else refused)."""
-    import sqlite3
-
     from srd_worker.reports.loading import load_report_runs
     from srd_worker.store.db import open_sqlite
 
-    with sqlite3.connect(f"file:{db_file}?mode=ro", uri=True) as con:
-        done = [
-            (rid, json.loads(spec or "{}").get("method"))
-            for rid, spec in con.execute("select id, spec from run where status = 'done'")
-        ]
+    done = [(rid, spec.get("method")) for rid, spec in finished_specs(db_file).items()]
     if not run_ids:
         bon = [rid for rid, method in done if method == "best_of_n"]
         if len(bon) != 1:

@@ -33,7 +33,7 @@ WORK = "/tmp/srdq-reward-rescore"  # the score caches' default folder
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.real_text import reward_auroc  # noqa: E402
+from benchmarks.real_text import _ints, reward_auroc  # noqa: E402
 
 
 def open_store(store: Path, scratch: Path) -> Path:
@@ -144,7 +144,11 @@ def rescore(
             spent_on[row["item"]] = float(row.get("s", 0.0))
     # the time spent on these records only: the cache may hold more problems than asked for
     seconds = sum(spent_on.get(r["item_id"], 0.0) for r in records)
-    todo = [r for r in records if r["item_id"] not in scores]
+    # a problem is scored again when its cached row lacks one of the candidates asked for (say, more of
+    # them are asked for than were scored); its new line, read later, replaces the old one
+    todo = [
+        r for r in records if not all(int(c["id"]) in scores.get(r["item_id"], {}) for c in r["candidates"])
+    ]
     if not todo:
         return scores, seconds
     reward = make_reward()
@@ -248,6 +252,219 @@ def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, floa
     return "\n".join(lines)
 
 
+def cut_records(records: list[dict], tokenizer: Any, tokens: int, candidates: int) -> list[dict]:
+    """The first ``candidates`` candidates (by id) of each record with each text cut to its first ``tokens``
+    tokens under ``tokenizer`` (the policy's): what a reward sees at a routing point ``tokens`` tokens into
+    the response. A candidate that finished before it keeps its whole text and is marked ``cut: False``
+    (its score there is its final score). ``correct`` stays the finished response's."""
+    out = []
+    for rec in records:
+        cands = []
+        for c in sorted(rec["candidates"], key=lambda c: int(c["id"]))[:candidates]:
+            text = c.get("text") or ""
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            cut = len(ids) > tokens
+            cands.append(
+                {
+                    "id": int(c["id"]),
+                    "text": tokenizer.decode(ids[:tokens]) if cut else text,
+                    "cut": cut,
+                    "correct": c.get("correct"),
+                }
+            )
+        out.append({"item_id": rec["item_id"], "question": rec["question"], "candidates": cands})
+    return out
+
+
+def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, float]) -> dict[str, Any]:
+    """How well scores at one routing point foretell the finished responses' correctness, from ``groups``
+    (one list of (score, finally right) per problem, candidates in id order): the pooled AUROC; per
+    problem with right and wrong candidates, the share of (right, wrong) pairs in which the right one
+    scores higher (ties half: what a rank router acts on); the share of tied pairs; and the share of the
+    right candidates SRD's first routing (``RankRouter(θ_high, θ_low)``, ties broken by candidate id)
+    would keep and discard, against the share of every candidate it keeps and discards (what a score
+    unrelated to correctness would give). Intervals: bootstrap over problems."""
+    from types import SimpleNamespace
+
+    from srd_worker.methods.routing import DISCARD, KEEP, RankRouter
+    from srd_worker.reports.stats import bootstrap_ci
+
+    router = RankRouter(*thetas)
+    above, tied, kept, dropped, keep_all, drop_all = [], [], [], [], [], []
+    for g in groups:
+        scores = [s for s, _ in g]
+        pairs = [(a, b) for i, a in enumerate(scores) for b in scores[i + 1 :]]
+        tied.append(sum(a == b for a, b in pairs) / len(pairs) if pairs else None)
+        right = [s for s, y in g if y]
+        wrong = [s for s, y in g if not y]
+        if right and wrong:
+            above.append(
+                sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
+            )
+        tiers = router(scores)
+        keep_all.append(tiers.count(KEEP) / len(tiers))
+        drop_all.append(tiers.count(DISCARD) / len(tiers))
+        if right:
+            right_tiers = [t for t, (_, y) in zip(tiers, g, strict=True) if y]
+            kept.append(right_tiers.count(KEEP) / len(right_tiers))
+            dropped.append(right_tiers.count(DISCARD) / len(right_tiers))
+    as_run = SimpleNamespace(
+        records=[{"candidates": [{"reward": s, "correct": y} for s, y in g]} for g in groups]
+    )
+    return {
+        "auroc": reward_auroc([as_run]),
+        "above": bootstrap_ci(above),
+        "tied": bootstrap_ci([t for t in tied if t is not None]),
+        "kept": bootstrap_ci(kept),
+        "dropped": bootstrap_ci(dropped),
+        "keep_share": sum(keep_all) / len(keep_all) if keep_all else None,
+        "drop_share": sum(drop_all) / len(drop_all) if drop_all else None,
+    }
+
+
+def early_groups(
+    cut: list[dict], prefix_scores: dict[str, dict[int, float]], final: dict[str, dict[int, float]]
+) -> list[list[tuple[float, bool]]]:
+    """(score, finally right) per candidate of each cut record: its prefix's score where it was cut, its
+    final score (``final``) where it had finished before the cut; graded candidates only."""
+    groups = []
+    for rec in cut:
+        g = []
+        for c in rec["candidates"]:
+            if c.get("correct") is None:
+                continue
+            cid = c["id"]
+            g.append(
+                (
+                    prefix_scores[rec["item_id"]][cid] if c["cut"] else final[rec["item_id"]][cid],
+                    bool(c["correct"]),
+                )
+            )
+        if g:
+            groups.append(g)
+    return groups
+
+
+def early_table(rows: list[tuple[str, str, int, int, dict[str, Any]]], thetas: tuple[float, float]) -> str:
+    """The table of ``early_stats`` rows: (reward, where, cut candidates, candidates, stats)."""
+    keep = next((st["keep_share"] for *_, st in rows if st["keep_share"] is not None), None)
+    drop = next((st["drop_share"] for *_, st in rows if st["drop_share"] is not None), None)
+    base_k = "" if keep is None else f" (all candidates: {100 * keep:.0f}%)"
+    base_d = "" if drop is None else f" (all candidates: {100 * drop:.0f}%)"
+    lines = [
+        "| reward | scored at | cut / candidates | AUROC [95% CI] | right above wrong, same problem [95% CI] "
+        f"| tied pairs | right ones kept{base_k} [95% CI] | right ones discarded{base_d} [95% CI] |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def pct(ci: Any) -> str:
+        return "n/a" if ci.mean is None else _pct(ci) if ci.low is not None else f"{100 * ci.mean:.1f}"
+
+    for name, where, n_cut, n, st in rows:
+        roc = st["auroc"]
+        auc = "n/a" if roc["auroc"] is None else f"{roc['auroc']:.3f} [{roc['low']:.3f}, {roc['high']:.3f}]"
+        lines.append(
+            f"| `{name}` | {where} | {n_cut} / {n} | {auc} | {pct(st['above'])} | {pct(st['tied'])} | "
+            f"{pct(st['kept'])} | {pct(st['dropped'])} |"
+        )
+    return "\n".join(lines)
+
+
+def early_text(
+    early: list[tuple[str, str, int, int, dict[str, Any]]],
+    prefix: list[int],
+    candidates: int,
+    thetas: tuple[float, float],
+) -> list[str]:
+    """The paragraph and table of the early scores (nothing without ``--prefix-tokens``)."""
+    if not early:
+        return []
+    cuts = ", ".join(str(k) for k in prefix)
+    return [
+        "",
+        f"How early each reward tells: the first {candidates} candidates of each problem cut at {cuts} tokens "
+        "(the policy's tokenizer; a candidate that finished before a cut is scored whole there) and scored as "
+        "SRD scores a partial response at a routing point, against whether the finished response is right. "
+        "*Right above wrong* is, per problem with right and wrong candidates, the share of (right, wrong) "
+        "pairs the early score orders rightly (ties half), averaged over problems: what a rank router acts "
+        f"on (0.5 is chance). *Kept / discarded*: SRD's first routing of these {candidates} "
+        f"(rank-normalised, θ_high {thetas[0]}, θ_low {thetas[1]}, ties broken by candidate id) applied to the "
+        "early scores, the share of the right candidates that would be kept / discarded, beside the share "
+        "of all candidates (what a score blind to correctness gives). Intervals: bootstrap over problems.",
+        "",
+        early_table(early, thetas),
+    ]
+
+
+def _thetas(text: str) -> tuple[float, float]:
+    """``θ_high,θ_low`` (default: SRD's own defaults), checked as SRD checks them."""
+    from srd_worker.methods.srd_loop import SRDParams
+
+    if not text.strip():
+        defaults = SRDParams()
+        return defaults.theta_high, defaults.theta_low
+    try:
+        high, low = (float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--thetas {text!r}: give θ_high,θ_low, e.g. 0.5,0.3") from None
+    if not 0 <= low <= high <= 1:
+        raise SystemExit(f"--thetas {text!r}: need 0 <= θ_low <= θ_high <= 1")
+    return high, low
+
+
+def early_rows(
+    seeded: list[Any],
+    records: dict[str, list[dict]],
+    finals: dict[str, dict[str, dict[str, dict[int, float]]]],
+    prefix: list[int],
+    candidates: int,
+    thetas: tuple[float, float],
+    make: Callable[[str], Any],
+    cache: Callable[..., Path],
+    settings: Any,
+) -> list[tuple[str, str, int, int, dict[str, Any]]]:
+    """For each reward of ``finals`` and each cut of ``prefix``: ``early_stats`` of the first ``candidates``
+    candidates of every problem scored at that cut (cut prefixes scored by ``make(reward)``, cached per run
+    in ``cache(run_id, reward, "-first<k>")``), then the same candidates' final scores."""
+    from transformers import AutoTokenizer
+
+    from srd_worker.engines.loading import resolve_model_path
+
+    model = str(seeded[0].spec.get("model"))
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model, settings.cache_dir))
+    cut = {
+        k: {r.run_id: cut_records(records[r.run_id], tokenizer, k, candidates) for r in seeded}
+        for k in prefix
+    }
+    rows = []
+    for name, by_run in finals.items():
+        n = 0
+        for k in prefix:
+            groups: list[list[tuple[float, bool]]] = []
+            n_cut = n = 0
+            for r in seeded:
+                recs = cut[k][r.run_id]
+                todo = [{**rec, "candidates": [c for c in rec["candidates"] if c["cut"]]} for rec in recs]
+                scores, _ = rescore(
+                    [rec for rec in todo if rec["candidates"]],
+                    lambda name=name: make(name),
+                    cache(r.run_id, name, f"-first{k}"),
+                )
+                groups += early_groups(recs, scores, by_run[r.run_id])
+                n_cut += sum(c["cut"] for rec in recs for c in rec["candidates"])
+                n += sum(len(rec["candidates"]) for rec in recs)
+            rows.append((name, f"{k} tokens", n_cut, n, early_stats(groups, thetas)))
+        groups = []
+        for r in seeded:  # the same candidates scored whole, each seed by its own scores
+            whole = [
+                {**rec, "candidates": [{**c, "cut": False} for c in rec["candidates"]]}
+                for rec in cut[prefix[0]][r.run_id]
+            ]
+            groups += early_groups(whole, {}, by_run[r.run_id])
+        rows.append((name, "the end (finished)", 0, n, early_stats(groups, thetas)))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
@@ -266,6 +483,24 @@ def main() -> None:
     ap.add_argument("--ks", default="4,8", help="Best-of-k sizes to compare (at most the run's N)")
     ap.add_argument("--engine", default="transformers", help="engine for a reward that reads the policy")
     ap.add_argument("--work", default=WORK, help="score caches (resume)")
+    ap.add_argument(
+        "--prefix-tokens",
+        default="",
+        help="also score each candidate cut at these token counts (comma-separated, e.g. 128,256: SRD's "
+        "routing points at chunk 128) and say how well those early scores foretell the final correctness",
+    )
+    ap.add_argument(
+        "--prefix-candidates",
+        type=int,
+        default=4,
+        help="the first C candidates of each problem are cut and scored (a pool of N = C, as SRD's first "
+        "routing at N = C sees it)",
+    )
+    ap.add_argument(
+        "--thetas",
+        default="",
+        help="θ_high,θ_low of the rank routing emulated on the early scores (default: SRD's defaults)",
+    )
     ap.add_argument("--section", default="reward-rescore")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -288,6 +523,10 @@ def main() -> None:
     except SrdqError as exc:
         raise SystemExit(f"--rewards: {exc}") from None
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
+    prefix = _ints(args.prefix_tokens)
+    if any(k < 1 for k in prefix) or args.prefix_candidates < 2:
+        raise SystemExit("--prefix-tokens must be positive and --prefix-candidates at least 2")
+    thetas = _thetas(args.thetas)
     with tempfile.TemporaryDirectory() as scratch:
         seeded = load_runs(open_store(Path(args.store), Path(scratch)), [x for x in args.run.split(",") if x])
     run = seeded[0]
@@ -305,30 +544,50 @@ def main() -> None:
     policy = None
     runs = {base: [with_scores(r, records[r.run_id], None) for r in seeded]}
     seconds: dict[str, float] = {}
+    # each reward's final scores by run: {item: {candidate id: score}} (the base reward's are stored)
+    finals: dict[str, dict[str, dict[str, dict[int, float]]]] = {
+        base: {
+            r.run_id: {
+                rec["item_id"]: {int(c["id"]): float(c["reward"]) for c in rec["candidates"]}
+                for rec in records[r.run_id]
+            }
+            for r in seeded
+        }
+    }
+    early: list[tuple[str, str, int, int, dict[str, Any]]] = []
+    if "none" in names:
+        raise SystemExit("--rewards: 'none' gives no scores")
+
+    def make(name: str) -> Any:
+        nonlocal policy
+        if name in REWARDS and policy is None and name != "arithmetic":  # it reads the policy
+            from srd_worker.engines.registry import build_engine
+
+            policy = build_engine(args.engine, str(run.spec.get("model")), settings)
+        return build_reward(name, policy, settings=settings)
+
+    def cache(run_id: str, name: str, suffix: str = "") -> Path:
+        """One score cache per run and reward, so adding a seed later reuses the others' scores."""
+        return Path(args.work) / run_id / f"scores-{name.replace(':', '_').replace('/', '_')}{suffix}.jsonl"
+
     try:
         for name in names:
             if name == base:
                 continue  # the run's own scores are in the store
-            if name == "none":
-                raise SystemExit("--rewards: 'none' gives no scores")
-
-            def make(name: str = name) -> Any:
-                nonlocal policy
-                if name in REWARDS and policy is None and name != "arithmetic":  # it reads the policy
-                    from srd_worker.engines.registry import build_engine
-
-                    policy = build_engine(args.engine, str(run.spec.get("model")), settings)
-                return build_reward(name, policy, settings=settings)
-
             runs[name] = []
             seconds[name] = 0.0
-            for r in seeded:  # one score cache per run, so adding a seed later reuses the others' scores
-                cache = (
-                    Path(args.work) / r.run_id / f"scores-{name.replace(':', '_').replace('/', '_')}.jsonl"
+            finals[name] = {}
+            for r in seeded:
+                scores, spent = rescore(
+                    records[r.run_id], lambda name=name: make(name), cache(r.run_id, name)
                 )
-                scores, spent = rescore(records[r.run_id], make, cache)
                 seconds[name] += spent
+                finals[name][r.run_id] = scores
                 runs[name].append(with_scores(r, records[r.run_id], scores))
+        if prefix:
+            early = early_rows(
+                seeded, records, finals, prefix, args.prefix_candidates, thetas, make, cache, settings
+            )
     finally:
         close_rewards()
         close_all([policy] if policy is not None else [])
@@ -348,6 +607,11 @@ def main() -> None:
     work_arg = "" if args.work == WORK else f" --work {args.work}"  # where the score cache is kept
     if args.section != "reward-rescore":
         work_arg += f" --section {args.section}"
+    early_args = ""
+    if prefix:
+        early_args = f" --prefix-tokens {args.prefix_tokens} --prefix-candidates {args.prefix_candidates}"
+        early_args += f" --thetas {args.thetas}" if args.thetas else ""
+        early_args += f" --engine {args.engine}" if args.engine != "transformers" else ""
     text = "\n".join(
         [
             f"The candidates of {ids} ({run.spec.get('method')} N = {n}, reward `{base}`, model "
@@ -359,9 +623,11 @@ def main() -> None:
             "count problem-seeds). Scoring time on the shared 2-core machine.",
             "",
             table(out, base, ks, seconds),
+            *early_text(early, prefix, args.prefix_candidates, thetas),
             "",
             f"Command: `{judge_env}{python} benchmarks/reward_rescore.py --store {args.store} "
-            f"--run {','.join(r.run_id for r in seeded)} --rewards {args.rewards} --items {args.items} --ks {args.ks}{work_arg}`",
+            f"--run {','.join(r.run_id for r in seeded)} --rewards {args.rewards} --items {args.items} --ks {args.ks}"
+            f"{work_arg}{early_args}`",
         ]
     )
     print(text, flush=True)

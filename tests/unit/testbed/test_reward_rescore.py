@@ -156,3 +156,77 @@ def test_seeds_pool_into_problem_seeds_and_other_configurations_are_refused(tmp_
         check_seeded([seeded[0], replace(seeded[1], spec={**seeded[1].spec, "reward": "judge:m"})])
     with pytest.raises(SystemExit, match="differ in params"):
         check_seeded([seeded[0], replace(seeded[1], spec={**seeded[1].spec, "params": {"n": 8}})])
+
+
+def test_a_cached_problem_missing_a_candidate_is_scored_again(tmp_path):
+    """A cache row written for fewer candidates than are now asked for is not taken as complete."""
+    from benchmarks.reward_rescore import rescore, scoreable
+
+    run = _run(2)
+    cache = tmp_path / "s.jsonl"
+    few = [{**r, "candidates": r["candidates"][:2]} for r in scoreable(run.records, 2)]
+    rescore(few, Counting, cache, progress=False)
+    again = Counting()
+    scores, _ = rescore(scoreable(run.records, 2), lambda: again, cache, progress=False)
+    assert again.scored == 8 and set(scores["line-0"]) == {0, 1, 2, 3}
+    reread, _ = rescore(scoreable(run.records, 2), Counting, cache, progress=False)
+    assert reread == scores  # the later, complete line replaces the earlier one when read back
+
+
+def test_cut_records_cuts_at_the_policy_tokens_and_keeps_the_final_label():
+    """Byte-level tokenizer (one token a byte): a text longer than the cut is cut to exactly that many
+    tokens and marked, a shorter one is kept whole; only the first C candidates by id are taken."""
+    from benchmarks.reward_rescore import cut_records
+    from srd_worker.engines.loading import build_tiny_llama
+
+    _, tok = build_tiny_llama()
+    rec = {
+        "item_id": "line-0",
+        "question": "q",
+        "candidates": [
+            {"id": 2, "text": "short", "correct": True},
+            {"id": 0, "text": "a long response here", "correct": False},
+            {"id": 1, "text": "another long one", "correct": True},
+        ],
+    }
+    (out,) = cut_records([rec], tok, 8, 2)
+    assert [c["id"] for c in out["candidates"]] == [0, 1]
+    assert [c["text"] for c in out["candidates"]] == ["a long r", "another "]
+    assert all(c["cut"] for c in out["candidates"]) and [c["correct"] for c in out["candidates"]] == [
+        False,
+        True,
+    ]
+    (whole,) = cut_records([rec], tok, 8, 3)
+    assert whole["candidates"][2] == {"id": 2, "text": "short", "cut": False, "correct": True}
+
+
+def test_early_stats_measure_how_the_rank_router_treats_the_right_candidates():
+    """Hand-made pools of four (θ 0.5 / 0.3: ranks 0-1 kept, rank 2 refined, rank 3 discarded)."""
+    from benchmarks.reward_rescore import early_groups, early_stats
+
+    # problem A: the right one scores lowest (discarded); problem B: the right one scores highest (kept);
+    # problem C: all tied, the right one is the last by id (discarded by the tie break); D: none right
+    groups = [
+        [(0.9, False), (0.8, False), (0.7, False), (0.1, True)],
+        [(0.2, False), (0.9, True), (0.5, False), (0.4, False)],
+        [(0.5, False), (0.5, False), (0.5, False), (0.5, True)],
+        [(0.3, False), (0.6, False), (0.2, False), (0.1, False)],
+    ]
+    st = early_stats(groups, (0.5, 0.3))
+    assert st["above"].mean == pytest.approx((0.0 + 1.0 + 0.5) / 3)
+    assert st["tied"].mean == pytest.approx((0 + 0 + 1 + 0) / 4)
+    assert st["kept"].mean == pytest.approx(1 / 3) and st["dropped"].mean == pytest.approx(2 / 3)
+    assert st["keep_share"] == 0.5 and st["drop_share"] == 0.25
+    assert st["auroc"]["problems"] == 4
+
+    cut = [
+        {
+            "item_id": "p",
+            "candidates": [
+                {"id": 0, "cut": True, "correct": True},
+                {"id": 1, "cut": False, "correct": False},
+            ],
+        }
+    ]
+    # the cut candidate takes its prefix score, the one that had finished its final score
+    assert early_groups(cut, {"p": {0: 0.2}}, {"p": {0: 0.9, 1: 0.7}}) == [[(0.2, True), (0.7, False)]]

@@ -194,6 +194,7 @@ def compare(runs: dict[str, list[Any]], base: str, ks: list[int]) -> dict[str, A
     """Per reward (its copies of the seeds' runs): AUROC with its bootstrap interval, Best-of-k accuracy
     for each k, and Best-of-k − ``base``'s Best-of-k paired by problem (over the seeds); plus the
     reward-free rows (sampling, majority@k, pass@k)."""
+    from srd_worker.reports.stats import bootstrap_ci
     from srd_worker.testbed.experiment import kcurve_rows, paired_values
 
     rows = {
@@ -203,7 +204,8 @@ def compare(runs: dict[str, list[Any]], base: str, ks: list[int]) -> dict[str, A
     out: dict[str, Any] = {"rewards": {}}
     for name, seeded in runs.items():
         roc = reward_auroc(seeded)
-        entry: dict[str, Any] = {"auroc": roc}
+        orders = [right_above_wrong(g) for g in problem_groups(seeded)]
+        entry: dict[str, Any] = {"auroc": roc, "above": bootstrap_ci([o for o in orders if o is not None])}
         for k in ks:
             mine = rows[name][("best_of_n", k)]
             entry[f"best_of_{k}"] = mine.accuracy
@@ -217,9 +219,10 @@ def compare(runs: dict[str, list[Any]], base: str, ks: list[int]) -> dict[str, A
 
 
 def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, float]) -> str:
-    head = "| reward | AUROC correct vs wrong [95% CI] | " + " | ".join(f"Best-of-{k} % [95% CI]" for k in ks)
+    head = "| reward | AUROC correct vs wrong [95% CI] | right above wrong, same problem % [95% CI] | "
+    head += " | ".join(f"Best-of-{k} % [95% CI]" for k in ks)
     head += " | " + " | ".join(f"Best-of-{k} − `{base}` [95% CI]" for k in ks) + " | scoring time |"
-    lines = [head, "|---|---:|" + "---:|" * (2 * len(ks)) + "---:|"]
+    lines = [head, "|---|---:|---:|" + "---:|" * (2 * len(ks)) + "---:|"]
     for name, e in out["rewards"].items():
         roc = e["auroc"]
         auc = "n/a" if roc["auroc"] is None else f"{roc['auroc']:.3f} [{roc['low']:.3f}, {roc['high']:.3f}]"
@@ -236,7 +239,7 @@ def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, floa
             )
         spent = seconds.get(name)
         lines.append(
-            f"| `{name}` | {auc} | {' | '.join(cells)} | {' | '.join(diffs)} | "
+            f"| `{name}` | {auc} | {_pct(e['above'])} | {' | '.join(cells)} | {' | '.join(diffs)} | "
             + ("(the run's own)" if spent is None else f"{spent / 60:.1f} min")
             + " |"
         )
@@ -247,7 +250,7 @@ def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, floa
     ]
     for label, by_k in refs:
         lines.append(
-            f"| {label} | — | " + " | ".join(_pct(by_k[k]) for k in ks) + " |" + " — |" * len(ks) + " — |"
+            f"| {label} | — | — | " + " | ".join(_pct(by_k[k]) for k in ks) + " |" + " — |" * len(ks) + " — |"
         )
     return "\n".join(lines)
 
@@ -276,6 +279,31 @@ def cut_records(records: list[dict], tokenizer: Any, tokens: int, candidates: in
     return out
 
 
+def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
+    """The share of one problem's (right, wrong) candidate pairs whose right one scores higher, ties half;
+    None without both. What Best-of-N and a rank router act on: an order within the problem."""
+    right = [s for s, y in group if y]
+    wrong = [s for s, y in group if not y]
+    if not right or not wrong:
+        return None
+    return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
+
+
+def problem_groups(runs: list[Any]) -> list[list[tuple[float, bool]]]:
+    """(reward, right) of the graded candidates of every problem of ``runs`` (one list per problem-seed)."""
+    groups = []
+    for run in runs:
+        for rec in run.records:
+            g = [
+                (float(c["reward"]), bool(c["correct"]))
+                for c in rec.get("candidates") or []
+                if c.get("reward") is not None and c.get("correct") is not None
+            ]
+            if g:
+                groups.append(g)
+    return groups
+
+
 def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, float]) -> dict[str, Any]:
     """How well scores at one routing point foretell the finished responses' correctness, from ``groups``
     (one list of (score, finally right) per problem, candidates in id order): the pooled AUROC; per
@@ -295,13 +323,11 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
         scores = [s for s, _ in g]
         pairs = [(a, b) for i, a in enumerate(scores) for b in scores[i + 1 :]]
         tied.append(sum(a == b for a, b in pairs) / len(pairs) if pairs else None)
-        right = [s for s, y in g if y]
-        wrong = [s for s, y in g if not y]
-        if right and wrong:
-            above.append(
-                sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
-            )
+        order = right_above_wrong(g)
+        if order is not None:
+            above.append(order)
         tiers = router(scores)
+        right = [s for s, y in g if y]
         keep_all.append(tiers.count(KEEP) / len(tiers))
         drop_all.append(tiers.count(DISCARD) / len(tiers))
         if right:
@@ -620,7 +646,10 @@ def main() -> None:
             f"{'s' if len(seeded) > 1 else ''} {seed_list}), re-scored by each reward; Best-of-k is exact over "
             "the k-subsets of each problem's candidates, intervals are bootstraps over problems (AUROC's "
             "over problem-seeds), differences are paired by problem over the seeds (wins / ties / losses "
-            "count problem-seeds). Scoring time on the shared 2-core machine.",
+            "count problem-seeds). *Right above wrong*: per problem-seed with right and wrong candidates, the "
+            "share of (right, wrong) pairs the reward orders rightly (ties half), averaged: the order within "
+            "a problem, which is all Best-of-N uses (the AUROC also asks scores to compare across problems). "
+            "Scoring time on the shared 2-core machine.",
             "",
             table(out, base, ks, seconds),
             *early_text(early, prefix, args.prefix_candidates, thetas),

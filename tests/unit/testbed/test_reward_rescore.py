@@ -127,7 +127,11 @@ def test_the_comparison_ranks_a_reward_that_finds_the_right_answers_above_one_th
     assert arith["paired_4"].diff.mean == pytest.approx(1.0) and arith["paired_4"].wins == 6
     assert out["sampling"].mean == pytest.approx(0.5) and out["pass"][4].mean == 1.0
     text = table(out, "logprob", [2, 4], {"arithmetic": 0.0})
-    assert "| `arithmetic` | 1.000 [1.000, 1.000] | 83.3" in text and "+100.0 pts" in text
+    # within each problem the run's reward puts both wrong candidates above both right ones, arithmetic the reverse
+    assert own["above"].mean == 0.0 and arith["above"].mean == 1.0
+    assert (
+        "| `arithmetic` | 1.000 [1.000, 1.000] | 100.0 [100.0, 100.0] | 83.3" in text and "+100.0 pts" in text
+    )
 
 
 def test_seeds_pool_into_problem_seeds_and_other_configurations_are_refused(tmp_path):

@@ -234,3 +234,14 @@ def test_early_stats_measure_how_the_rank_router_treats_the_right_candidates():
     ]
     # the cut candidate takes its prefix score, the one that had finished its final score
     assert early_groups(cut, {"p": {0: 0.2}}, {"p": {0: 0.9, 1: 0.7}}) == [[(0.2, True), (0.7, False)]]
+
+
+def test_thetas_default_to_srds_and_bad_ones_are_refused():
+    from benchmarks.reward_rescore import _thetas
+    from srd_worker.methods.srd_loop import SRDParams
+
+    assert _thetas("") == (SRDParams().theta_high, SRDParams().theta_low)
+    assert _thetas("0.75,0.25") == (0.75, 0.25)
+    for bad in ("0.3,0.5", "0.5", "high,low", "1.5,0.2"):
+        with pytest.raises(SystemExit, match="--thetas"):
+            _thetas(bad)

@@ -159,19 +159,29 @@ def auroc(scores: list[float], labels: list[bool]) -> float | None:
     return (r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
-def reward_auroc(bon_runs: list, *, resamples: int = 1000, seed: int = 0) -> dict:
-    """AUROC of the reward over Best-of-N's finished, graded candidates, with a 95% percentile interval
-    from resampling problems (a problem's candidates stay together: they share a question)."""
-    groups: list[list[tuple[float, bool]]] = []
-    for run in bon_runs:
+def problem_groups(runs: list) -> list[list[tuple[float, bool]]]:
+    """(reward, right) of the graded candidates of every problem of ``runs`` (one list per problem-seed)."""
+    groups = []
+    for run in runs:
         for rec in run.records:
-            cands = [
+            g = [
                 (float(c["reward"]), bool(c["correct"]))
                 for c in rec.get("candidates") or []
                 if c.get("reward") is not None and c.get("correct") is not None
             ]
-            if cands:
-                groups.append(cands)
+            if g:
+                groups.append(g)
+    return groups
+
+
+def reward_auroc(bon_runs: list, *, resamples: int = 1000, seed: int = 0) -> dict:
+    """AUROC of the reward over Best-of-N's finished, graded candidates (``groups_auroc``)."""
+    return groups_auroc(problem_groups(bon_runs), resamples=resamples, seed=seed)
+
+
+def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:
+    """AUROC of (score, right) pairs grouped by problem, with a 95% percentile interval from resampling
+    problems (a problem's candidates stay together: they share a question)."""
     flat = [c for g in groups for c in g]
     point = auroc([s for s, _ in flat], [y for _, y in flat])
     rng = random.Random(seed)

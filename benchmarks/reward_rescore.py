@@ -33,7 +33,7 @@ WORK = "/tmp/srdq-reward-rescore"  # the score caches' default folder
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.real_text import _ints, reward_auroc  # noqa: E402
+from benchmarks.real_text import _ints, groups_auroc, problem_groups, reward_auroc  # noqa: E402
 
 
 def open_store(store: Path, scratch: Path) -> Path:
@@ -289,21 +289,6 @@ def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
     return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
 
 
-def problem_groups(runs: list[Any]) -> list[list[tuple[float, bool]]]:
-    """(reward, right) of the graded candidates of every problem of ``runs`` (one list per problem-seed)."""
-    groups = []
-    for run in runs:
-        for rec in run.records:
-            g = [
-                (float(c["reward"]), bool(c["correct"]))
-                for c in rec.get("candidates") or []
-                if c.get("reward") is not None and c.get("correct") is not None
-            ]
-            if g:
-                groups.append(g)
-    return groups
-
-
 def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, float]) -> dict[str, Any]:
     """How well scores at one routing point foretell the finished responses' correctness, from ``groups``
     (one list of (score, finally right) per problem, candidates in id order): the pooled AUROC; per
@@ -312,8 +297,6 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
     right candidates SRD's first routing (``RankRouter(θ_high, θ_low)``, ties broken by candidate id)
     would keep and discard, against the share of every candidate it keeps and discards (what a score
     unrelated to correctness would give). Intervals: bootstrap over problems."""
-    from types import SimpleNamespace
-
     from srd_worker.methods.routing import DISCARD, KEEP, RankRouter
     from srd_worker.reports.stats import bootstrap_ci
 
@@ -334,11 +317,8 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
             right_tiers = [t for t, (_, y) in zip(tiers, g, strict=True) if y]
             kept.append(right_tiers.count(KEEP) / len(right_tiers))
             dropped.append(right_tiers.count(DISCARD) / len(right_tiers))
-    as_run = SimpleNamespace(
-        records=[{"candidates": [{"reward": s, "correct": y} for s, y in g]} for g in groups]
-    )
     return {
-        "auroc": reward_auroc([as_run]),
+        "auroc": groups_auroc(groups),
         "above": bootstrap_ci(above),
         "tied": bootstrap_ci([t for t in tied if t is not None]),
         "kept": bootstrap_ci(kept),

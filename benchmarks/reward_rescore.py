@@ -4,14 +4,17 @@ and the Best-of-k accuracy it would select, paired against the run's own reward.
 
     .venv/bin/python benchmarks/reward_rescore.py --store benchmarks/state/real_text/logprob \\
         --rewards arithmetic,judge:qwen2.5-coder-1.5b --items 50 [--run RUN_ID[,RUN_ID...]] [--work DIR]
-        [--section NAME] [--no-write]
+        [--prefix-tokens 128,256 [--prefix-candidates 4] [--thetas 0.5,0.3]] [--section NAME] [--no-write]
 
 Every candidate is scored as the methods score a finished response: the task's question and the whole
 response text (cut-off ones included, as Best-of-N ranks them). A judge (``judge:MODEL``) runs on
 ``SRDQ_JUDGE_ENGINE`` (default transformers); a reward that reads the policy (``logprob``, ``lm_judge``)
 gets an engine for the run's own model (``--engine``, default transformers). Scores go to
 ``--work/scores-<reward>.jsonl`` one problem per line as they are made, so an interrupted re-scoring
-resumes where it stopped. Writes the ``reward-rescore`` section of docs/PERFORMANCE.md (``--section``).
+resumes where it stopped. ``--prefix-tokens`` adds when each reward can tell: the first C candidates of
+each problem cut at those token counts and scored as SRD scores a partial response at a routing point
+(cached apart, ``scores-<reward>-first<k>.jsonl``), against the finished responses' correctness
+(``early_stats``). Writes the ``reward-rescore`` section of docs/PERFORMANCE.md (``--section``).
 """
 
 from __future__ import annotations

@@ -532,7 +532,10 @@ def main() -> None:
     except SrdqError as exc:
         raise SystemExit(f"--rewards: {exc}") from None
     ks = [int(k) for k in args.ks.split(",") if k.strip()]
-    prefix = _ints(args.prefix_tokens)
+    try:
+        prefix = _ints(args.prefix_tokens)
+    except ValueError:
+        raise SystemExit(f"--prefix-tokens {args.prefix_tokens!r}: give token counts, e.g. 128,256") from None
     if any(k < 1 for k in prefix) or args.prefix_candidates < 2:
         raise SystemExit("--prefix-tokens must be positive and --prefix-candidates at least 2")
     thetas = _thetas(args.thetas)

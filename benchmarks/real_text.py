@@ -399,6 +399,7 @@ def rescored_pool(
     from dataclasses import replace
 
     from benchmarks.reward_rescore import (
+        cache_file,
         finished_specs,
         load_runs,
         open_store,
@@ -407,7 +408,6 @@ def rescored_pool(
         with_scores,
     )
 
-    cache_name = f"scores-{reward.replace(':', '_').replace('/', '_')}.jsonl"
     with tempfile.TemporaryDirectory() as scratch:
         db_file = open_store(store, Path(scratch))
         specs = finished_specs(db_file)
@@ -439,12 +439,12 @@ def rescored_pool(
 
         def unscored(run_id: str = run.run_id) -> Any:
             raise SystemExit(
-                f"--pool-from: {scores / run_id / cache_name} lacks scores of the first {items} problems; "
+                f"--pool-from: {cache_file(scores, run_id, reward)} lacks scores of the first {items} problems; "
                 f"score them with: benchmarks/reward_rescore.py --store {store} --run {run_id} --rewards {reward} "
                 f"--items {items} --work {scores}"
             )
 
-        got, _ = rescore(records, unscored, scores / run.run_id / cache_name, progress=False)
+        got, _ = rescore(records, unscored, cache_file(scores, run.run_id, reward), progress=False)
         rescored = with_scores(run, records, got)
         out.append(
             replace(rescored, spec={**run.spec, "reward": reward, "rescored_from": run.spec.get("reward")})

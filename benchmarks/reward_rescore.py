@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gzip
 import json
 import shutil
@@ -59,6 +60,12 @@ def open_store(store: Path, scratch: Path) -> Path:
             shutil.copyfileobj(src, dst)
         return out
     return store
+
+
+def cache_file(work: Path, run_id: str, reward: str, suffix: str = "") -> Path:
+    """The score cache of ``reward`` for the run ``run_id`` under ``work`` (one per run and reward, so adding
+    a seed later reuses the others' scores); ``suffix`` names a variant (``-first128``: cut scores)."""
+    return work / run_id / f"scores-{reward.replace(':', '_').replace('/', '_')}{suffix}.jsonl"
 
 
 def finished_specs(db_file: Path) -> dict[str, dict[str, Any]]:
@@ -313,11 +320,10 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
         if order is not None:
             above.append(order)
         tiers = router(scores)
-        right = [s for s, y in g if y]
         keep_all.append(tiers.count(KEEP) / len(tiers))
         drop_all.append(tiers.count(DISCARD) / len(tiers))
-        if right:
-            right_tiers = [t for t, (_, y) in zip(tiers, g, strict=True) if y]
+        right_tiers = [t for t, (_, y) in zip(tiers, g, strict=True) if y]
+        if right_tiers:
             kept.append(right_tiers.count(KEEP) / len(right_tiers))
             dropped.append(right_tiers.count(DISCARD) / len(right_tiers))
     return {
@@ -354,7 +360,7 @@ def early_groups(
     return groups
 
 
-def early_table(rows: list[tuple[str, str, int, int, dict[str, Any]]], thetas: tuple[float, float]) -> str:
+def early_table(rows: list[tuple[str, str, int, int, dict[str, Any]]]) -> str:
     """The table of ``early_stats`` rows: (reward, where, cut candidates, candidates, stats)."""
     keep = next((st["keep_share"] for *_, st in rows if st["keep_share"] is not None), None)
     drop = next((st["drop_share"] for *_, st in rows if st["drop_share"] is not None), None)
@@ -401,7 +407,7 @@ def early_text(
         "early scores, the share of the right candidates that would be kept / discarded, beside the share "
         "of all candidates (what a score blind to correctness gives). Intervals: bootstrap over problems.",
         "",
-        early_table(early, thetas),
+        early_table(early),
     ]
 
 
@@ -447,7 +453,6 @@ def early_rows(
     }
     rows = []
     for name, by_run in finals.items():
-        n = 0
         for k in prefix:
             groups: list[list[tuple[float, bool]]] = []
             n_cut = n = 0
@@ -464,12 +469,8 @@ def early_rows(
                 n += sum(len(rec["candidates"]) for rec in recs)
             rows.append((name, f"{k} tokens", n_cut, n, early_stats(groups, thetas)))
         groups = []
-        for r in seeded:  # the same candidates scored whole, each seed by its own scores
-            whole = [
-                {**rec, "candidates": [{**c, "cut": False} for c in rec["candidates"]]}
-                for rec in cut[prefix[0]][r.run_id]
-            ]
-            groups += early_groups(whole, {}, by_run[r.run_id])
+        for r in seeded:  # the same candidates scored whole: their final scores, cut or not
+            groups += early_groups(cut[prefix[0]][r.run_id], by_run[r.run_id], by_run[r.run_id])
         rows.append((name, "the end (finished)", 0, n, early_stats(groups, thetas)))
     return rows
 
@@ -578,9 +579,7 @@ def main() -> None:
             policy = build_engine(args.engine, str(run.spec.get("model")), settings)
         return build_reward(name, policy, settings=settings)
 
-    def cache(run_id: str, name: str, suffix: str = "") -> Path:
-        """One score cache per run and reward, so adding a seed later reuses the others' scores."""
-        return Path(args.work) / run_id / f"scores-{name.replace(':', '_').replace('/', '_')}{suffix}.jsonl"
+    cache = functools.partial(cache_file, Path(args.work))
 
     try:
         for name in names:

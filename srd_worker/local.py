@@ -170,12 +170,21 @@ def write_summary(path: Path, summary: Summary) -> None:
 
 def close_all(objs: list[Any]) -> None:
     """Call the optional ``close()`` of engines (engines/base.py): vLLM's processes go away with them, so
-    ``srdq run`` exits when it is done, fails or is interrupted. (Rewards are cached process-wide by the
-    reward registry; a vLLM reward closes itself at interpreter exit.)"""
-    for obj in objs:
-        close = getattr(obj, "close", None)
-        if callable(close):
-            close()
+    ``srdq run`` exits when it is done, fails or is interrupted. When ``objs`` is not empty (the caller
+    built its engine: ``srdq run``, a sweep), the rewards the registry cached in this process are closed
+    too (``rewards.registry.close_rewards``): a judge on vLLM (``SRDQ_JUDGE_ENGINE=vllm``) or a ``vllm-rm``
+    holds vLLM processes of its own, which must not be left for interpreter exit to reap. A caller that
+    lends its engine (``engine=``) closes its rewards itself."""
+    try:
+        for obj in objs:
+            close = getattr(obj, "close", None)
+            if callable(close):
+                close()
+    finally:
+        if objs:
+            from srd_worker.rewards.registry import close_rewards
+
+            close_rewards()
 
 
 def refuse_other_config(

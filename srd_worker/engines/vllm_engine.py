@@ -331,6 +331,25 @@ def close_llm(owner: Any, procs: LLMProcesses) -> None:
     procs.guard = None
 
 
+def close_at_exit(owner: Any) -> None:
+    """Close ``owner`` (a ``VLLMEngine`` or ``VLLMReward``) when the interpreter exits, if it is still
+    alive and open then. Without it, an engine nobody closed (cached by a registry, or a caller's that
+    forgot) deadlocks the exit: multiprocessing's own exit hook joins vLLM's engine-core process, which
+    waits for its front end, this process, to shut it down. Hooks run last-registered first, so this one
+    (registered when the engine starts, after multiprocessing's) runs before that join. Holds a weak
+    reference: it keeps nothing alive."""
+    import atexit
+    import weakref
+
+    ref = weakref.ref(owner)
+
+    def close() -> None:
+        if (o := ref()) is not None:
+            o.close()
+
+    atexit.register(close)
+
+
 def import_vllm() -> Any:
     """The ``vllm`` module, or EngineError with install instructions when it is missing."""
     try:
@@ -556,6 +575,7 @@ class VLLMEngine:
             raise
         engine = cls(llm, tokenizer, model_name=name)
         engine._procs = procs
+        close_at_exit(engine)
         return engine
 
     # ------------------------------------------------------------------ generation

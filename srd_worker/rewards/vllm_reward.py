@@ -81,7 +81,13 @@ class VLLMReward:
         **llm_kwargs: Any,
     ) -> None:
         vllm = _import_vllm()
-        from srd_worker.engines.vllm_engine import LLMProcesses, prepare_process, start_llm, vllm_on_cpu
+        from srd_worker.engines.vllm_engine import (
+            LLMProcesses,
+            close_at_exit,
+            prepare_process,
+            start_llm,
+            vllm_on_cpu,
+        )
 
         if max_tokens_per_batch < 1:
             raise RewardError(f"max_tokens_per_batch must be >= 1, got {max_tokens_per_batch}")
@@ -118,16 +124,7 @@ class VLLMReward:
                     return vllm.LLM(task="reward", **common)
 
             llm, self._procs = start_llm(make)
-            import atexit
-            import weakref
-
-            ref = weakref.ref(self)
-
-            def close_at_exit() -> None:  # cached by the registry: close it when the process exits
-                if (r := ref()) is not None:
-                    r.close()
-
-            atexit.register(close_at_exit)
+            close_at_exit(self)  # cached by the registry: closed when the process exits, if not before
         self.llm = llm
 
     def close(self) -> None:

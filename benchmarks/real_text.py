@@ -175,8 +175,30 @@ def problem_groups(runs: list) -> list[list[tuple[float, bool]]]:
 
 
 def reward_auroc(bon_runs: list, *, resamples: int = 1000, seed: int = 0) -> dict:
-    """AUROC of the reward over Best-of-N's finished, graded candidates (``groups_auroc``)."""
-    return groups_auroc(problem_groups(bon_runs), resamples=resamples, seed=seed)
+    """AUROC of the reward over Best-of-N's finished, graded candidates (``groups_auroc``), and under
+    ``"above"`` the order within a problem (``within_problem_order``)."""
+    groups = problem_groups(bon_runs)
+    return {**groups_auroc(groups, resamples=resamples, seed=seed), "above": within_problem_order(groups)}
+
+
+def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
+    """The share of one problem's (right, wrong) candidate pairs whose right one scores higher, ties half;
+    None without both. What Best-of-N and a rank router act on: an order within the problem."""
+    right = [s for s, y in group if y]
+    wrong = [s for s, y in group if not y]
+    if not right or not wrong:
+        return None
+    return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
+
+
+def within_problem_order(groups: list[list[tuple[float, bool]]]) -> dict:
+    """``right_above_wrong`` averaged over the problems with right and wrong candidates, with its bootstrap
+    interval over problems (``reports.stats.bootstrap_ci`` as a dict: mean, low, high, and ``problems``
+    counting those problems). Chance
+    is 0.5: what Best-of-N and a rank router act on, where the pooled AUROC also compares across problems."""
+    from srd_worker.reports.stats import bootstrap_ci
+
+    return bootstrap_ci([o for o in (right_above_wrong(g) for g in groups) if o is not None]).to_dict()
 
 
 def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:
@@ -202,6 +224,18 @@ def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 100
         "correct": sum(y for _, y in flat),
         "problems": len(groups),
     }
+
+
+def order_text(above: dict) -> str:
+    """The reward line's within-problem clause (``within_problem_order``'s dict): a right candidate above a
+    wrong one of the same problem."""
+    if above["mean"] is None:
+        return ""
+    ci = f" [{100 * above['low']:.1f}, {100 * above['high']:.1f}]" if above["low"] is not None else ""
+    return (
+        f"; a right candidate above a wrong one of the same problem in **{100 * above['mean']:.1f}%**{ci} of "
+        f"pairs (chance 50%; the {above['problems']} problem-seeds with both)"
+    )
 
 
 def analyse_pool(bon_runs: list, budgets: list[int]) -> dict:
@@ -674,6 +708,7 @@ def main() -> None:
                 if a is None
                 else f"**{a:.3f}** [{roc['low']:.3f}, {roc['high']:.3f}] (bootstrap over problems)"
             )
+            + order_text(roc["above"])
         )
         body = [setting, "", roc_line, ""]
         if pool_only:

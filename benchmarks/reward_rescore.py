@@ -37,7 +37,13 @@ WORK = "/tmp/srdq-reward-rescore"  # the score caches' default folder
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.real_text import _ints, groups_auroc, problem_groups, reward_auroc  # noqa: E402
+from benchmarks.real_text import (  # noqa: E402
+    _ints,
+    groups_auroc,
+    problem_groups,
+    reward_auroc,
+    right_above_wrong,
+)
 
 
 def open_store(store: Path, scratch: Path) -> Path:
@@ -287,16 +293,6 @@ def cut_records(records: list[dict], tokenizer: Any, tokens: int, candidates: in
             )
         out.append({"item_id": rec["item_id"], "question": rec["question"], "candidates": cands})
     return out
-
-
-def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
-    """The share of one problem's (right, wrong) candidate pairs whose right one scores higher, ties half;
-    None without both. What Best-of-N and a rank router act on: an order within the problem."""
-    right = [s for s, y in group if y]
-    wrong = [s for s, y in group if not y]
-    if not right or not wrong:
-        return None
-    return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
 
 
 def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, float]) -> dict[str, Any]:

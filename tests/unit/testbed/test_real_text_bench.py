@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.real_text import auroc, reward_auroc
+from benchmarks.real_text import auroc, order_text, reward_auroc, right_above_wrong
 
 pytestmark = pytest.mark.unit
 
@@ -31,6 +31,36 @@ def test_reward_auroc_pools_candidates_and_bootstraps_problems():
     out = reward_auroc(runs, resamples=200)
     assert out["auroc"] == 1.0 and (out["low"], out["high"]) == (1.0, 1.0)
     assert (out["responses"], out["correct"], out["problems"]) == (4, 2, 2)  # unscored candidates left out
+    assert out["above"]["mean"] == 1.0 and out["above"]["problems"] == 2
+
+
+def test_within_problem_order_can_disagree_with_the_pooled_auroc():
+    """Each problem orders its candidates perfectly, but the scores of an easy problem sit above a hard
+    one's: the pooled AUROC falls below 1, the within-problem order (what Best-of-N acts on) does not;
+    a problem with only right (or only wrong) candidates has no pair and is left out."""
+
+    def rec(pairs):
+        return {"candidates": [{"reward": r, "correct": c} for r, c in pairs]}
+
+    runs = [
+        SimpleNamespace(
+            records=[
+                rec([(0.9, True), (0.7, False)]),  # easy problem: high scores
+                rec([(0.3, True), (0.1, False), (0.1, False)]),  # hard problem: low scores
+                rec([(0.5, True), (0.6, True)]),  # no wrong candidate: no pair
+            ]
+        )
+    ]
+    out = reward_auroc(runs, resamples=200)
+    assert out["auroc"] < 1.0  # the hard problem's right (0.3) below the easy one's wrong (0.7)
+    assert out["above"]["mean"] == 1.0 and out["above"]["problems"] == 2
+    assert right_above_wrong([(0.4, True), (0.4, False), (0.2, False)]) == pytest.approx(0.75)  # tie half
+    text = order_text(out["above"])
+    assert "**100.0%**" in text and "the 2 problem-seeds with both" in text
+    flipped = reward_auroc([SimpleNamespace(records=[rec([(0.1, True), (0.9, False)])])])
+    assert flipped["above"]["mean"] == 0.0 and flipped["above"]["low"] is None  # one problem: no interval
+    assert "**0.0%** of pairs" in order_text(flipped["above"])
+    assert order_text(reward_auroc([SimpleNamespace(records=[rec([(0.5, True)])])])["above"]) == ""
 
 
 def test_state_snapshot_round_trips_a_store_and_never_overwrites_one(tmp_path):

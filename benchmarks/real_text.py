@@ -194,8 +194,8 @@ def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
 def within_problem_order(groups: list[list[tuple[float, bool]]]) -> dict:
     """``right_above_wrong`` averaged over the problems with right and wrong candidates, with its bootstrap
     interval over problems (``reports.stats.bootstrap_ci`` as a dict: mean, low, high, and ``problems``
-    counting those problems). Chance
-    is 0.5: what Best-of-N and a rank router act on, where the pooled AUROC also compares across problems."""
+    counting those problems). Chance is 0.5: what Best-of-N and a rank router act on, where the pooled
+    AUROC also compares candidates across problems."""
     from srd_worker.reports.stats import bootstrap_ci
 
     return bootstrap_ci([o for o in (right_above_wrong(g) for g in groups) if o is not None]).to_dict()

@@ -178,7 +178,8 @@ def reward_auroc(bon_runs: list, *, resamples: int = 1000, seed: int = 0) -> dic
     """AUROC of the reward over Best-of-N's finished, graded candidates (``groups_auroc``), and under
     ``"above"`` the order within a problem (``within_problem_order``)."""
     groups = problem_groups(bon_runs)
-    return {**groups_auroc(groups, resamples=resamples, seed=seed), "above": within_problem_order(groups)}
+    above = within_problem_order(groups).to_dict()
+    return {**groups_auroc(groups, resamples=resamples, seed=seed), "above": above}
 
 
 def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
@@ -191,14 +192,13 @@ def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
     return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
 
 
-def within_problem_order(groups: list[list[tuple[float, bool]]]) -> dict:
+def within_problem_order(groups: list[list[tuple[float, bool]]]) -> Any:
     """``right_above_wrong`` averaged over the problems with right and wrong candidates, with its bootstrap
-    interval over problems (``reports.stats.bootstrap_ci`` as a dict: mean, low, high, and ``problems``
-    counting those problems). Chance is 0.5: what Best-of-N and a rank router act on, where the pooled
+    interval over problems (a ``reports.stats.Interval``; ``problems`` counts those problems). Chance is 0.5: what Best-of-N and a rank router act on, where the pooled
     AUROC also compares candidates across problems."""
     from srd_worker.reports.stats import bootstrap_ci
 
-    return bootstrap_ci([o for o in (right_above_wrong(g) for g in groups) if o is not None]).to_dict()
+    return bootstrap_ci([o for o in (right_above_wrong(g) for g in groups) if o is not None])
 
 
 def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:

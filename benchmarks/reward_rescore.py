@@ -40,9 +40,8 @@ from benchmarks._doc import replace_section  # noqa: E402
 from benchmarks.real_text import (  # noqa: E402
     _ints,
     groups_auroc,
-    problem_groups,
     reward_auroc,
-    right_above_wrong,
+    within_problem_order,
 )
 
 
@@ -210,7 +209,7 @@ def compare(runs: dict[str, list[Any]], base: str, ks: list[int]) -> dict[str, A
     """Per reward (its copies of the seeds' runs): AUROC with its bootstrap interval, Best-of-k accuracy
     for each k, and Best-of-k − ``base``'s Best-of-k paired by problem (over the seeds); plus the
     reward-free rows (sampling, majority@k, pass@k)."""
-    from srd_worker.reports.stats import bootstrap_ci
+    from srd_worker.reports.stats import Interval
     from srd_worker.testbed.experiment import kcurve_rows, paired_values
 
     rows = {
@@ -220,8 +219,7 @@ def compare(runs: dict[str, list[Any]], base: str, ks: list[int]) -> dict[str, A
     out: dict[str, Any] = {"rewards": {}}
     for name, seeded in runs.items():
         roc = reward_auroc(seeded)
-        orders = [right_above_wrong(g) for g in problem_groups(seeded)]
-        entry: dict[str, Any] = {"auroc": roc, "above": bootstrap_ci([o for o in orders if o is not None])}
+        entry: dict[str, Any] = {"auroc": roc, "above": Interval(**roc["above"])}  # reward_auroc's order
         for k in ks:
             mine = rows[name][("best_of_n", k)]
             entry[f"best_of_{k}"] = mine.accuracy
@@ -307,14 +305,11 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
     from srd_worker.reports.stats import bootstrap_ci
 
     router = RankRouter(*thetas)
-    above, tied, kept, dropped, keep_all, drop_all = [], [], [], [], [], []
+    tied, kept, dropped, keep_all, drop_all = [], [], [], [], []
     for g in groups:
         scores = [s for s, _ in g]
         pairs = [(a, b) for i, a in enumerate(scores) for b in scores[i + 1 :]]
         tied.append(sum(a == b for a, b in pairs) / len(pairs) if pairs else None)
-        order = right_above_wrong(g)
-        if order is not None:
-            above.append(order)
         tiers = router(scores)
         keep_all.append(tiers.count(KEEP) / len(tiers))
         drop_all.append(tiers.count(DISCARD) / len(tiers))
@@ -324,7 +319,7 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
             dropped.append(right_tiers.count(DISCARD) / len(right_tiers))
     return {
         "auroc": groups_auroc(groups),
-        "above": bootstrap_ci(above),
+        "above": within_problem_order(groups),
         "tied": bootstrap_ci([t for t in tied if t is not None]),
         "kept": bootstrap_ci(kept),
         "dropped": bootstrap_ci(dropped),

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from srd_worker.reports.rows import Point
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+TITLE_WIDTH = 72  # characters a title line holds at the figures' width and font size before it is cut off
 KCURVE_METRICS = (
     ("pass@k", "pass_at_k"),
     ("majority@k", "majority"),
@@ -70,13 +71,24 @@ def plot_frontier(points: Sequence[Point], path: str | Path, *, title: str, subt
     ax.set_ylabel("Accuracy" if metric == "accuracy" else "Mean reward")
     if metric == "accuracy":
         _percent_axis(ax)
-    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
+    ax.set_title(wrap_title(title + (f"\n{subtitle}" if subtitle else "")), fontsize=11)
     ax.grid(True, alpha=0.3)
     if methods:
         ax.legend(title="method", loc="best", frameon=True)
     path = Path(path)
     fig.savefig(path, format="png")
     return path
+
+
+def wrap_title(title: str, width: int = TITLE_WIDTH) -> str:
+    """``title`` with each of its lines broken at spaces to at most ``width`` characters (a word longer
+    than that stays whole): matplotlib cuts a long title off at the figure's edge instead of wrapping it."""
+    import textwrap
+
+    return "\n".join(
+        "\n".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False)) or line
+        for line in title.split("\n")
+    )
 
 
 def _save_accuracy_plot(fig: Any, ax: Any, path: str | Path, *, title: str, xlabel: str) -> Path:
@@ -86,7 +98,7 @@ def _save_accuracy_plot(fig: Any, ax: Any, path: str | Path, *, title: str, xlab
     ax.set_xlabel(xlabel)
     ax.set_ylabel("Accuracy (95% bootstrap intervals over problems)")
     _percent_axis(ax)
-    ax.set_title(title, fontsize=11)
+    ax.set_title(wrap_title(title), fontsize=11)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best")
     out = Path(path)

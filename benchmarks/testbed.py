@@ -123,19 +123,28 @@ def _f(v: float | None, digits: int = 3) -> str:
 def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     """Coupled SRD vs rejection sampling (runs of one configuration over seeds), as table cells: ``compare()``
     per seed (the coupling needs the same seed), pooled; Δ_n's interval over problems and seeds from the
-    per-(problem, seed) differences of R_max (two-stage bootstrap)."""
+    per-(problem, seed) differences of R_max (two-stage bootstrap). Only the seeds both methods have are
+    paired (``--partial`` analyses a grid whose rejection sampling lacks a seed SRD has); none: ValueError."""
     from srd_worker.reports.coupled import compare
     from srd_worker.reports.stats import bootstrap_ci
 
+    rs_by_seed = {r.spec.get("seed"): r for r in rs}
+    pairs = [
+        (s_run, rs_by_seed[s_run.spec.get("seed")]) for s_run in srd if s_run.spec.get("seed") in rs_by_seed
+    ]
+    if not pairs:
+        raise ValueError(
+            f"SRD (seeds {sorted(r.spec.get('seed') for r in srd)}) and rejection sampling (seeds "
+            f"{sorted(rs_by_seed)}) share no seed: the coupling needs the same seed"
+        )
     cs = []
     diff: dict[str, list[float | None]] = {}
-    for k, s_run in enumerate(srd):
-        (r_run,) = [r for r in rs if r.spec.get("seed") == s_run.spec.get("seed")]
+    for k, (s_run, r_run) in enumerate(pairs):
         cs.append(compare(s_run.records, r_run.records))
         rs_by = {x["item_id"]: (x.get("extra") or {}).get("R_max") for x in r_run.records}
         for x in s_run.records:
             a, b = (x.get("extra") or {}).get("R_max"), rs_by.get(x["item_id"])
-            diff.setdefault(x["item_id"], [None] * len(srd))[k] = (
+            diff.setdefault(x["item_id"], [None] * len(pairs))[k] = (
                 None if a is None or b is None else float(a) - float(b)
             )
     ci = bootstrap_ci(list(diff.values()))

@@ -236,6 +236,29 @@ def test_srd_is_paired_against_speculative_rejection_by_problem_and_seed():
     assert _paired_vs(srd, None) == "n/a (not run)" and _paired_vs(srd, []) == "n/a (not run)"
 
 
+def test_the_coupled_table_pairs_only_the_seeds_both_methods_have():
+    """``--partial`` while rejection sampling's seed 1 is still running: the coupled SRD vs RS cells pair
+    seed 0 alone (SRD's seed 1 has no partner from the same drafts) instead of failing, and two methods
+    with no seed in common are refused with both seed lists named."""
+    from benchmarks.testbed import coupled_cells
+
+    def run(method, seed, rmax):
+        records = [{"item_id": f"p{i}", "extra": {"R_max": r}} for i, r in enumerate(rmax)]
+        return SimpleNamespace(spec={"method": method, "n": 4, "seed": seed}, records=records)
+
+    srd = [run("srd", 0, [0.9, 0.5, 0.7]), run("srd", 1, [0.1, 0.1, 0.1])]
+    rs = [run("rejection_sampling", 0, [0.8, 0.5, 0.9])]
+    cells = coupled_cells(srd, rs)
+    # seed 0 only: one win, one tie, one loss over 3 problems; seed 1's low R_max would make Δ_n negative
+    assert cells["items"] == "3" and cells["wtl"] == "1 / 1 / 1"
+    assert cells["rmax_srd"] == "0.700" and cells["rmax_rs"] == "0.733"
+    assert cells["delta"].startswith("-0.033 [")
+    both = coupled_cells(srd, [*rs, run("rejection_sampling", 1, [0.1, 0.2, 0.1])])
+    assert both["items"] == "6" and both["wtl"] == "1 / 3 / 2"
+    with pytest.raises(ValueError, match=r"seeds \[1\].*seeds \[0\]"):
+        coupled_cells(srd[1:], rs)
+
+
 def test_beam_search_and_dvts_join_the_grid_only_when_asked():
     """--search-n 8 adds step-level beam search and DVTS at N = 8 (M = 4, the reward scoring each step), and
     the sweep validates; without it the grid, and so every run id, is the one earlier sessions ran."""

@@ -194,6 +194,27 @@ def _paired_vs(srd: list, other: list | None) -> str:
     return _pts(p.diff)
 
 
+def token_ratio(srd: list, other: list | None) -> float | None:
+    """Mean generated tokens per problem of ``other`` over SRD's, each side over the seeds both have (a
+    ``--partial`` grid may hold a seed of SRD that the other method has not run yet: pooling it would
+    compare different drafts); None where the other method was not run or a side has no tokens."""
+    from srd_worker.reports.rows import tokens_value
+
+    if not other:
+        return None
+    common = {r.spec.get("seed") for r in srd} & {r.spec.get("seed") for r in other}
+
+    def mean(runs: list) -> float | None:
+        vals = [
+            v for run in runs if run.spec.get("seed") in common for x in run.records
+            if (v := tokens_value(x)) is not None
+        ]  # fmt: skip
+        return sum(vals) / len(vals) if vals else None
+
+    a, b = mean(srd), mean(other)
+    return b / a if a and b is not None else None
+
+
 def analyse(
     reward: str,
     runs: list,
@@ -256,12 +277,11 @@ def analyse(
         srd, rs = by[("srd", n)], by.get(("rejection_sampling", n))  # a grid may leave RS out
         row = routing_row(_pooled(srd))
         t_srd = tok[("srd", n)].tokens.mean
-        t_rs = tok[("rejection_sampling", n)].tokens.mean if rs else None
         vs_rs, vs_sr = _paired_vs(srd, rs), _paired_vs(srd, by.get(("speculative_rejection", n)))
         if row is not None:
             routing.append(
                 f"| {n} | {row.events} | {_f(row.p_h)} | {_f(row.p_m)} | {_f(row.p_l)} | {row.refinements} "
-                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(t_rs / t_srd if t_rs and t_srd else None)} | {vs_rs} "
+                f"| {_f(row.rho)} | {_f(row.gain)} | {_f(token_ratio(srd, rs))} | {vs_rs} "
                 f"| {refined_answers(srd)} |"
             )
         if rs:

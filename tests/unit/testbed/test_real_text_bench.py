@@ -436,3 +436,20 @@ def test_a_pool_from_another_grid_carries_its_candidates_rescored(tmp_path, tiny
         out, scores, reward="judge:m", pool_n=2, seeds=[0], items=4, like={"params.max_new_tokens": 8}
     )
     assert same.run_id == run_id
+
+
+def test_the_token_ratio_compares_the_seeds_both_methods_have():
+    """The routing row's measured tokens RS / SRD under ``--partial``: SRD's seed 1, which rejection sampling
+    has not run yet, is left out of SRD's mean (pooling it compares different drafts); None without RS."""
+    from benchmarks.testbed import token_ratio
+
+    def run(method, seed, tokens):
+        records = [{"item_id": f"p{i}", "ledger": {"gen_tokens": t}} for i, t in enumerate(tokens)]
+        return SimpleNamespace(spec={"method": method, "n": 4, "seed": seed}, records=records)
+
+    srd = [run("srd", 0, [100, 300]), run("srd", 1, [1000, 1000])]
+    rs = [run("rejection_sampling", 0, [150, 250])]
+    assert token_ratio(srd, rs) == pytest.approx(1.0)  # seed 0 alone: 200 / 200
+    both = [*rs, run("rejection_sampling", 1, [500, 500])]
+    assert token_ratio(srd, both) == pytest.approx(350 / 600)
+    assert token_ratio(srd, None) is None and token_ratio(srd, []) is None

@@ -35,9 +35,13 @@ from srd_worker.rewards.base import RewardModel, accepts_finished
 COMPONENTS = ("drafter", "scorer", "editor", "router")
 
 
-def param(default: Any, help: str, **kwargs: Any) -> Any:
-    """A documented method parameter (``help`` is shown by ``srdq methods``)."""
-    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+def param(default: Any, help: str, *, in_id_at_default: bool = True, **kwargs: Any) -> Any:
+    """A documented method parameter (``help`` is shown by ``srdq methods``). ``in_id_at_default=False``
+    for a parameter added after runs were made: ``to_dict`` (so the spec and its run id) leaves it out
+    while it holds its default, so those runs keep their ids and resume."""
+    return dataclasses.field(
+        default=default, metadata={"help": help, "in_id_at_default": in_id_at_default, **kwargs}
+    )
 
 
 def _coerce(name: str, typ: Any, value: Any) -> Any:
@@ -107,7 +111,12 @@ class MethodParams:
         """Raise ConfigError for out-of-range values."""
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The parameters, except those marked ``in_id_at_default=False`` that hold their default."""
+        out = dataclasses.asdict(self)
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("in_id_at_default", True) and out.get(f.name) == f.default:
+                del out[f.name]
+        return out
 
     @classmethod
     def describe(cls) -> list[tuple[str, str, Any, str]]:

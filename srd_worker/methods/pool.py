@@ -43,8 +43,8 @@ from srd_worker.methods.base import GenCall, ItemState, MethodParams, ScoreCall,
 # ---------------------------------------------------------------------------------------------------
 # Parameters
 
-#: ``keep_candidates`` values; ``auto`` is the default and is left out of ``to_dict`` so the run ids of
-#: runs made before the parameter existed do not change.
+#: ``keep_candidates`` values; ``auto`` is the default and is left out of ``to_dict`` (``in_id_at_default``)
+#: so the run ids of runs made before the parameter existed do not change.
 KEEP_CANDIDATES = ("auto", "full", "answers", "none")
 #: ``auto`` keeps the candidates' text up to this many candidates per problem.
 FULL_CANDIDATES_MAX = 64
@@ -69,6 +69,7 @@ class DraftParams(MethodParams):
         "auto",
         "what the result record keeps of every candidate: full (text, reward, answer, tokens, finish), "
         "answers (the same without the text), none; auto = full for up to 64 candidates, else answers",
+        in_id_at_default=False,
     )
 
     #: May ``chunk_tokens`` be 0 (the whole budget in one round)? Only the fixed pools, which make no
@@ -91,14 +92,6 @@ class DraftParams(MethodParams):
         if self.chunk_tokens < (0 if self.whole_budget_allowed else 1):
             low = "0 (0 = the whole budget in one round)" if self.whole_budget_allowed else "1"
             raise ConfigError(f"chunk_tokens must be >= {low}, got {self.chunk_tokens}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """The parameters; ``keep_candidates`` only when it is not ``auto`` (run ids made before it
-        existed stay the same)."""
-        out = super().to_dict()
-        if out.get("keep_candidates") == "auto":
-            del out["keep_candidates"]
-        return out
 
     def candidates_mode(self, n_candidates: int) -> str:
         """``full``, ``answers`` or ``none`` for a problem with ``n_candidates`` candidates."""

@@ -14,7 +14,7 @@ PROPOSED choices (ALGORITHMS.md marks them so)
       multiple of m; without a drop j* = max(0, length - L_max); then j* ← max(j*, length - L_max).
       The earliest drop is searched over the WHOLE trajectory, so a drop before the last L_max tokens
       yields j* = length - L_max even if a later drop lies inside the tail (literal Alg. 1 reading).
-      ``l_max = 0`` disables the cap (the L_max = ∞ ablation of §1.12; callers pass ``math.inf``).
+      ``l_max = 0`` (or ``math.inf``) disables the cap (the L_max = ∞ ablation of §1.12).
     - ``search="tail"`` (SRD's ``boundary_search=tail``) looks for the earliest drop only among the
       checkpoint pairs (a, b) that end inside the regenerable tail (b > length - L_max), so a drop before
       the tail no longer hides a later one inside it; without such a drop j* = length - L_max as before.
@@ -134,10 +134,12 @@ class ThresholdRouter:
         return tiers
 
 
-def keep_count(alpha: float, pool_size: int) -> int:
+def keep_count(alpha: float, pool_size: int, min_keep: int = 1) -> int:
     """Speculative Rejection's survivors of one decision: ``round((1 - α)·|pool|)`` with Python's round
-    (banker's rounding, as the reference code), at least 1 (§2.3)."""
-    return max(1, int(round((1 - alpha) * pool_size)))
+    (banker's rounding, as the reference code, §2.3–2.4), at least ``min_keep``. The reference code has
+    no floor (``min_keep=0``): a decision that rounds to 0 ends the search. srdq's default floor of 1 is
+    its own choice: the best candidate goes on to finish instead of a partial response being the answer."""
+    return max(min_keep, int(round((1 - alpha) * pool_size)))
 
 
 def checkpoint_positions(m: int, length: int) -> list[int]:
@@ -151,7 +153,9 @@ def checkpoint_positions(m: int, length: int) -> list[int]:
 
 
 def _tail_start(length: int, l_max: float) -> int:
-    return int(max(0, length - l_max))
+    """Where the regenerable tail starts: ``length - l_max``, never below 0; ``l_max <= 0`` is no cap (the
+    SRD parameter's 0 = ∞), so the tail is the whole trajectory."""
+    return 0 if l_max <= 0 else int(max(0, length - l_max))
 
 
 BOUNDARY_SEARCHES = ("whole", "tail")

@@ -167,6 +167,10 @@ class SpeculativeSampling(Method[SpecState, SpecParamsT]):
 
 
 ENTROPY_SOURCES = ("raw", "processed")
+#: When EASD's entropy test runs (§5.2's ordering is PROPOSED, §10 item 10 open): ``accepted`` on a
+#: drafted token that passed the standard test (the specification's proposal, the default); ``first`` on
+#: every drafted token, before the standard test.
+PENALTY_ORDERS = ("accepted", "first")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +191,12 @@ class EASDParams(SpeculativeParams):
     entropy_source: str = param(
         "raw", "entropies of the raw distributions (softmax at temperature 1) or of the processed ones"
     )
+    penalty_order: str = param(
+        "accepted",
+        "when the entropy test runs: accepted = on a drafted token that passed the standard test (§5.2's "
+        "proposal); first = on every drafted token, before the standard test",
+        in_id_at_default=False,
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -204,6 +214,10 @@ class EASDParams(SpeculativeParams):
         if self.entropy_source not in ENTROPY_SOURCES:
             raise ConfigError(
                 f"entropy_source must be one of {', '.join(ENTROPY_SOURCES)}, got {self.entropy_source!r}"
+            )
+        if self.penalty_order not in PENALTY_ORDERS:
+            raise ConfigError(
+                f"penalty_order must be one of {', '.join(PENALTY_ORDERS)}, got {self.penalty_order!r}"
             )
 
 
@@ -227,6 +241,7 @@ class EASD(SpeculativeSampling[EASDParams]):
             overlap=p.overlap,
             beta=p.beta,
             entropy_source=p.entropy_source,
+            penalty_order=p.penalty_order,
         )
 
 

@@ -5,7 +5,9 @@ in) over the prompts of a calibration split, with a recording rule that sees eve
 accepted draft tokens and the first rejected one):
 
 - EASD: the per-token entropies of the draft's and the target's distributions at those positions, raw
-  (softmax at temperature 1) and processed, reported as percentiles → ``tau_q`` / ``tau_p``;
+  (softmax at temperature 1) and processed, reported as percentiles → ``tau_q`` / ``tau_p``; a greedy pass
+  (temperature 0) gives no processed percentiles (``null``: its processed distributions are one-hot, so
+  every entropy is 0 and such thresholds would let the entropy test always pass);
 - CSD: every rejection pair (draft token, target token = argmax of the target's logits) with its count,
   the offline correction memory ``OCM_CALIBRATE`` builds → the ``memory`` file.
 
@@ -88,13 +90,20 @@ def calibrate(
         tokens += sum(len(g.token_ids) for g in gens)
         if progress is not None:
             progress(min(start + batch, len(prompts)), len(prompts))
-    thresholds = {
+    thresholds: dict[str, Any] = {
         source: {
             model: {f"{p:g}": float(np.percentile(vals, p)) if vals else None for p in percentiles}
             for model, vals in by_model.items()
         }
         for source, by_model in rule.entropies.items()
     }
+    notes = {}
+    if temperature == 0:  # greedy: the processed distributions are one-hot, every entropy 0
+        thresholds["processed"] = None
+        notes["processed_note"] = (
+            "greedy calibration: the processed distributions are one-hot (entropy 0); calibrate with "
+            "--temperature > 0 for entropy_source=processed thresholds"
+        )
     return {
         "kind": "speculative_calibration",
         "draft_model": draft_model,
@@ -110,6 +119,7 @@ def calibrate(
         "generated_tokens": tokens,
         "positions": len(rule.entropies["raw"]["target"]),
         "entropy_percentiles": thresholds,
+        **notes,
         "mismatches": int(sum(rule.pairs.values())),
         "pairs": dict(sorted(rule.pairs.items(), key=lambda kv: (-kv[1], kv[0]))),
     }

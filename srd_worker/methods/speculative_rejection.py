@@ -9,8 +9,13 @@ Follows the reference code's semantics (§2.3, ``Zanette-Labs/SpeculativeRejecti
   its current (partial) text in ONE reward batch (finished candidates keep their final score);
 - rank the whole pool — finished candidates included: they stay in it and consume slots, but are never
   drafted again — by that reward, descending (ties: lowest candidate id), and keep the top
-  ``max(1, round((1 - α)·|pool|))`` (Python's ``round``: banker's rounding, as the reference code);
+  ``max(min_keep, round((1 - α)·|pool|))`` (Python's ``round``: banker's rounding, as the reference code);
 - stop when no kept candidate is unfinished;
+- ``min_keep`` (srdq's choice, not the reference code's): with the default 1 the best candidate always
+  survives, so a pool that rounds to no survivor (|pool| = 1 at α ≥ 0.5: 4 → 2 → 1 → round(0.5) = 0)
+  goes on drafting its best candidate to the end. ``min_keep=0`` is the reference code (§2.3): such a
+  decision ends the search, and the answer is the highest reward among the finished survivors and that
+  last round's scored candidates, which may be unfinished (a partial response, ``finish_reason`` None);
 - a candidate that finishes in a round is ranked with that round's pool and archived only if it survives
   the ranking (the reference code keeps only finished survivors): one rejected in the round it finishes
   can never be the answer;
@@ -56,17 +61,29 @@ __all__ = ["SpeculativeRejection", "SpeculativeRejectionParams", "keep_count"]
 class SpeculativeRejectionParams(PoolParams):
     n: int = param(10, "initial candidates (the reference code's memory-driven batch, here explicit)")
     alpha: float = param(0.5, "fraction of the ranked pool rejected at each decision point, 0 <= alpha < 1")
+    min_keep: int = param(
+        1,
+        "survivors of a decision at least (1: the best candidate always drafts on to finish; 0: the reference "
+        "code, where a decision that rounds round((1 - alpha)*pool) to 0 ends the search and the answer may "
+        "be that round's best partial response)",
+        in_id_at_default=False,
+    )
 
     def validate(self) -> None:
         super().validate()
         if not 0 <= self.alpha < 1:
             raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
+        if self.min_keep not in (0, 1):
+            raise ConfigError(
+                f"min_keep must be 0 (the reference code) or 1 (srdq's default), got {self.min_keep}"
+            )
 
 
 class SpecRejState(TrajectoryState):
     """``candidates``: the current pool, in candidate-id order."""
 
     finished: list[ArchiveEntry]  # every finished survivor, in the order it finished (ties: id order)
+    stopped: list[ArchiveEntry]  # min_keep=0: the unfinished candidates of a decision that kept none
     pool_sizes: list[list[int]]  # [pool size, kept] per decision
 
 
@@ -81,6 +98,7 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
             **new_state(item_id, question, prompt_ids),
             "candidates": [new_trajectory(i) for i in range(self.params.n)],
             "finished": [],
+            "stopped": [],
             "pool_sizes": [],
         }
 
@@ -91,10 +109,14 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
         score_positions(ctx, jobs)
         for state in states:
             pool = state["candidates"]
-            k = keep_count(p.alpha, len(pool))
+            k = keep_count(p.alpha, len(pool), p.min_keep)
             # every candidate is scored: drafted ones just now, finished ones in the round they finished
             order = rank_order(cast("list[float]", [c["reward"] for c in pool]))
             state["candidates"] = sorted((pool[i] for i in order[:k]), key=lambda c: c["id"])
+            if k == 0:  # min_keep=0: the search ends; the last round's scored drafts join the answer's pool
+                state["stopped"] = [
+                    {**archive_entry(c), "round": state["round"]} for c in pool if not is_finished(c)
+                ]
             for cand in state["candidates"]:  # finished survivors only, each once: the round it finished
                 if is_finished(cand) and cand["finished_round"] == state["round"]:
                     state["finished"].append(archive_entry(cand))
@@ -110,7 +132,8 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
         return str(res["response"]), res["reward"]
 
     def result(self, state: SpecRejState) -> dict[str, Any]:
-        best = best_completed(state["finished"])
+        stopped = state.get("stopped", [])  # absent from states checkpointed before min_keep existed
+        best = best_completed([*state["finished"], *stopped])
         return {
             "response": best["text"] if best else "",
             "reward": best["reward"] if best else None,
@@ -119,7 +142,7 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
             "rewards": [e["reward"] for e in state["finished"]],
             "finished_ids": [e["id"] for e in state["finished"]],
             "pool_sizes": state["pool_sizes"],
-            "candidates": finished_entries(state["finished"]),
+            "candidates": finished_entries([*state["finished"], *stopped]),
             "rounds": state["round"],
             "ledger_components": {k: dict(v) for k, v in state["ledger"]["components"].items()},
         }

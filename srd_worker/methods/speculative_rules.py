@@ -108,13 +108,23 @@ class LosslessRule:
 class EASDRule:
     """Entropy-aware speculative decoding (§5.2). Thresholds ``tau_q`` / ``tau_p`` in nats; entropies of the
     raw (``entropy_source='raw'``: softmax of the logits at temperature 1, before top-k/top-p) or the
-    processed distributions; top-N sets from the raw logits."""
+    processed distributions; top-N sets from the raw logits. ``penalty_order``: the entropy test on the
+    drafted tokens that passed the standard test (``accepted``, §5.2) or on every one before it (``first``)."""
 
     def __init__(
-        self, *, tau_q: float, tau_p: float, top_n: int, overlap: float, beta: float, entropy_source: str
+        self,
+        *,
+        tau_q: float,
+        tau_p: float,
+        top_n: int,
+        overlap: float,
+        beta: float,
+        entropy_source: str,
+        penalty_order: str = "accepted",
     ) -> None:
         self.tau_q, self.tau_p, self.top_n = tau_q, tau_p, top_n
         self.overlap, self.beta, self.entropy_source = overlap, beta, entropy_source
+        self.penalty_order = penalty_order
 
     def fires(self, step: SpecStep, i: int) -> bool:
         """Both entropies at or above their thresholds and the top-N sets overlapping at least ``overlap``."""
@@ -125,9 +135,27 @@ class EASDRule:
             return False
         return top_n_overlap(step.q_logits[i], step.p_logits[i], self.top_n) >= self.overlap
 
+    def penalised(self, step: SpecStep, i: int, x: int, rng: Any) -> Verdict | None:
+        """(b) the entropy-aware penalty on drafted token ``x`` at position ``i``: a resampled token from the
+        target with x's probability scaled by 1 − β, or None when the test does not fire or changes nothing."""
+        if not self.fires(step, i):
+            return None
+        # greedy: p is one-hot, so penalise the raw target distribution and take its argmax
+        base = softmax(step.p_logits[i]) if step.greedy else step.p[i].astype(np.float64)
+        pen = base.copy()
+        pen[x] *= 1.0 - self.beta
+        if pen.sum() <= 0:  # all the mass was on x: nothing else to resample; keep x
+            return None
+        token = int(np.argmax(pen)) if step.greedy else draw(pen / pen.sum(), rng)
+        if step.greedy and token == x:  # a small β left x the argmax: nothing changes
+            return None
+        return Verdict(i, token, {"easd_rejected": 1})
+
     def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
         gamma = len(step.draft_tokens)
         for i, x in enumerate(step.draft_tokens):
+            if self.penalty_order == "first" and (v := self.penalised(step, i, x, rng)) is not None:
+                return v
             # (a) the standard test
             if step.greedy:
                 t = int(np.argmax(step.p[i]))
@@ -137,18 +165,9 @@ class EASDRule:
                 px, qx = float(step.p[i][x]), float(step.q[i][x])
                 if not rng.random() < min(1.0, px / qx if qx > 0 else math.inf):
                     return Verdict(i, draw(residual(step.p[i], step.q[i]), rng))
-            # (b) the entropy-aware penalty on a token that passed (a)
-            if self.fires(step, i):
-                # greedy: p is one-hot, so penalise the raw target distribution and take its argmax
-                base = softmax(step.p_logits[i]) if step.greedy else step.p[i].astype(np.float64)
-                pen = base.copy()
-                pen[x] *= 1.0 - self.beta
-                if pen.sum() <= 0:  # all the mass was on x: nothing else to resample; keep x
-                    continue
-                token = int(np.argmax(pen)) if step.greedy else draw(pen / pen.sum(), rng)
-                if step.greedy and token == x:  # a small β left x the argmax: nothing changes
-                    continue
-                return Verdict(i, token, {"easd_rejected": 1})
+            # (b) on a token that passed (a)
+            if self.penalty_order == "accepted" and (v := self.penalised(step, i, x, rng)) is not None:
+                return v
         bonus = int(np.argmax(step.p[gamma])) if step.greedy else draw(step.p[gamma], rng)
         return Verdict(gamma, bonus)
 

@@ -728,3 +728,44 @@ def test_greedy_speculative_equals_target_greedy_on_the_testbed(testbed_engine):
     out = testbed_engine.speculate(reqs, LosslessRule(), draft_model="testbed-draft", gamma=4)
     assert [g.token_ids for g in out] == [g.token_ids for g in ref]
     assert sum(g.stats["accepted"] for g in out) > 0  # the trained draft does get tokens accepted
+
+
+def test_easd_penalty_order_first_tests_every_drafted_token_before_the_standard_test():
+    """§5.2's ordering is PROPOSED: ``penalty_order=first`` runs the entropy test before the standard one,
+    so a token the standard test would reject is penalised instead (counted as an EASD rejection, one
+    uniform); the default ``accepted`` rejects it by the standard test (residual, not counted)."""
+    flat = np.zeros((2, 4))  # raw logits flat: H = ln 4 ≥ 0 and top-2 {0, 1} on both sides, so it fires
+    # x = 0 with p/q = 0.1 / 0.9: u = 0.5 rejects it; the residual max(0, p − q) = [0, .8, 0, 0] → token 1
+    step = _step([0], [[0.9, 0.1, 0.0, 0.0]], [[0.1, 0.9, 0.0, 0.0]] * 2, q_logits=flat[:1], p_logits=flat)
+
+    def rule(order: str) -> EASDRule:
+        return EASDRule(
+            tau_q=0.0, tau_p=0.0, top_n=2, overlap=1.0, beta=1.0, entropy_source="raw", penalty_order=order
+        )
+
+    rng = Uniforms(0.5, 0.5)
+    v = rule("accepted").verify(0, step, rng)
+    assert (v.accepted, v.token, v.counts, rng.left) == (0, 1, {}, [])
+    rng = Uniforms(0.5, 0.5)  # β = 1 removes x from p: [0, .9, 0, 0] → token 1, one uniform left unused
+    v = rule("first").verify(0, step, rng)
+    assert (v.accepted, v.token, v.counts, rng.left) == (0, 1, {"easd_rejected": 1}, [0.5])
+    # greedy, a draft token that is not the target's argmax: the standard test's argmax, or the penalty's
+    z = np.array([[0.0, 2.0, 1.0], [0.0, 0.0, 0.0]])
+    p = np.eye(3)[[1, 0]]
+    g = _step([2], p[:1], p, greedy=True, q_logits=z[:1], p_logits=z)
+    assert rule("accepted").verify(0, g, None).counts == {}
+    v = rule("first").verify(0, g, None)
+    assert (v.accepted, v.token, v.counts) == (0, 1, {"easd_rejected": 1})
+
+
+def test_easd_penalty_order_is_a_parameter_that_keeps_old_run_ids():
+    from srd_worker.errors import ConfigError
+    from srd_worker.methods.registry import build_method
+
+    base = {"tau_q": 1.0, "tau_p": 1.0, "draft_model": "d"}
+    assert "penalty_order" not in build_method("easd", base).params.to_dict()
+    assert (
+        build_method("easd", {**base, "penalty_order": "first"}).params.to_dict()["penalty_order"] == "first"
+    )
+    with pytest.raises(ConfigError, match="penalty_order must be one of accepted, first"):
+        build_method("easd", {**base, "penalty_order": "before"})

@@ -135,6 +135,10 @@ def test_boundary_never_negative_and_short_responses():
 def test_uncapped_boundary():
     s = full(10, 100, [1, 2, 1.5, 3, 4, 5, 6, 7, 8, 9])
     assert find_boundary(s, 10, 100, math.inf) == 20
+    # l_max = 0 is the SRD parameter's "no cap", in the pure functions too (not "regenerate nothing")
+    assert find_boundary(s, 10, 100, 0) == 20
+    assert find_boundary(full(10, 30, [1, 2, 3]), 10, 30, 0) == 0  # no drop: all of it may be regenerated
+    assert resolve_boundary(s, 10, 100, 0) == (20, [])
 
 
 def test_absent_checkpoints_are_skipped():
@@ -256,8 +260,9 @@ def test_lazy_resolution_agrees_with_find_boundary(m, length, l_max, values, kno
     pos = checkpoint_positions(m, length)
     s = dict(zip(pos, values, strict=False))
     expected = find_boundary(s, m, length, l_max)
-    assert max(0, length - l_max) <= expected <= length
-    assert expected == 0 or expected == length - l_max or expected % m == 0
+    tail = 0 if l_max == 0 else max(0, length - l_max)  # l_max = 0: no cap
+    assert tail <= expected <= length
+    assert expected in (0, tail) or expected % m == 0
     partial = {j: v for j, v, k in zip(pos, values, known, strict=False) if k or j == length}
     j, missing = resolve_boundary(partial, m, length, l_max)
     if j is None:

@@ -75,6 +75,9 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     "rs_rank": ("rejection_sampling", BASE, "hash"),
     "rs_absolute": ("rejection_sampling", {**BASE, "variant": "absolute", "threshold": 0.6}, "hash"),
     "specrej": ("speculative_rejection", BASE, "hash"),
+    # Δ = 2 of 12 tokens: 6 -> 3 -> 2 -> 1 -> round(0.5) = 0 before anything finishes by length
+    "specrej_floor": ("speculative_rejection", {**BASE, "chunk_tokens": 2}, "hash"),
+    "specrej_reference": ("speculative_rejection", {**BASE, "chunk_tokens": 2, "min_keep": 0}, "hash"),
 }
 CASES = {k: (m, p, "arith" if k in ARITH else r) for k, (m, p, r) in CASES.items()}
 
@@ -142,7 +145,9 @@ def test_runs_to_completion_and_resume_is_identical(runs, name):
     run = runs(name)
     assert all(run.method.done(s) for s in run.states)
     for res in run.results:
-        assert res["response"] and res["finish_reason"] in ("eos", "stop", "length")
+        # min_keep=0 (the reference code) may answer with the partial response a decision left no room for
+        partial_ok = name == "specrej_reference" and res["finish_reason"] is None
+        assert res["response"] and (res["finish_reason"] in ("eos", "stop", "length") or partial_ok)
         json.dumps(res)
     assert run.snapshot is not None, "the run should take more than one round"
     resumed = run.resumed()
@@ -276,6 +281,33 @@ def test_speculative_rejection_prunes_by_round_and_answers_best_finished(runs):
         assert s["ledger"]["components"]["editor"]["calls"] == 0
 
 
+def test_speculative_rejection_min_keep_floor_or_the_reference_codes_stop(runs):
+    """At α = 0.5 a pool of one rounds to no survivor (round(0.5) = 0). srdq's default floor keeps the best
+    candidate drafting to the end; min_keep=0 (the reference code, §2.3) ends the search there and answers
+    with the best of the finished survivors and that round's scored drafts, which may be unfinished."""
+    floor, ref = runs("specrej_floor"), runs("specrej_reference")
+    for s in floor.states:
+        assert all(kept >= 1 for _, kept in s["pool_sizes"]) and s["pool_sizes"][-1][1] == 1
+        assert s["stopped"] == []
+    stopped_any = False
+    for s, res, f in zip(ref.states, ref.results, floor.states, strict=True):
+        sizes = s["pool_sizes"]
+        for pool, kept in sizes:
+            assert kept == keep_count(0.5, pool, 0)
+        pool_out = [e for e in s["stopped"] if e["finish"] is None]
+        stopped_any |= bool(pool_out)
+        if sizes[-1] == [1, 0]:  # the decision that kept none ended the search
+            assert s["candidates"] == [] and len(sizes) < len(f["pool_sizes"])  # the floor drafts on
+        entries = s["finished"] + s["stopped"]
+        assert res["reward"] == max(e["reward"] for e in entries)
+        assert {c["id"] for c in res["candidates"]} == {e["id"] for e in entries}
+    assert stopped_any, "the search should have stopped with an unfinished draft in at least one problem"
+    assert keep_count(0.5, 1) == 1 and keep_count(0.5, 1, 0) == 0 and keep_count(0.5, 3, 0) == 2
+    p = build_method("speculative_rejection", {}).params
+    assert "min_keep" not in p.to_dict()  # run ids made before the parameter existed stay
+    assert build_method("speculative_rejection", {"min_keep": 0}).params.to_dict()["min_keep"] == 0
+
+
 def test_params_validation():
     from srd_worker.errors import ConfigError
 
@@ -287,6 +319,8 @@ def test_params_validation():
         build_method("rejection_sampling", {"variant": "absolute"})
     with pytest.raises(ConfigError, match="alpha"):
         build_method("speculative_rejection", {"alpha": 1.0})
+    with pytest.raises(ConfigError, match="min_keep must be 0"):
+        build_method("speculative_rejection", {"min_keep": 2})
     p = build_method("srd", {}).params
     assert (
         p.n,

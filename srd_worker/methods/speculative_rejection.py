@@ -15,7 +15,8 @@ Follows the reference code's semantics (§2.3, ``Zanette-Labs/SpeculativeRejecti
   survives, so a pool that rounds to no survivor (|pool| = 1 at α ≥ 0.5: 4 → 2 → 1 → round(0.5) = 0)
   goes on drafting its best candidate to the end. ``min_keep=0`` is the reference code (§2.3): such a
   decision ends the search, and the answer is the highest reward among the finished survivors and that
-  last round's scored candidates, which may be unfinished (a partial response, ``finish_reason`` None);
+  last round's scored candidates (one that finished in that round included), which may be unfinished (a
+  partial response, ``finish_reason`` None);
 - a candidate that finishes in a round is ranked with that round's pool and archived only if it survives
   the ranking (the reference code keeps only finished survivors): one rejected in the round it finishes
   can never be the answer;
@@ -83,7 +84,7 @@ class SpecRejState(TrajectoryState):
     """``candidates``: the current pool, in candidate-id order."""
 
     finished: list[ArchiveEntry]  # every finished survivor, in the order it finished (ties: id order)
-    stopped: list[ArchiveEntry]  # min_keep=0: the unfinished candidates of a decision that kept none
+    stopped: list[ArchiveEntry]  # min_keep=0: a decision that kept none: its candidates not archived yet
     pool_sizes: list[list[int]]  # [pool size, kept] per decision
 
 
@@ -113,9 +114,12 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
             # every candidate is scored: drafted ones just now, finished ones in the round they finished
             order = rank_order(cast("list[float]", [c["reward"] for c in pool]))
             state["candidates"] = sorted((pool[i] for i in order[:k]), key=lambda c: c["id"])
-            if k == 0:  # min_keep=0: the search ends; the last round's scored drafts join the answer's pool
+            if k == 0:  # min_keep=0: the search ends; this round's scored candidates join the answer's pool
+                # (those that finished in an earlier round survived it and are archived already)
                 state["stopped"] = [
-                    {**archive_entry(c), "round": state["round"]} for c in pool if not is_finished(c)
+                    {**archive_entry(c), "round": state["round"]}
+                    for c in pool
+                    if not is_finished(c) or c["finished_round"] == state["round"]
                 ]
             for cand in state["candidates"]:  # finished survivors only, each once: the round it finished
                 if is_finished(cand) and cand["finished_round"] == state["round"]:

@@ -78,6 +78,12 @@ CASES: dict[str, tuple[str, dict[str, Any], str]] = {
     # Δ = 2 of 12 tokens: 6 -> 3 -> 2 -> 1 -> round(0.5) = 0 before anything finishes by length
     "specrej_floor": ("speculative_rejection", {**BASE, "chunk_tokens": 2}, "hash"),
     "specrej_reference": ("speculative_rejection", {**BASE, "chunk_tokens": 2, "min_keep": 0}, "hash"),
+    # n = 4, Δ = 4 of 12: 4 -> 2 -> 1, and the last one finishes (length) in the round that keeps none
+    "specrej_reference_ends": (
+        "speculative_rejection",
+        {**BASE, "n": 4, "chunk_tokens": 4, "min_keep": 0},
+        "hash",
+    ),
 }
 CASES = {k: (m, p, "arith" if k in ARITH else r) for k, (m, p, r) in CASES.items()}
 
@@ -302,6 +308,13 @@ def test_speculative_rejection_min_keep_floor_or_the_reference_codes_stop(runs):
         assert res["reward"] == max(e["reward"] for e in entries)
         assert {c["id"] for c in res["candidates"]} == {e["id"] for e in entries}
     assert stopped_any, "the search should have stopped with an unfinished draft in at least one problem"
+    # the one candidate left finishes in the round whose decision keeps none: rejected by the ranking,
+    # yet part of that round's scored candidates, so it is the answer (the reference code's last round)
+    ends = runs("specrej_reference_ends")
+    for s, res in zip(ends.states, ends.results, strict=True):
+        assert s["pool_sizes"] == [[4, 2], [2, 1], [1, 0]] and s["finished"] == []
+        assert [e["finish"] for e in s["stopped"]] == ["length"]
+        assert res["response"] == s["stopped"][0]["text"] and res["finish_reason"] == "length"
     assert keep_count(0.5, 1) == 1 and keep_count(0.5, 1, 0) == 0 and keep_count(0.5, 3, 0) == 2
     p = build_method("speculative_rejection", {}).params
     assert "min_keep" not in p.to_dict()  # run ids made before the parameter existed stay

@@ -14,6 +14,7 @@ from srd_worker.errors import CapabilityError, ConfigError
 from srd_worker.methods.base import Method, MethodParams
 from srd_worker.methods.beam_search import BeamSearch
 from srd_worker.methods.best_of_n import BestOfN
+from srd_worker.methods.draw_until_accept import DrawUntilAccept
 from srd_worker.methods.dvts import DVTS
 from srd_worker.methods.nabla_reasoner import NablaReasoner
 from srd_worker.methods.rejection_sampling import RejectionSampling
@@ -61,6 +62,7 @@ METHODS: Registry[MethodEntry] = Registry(
             SelfConsistency,
             SRD,
             RejectionSampling,
+            DrawUntilAccept,  # §3.2(b): absolute-threshold rejection sampling over full samples
             SpeculativeRejection,
             SpeculativeSampling,  # the speculative family (ALGORITHMS.md §5-§7)
             EASD,

@@ -20,8 +20,8 @@ the best-ranked one survives (min-1 guard, PAPER SRD App. E). Calibrate the thre
 Answer, statistics and ledger as in SRD (argmax final reward over the surviving completed trajectories,
 ties → earliest finished, then lowest id; ``archive_all`` chooses among every completed draft).
 
-Left out: §3.2(b)'s draw-until-accept loop over full samples with a total budget B and a
-samples-to-first-accept report (the threshold here prunes a fixed pool of n drafts instead).
+§3.2(b)'s draw-until-accept loop over full samples with a total budget B and a samples-to-first-accept
+report is its own method, ``draw_until_accept`` (the threshold here prunes a fixed pool of n drafts).
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ EXTRA = {
     "srd": {"n": 4, "l_max": 12},
     "rejection_sampling": {"n": 4},
     "speculative_rejection": {"n": 4},
+    # the arithmetic reward is mostly a neutral 0.5 on SmolLM2's text: a second batch is usually drawn
+    "draw_until_accept": {"threshold": 0.6, "batch": 1, "budget": 2},
     # the speculative family, with SmolLM2 as its own draft (the same tokenizer; a real second model load)
     "speculative_sampling": {"draft_model": "smollm2", "gamma": 3},
     "easd": {"draft_model": "smollm2", "gamma": 3, "tau_q": 1.0, "tau_p": 1.0},

@@ -54,6 +54,8 @@ def test_method_entries_say_what_their_classes_say():
         )
         if name == "easd":
             params |= {"tau_q": 1.0, "tau_p": 1.0}
+        if name == "draw_until_accept":
+            params |= {"threshold": 0.5}
         assert type(entry.build(params)) is cls
 
 

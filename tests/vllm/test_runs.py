@@ -58,6 +58,8 @@ def method_args(method: str) -> list[str]:
         args += ["--set", "draft_model=testbed-draft"]
     if "tau_q" in fields:
         args += ["--set", "tau_q=1.0", "--set", "tau_p=1.0"]
+    if method == "draw_until_accept":  # its reward threshold is required
+        args += ["--set", "threshold=0.6", "--set", "batch=2", "--set", "budget=4"]
     if cls.needs_reward:
         args += ["--reward", "arithmetic"]
     return args

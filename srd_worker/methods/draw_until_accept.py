@@ -74,8 +74,8 @@ class DrawUntilAccept(Method[DrawUntilAcceptState, DrawUntilAcceptParams]):
     name = "draw_until_accept"
     Params = DrawUntilAcceptParams
     summary = (
-        "absolute-threshold rejection sampling (§3.2b): draw batches of full samples until one scores "
-        ">= threshold or the budget B is spent"
+        "absolute-threshold rejection sampling (§3.2b): draw batches of full samples until `accept` of "
+        "them score >= threshold or the budget B is spent"
     )
     needs_reward = True
 

@@ -38,7 +38,9 @@ from srd_worker.methods.pool import (
     new_candidate,
     pool_entries,
     score_responses,
+    scores,
 )
+from srd_worker.methods.routing import rank_order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +68,7 @@ class DrawUntilAcceptParams(DraftParams):
             raise ConfigError(f"batch ({self.batch}) must not exceed budget ({self.budget})")
 
 
-class DrawUntilAcceptState(PoolState):
-    first_accept: int | None  # 1-based draw index of the first accepted sample
-
-
-class DrawUntilAccept(Method[DrawUntilAcceptState, DrawUntilAcceptParams]):
+class DrawUntilAccept(Method[PoolState, DrawUntilAcceptParams]):
     name = "draw_until_accept"
     Params = DrawUntilAcceptParams
     summary = (
@@ -79,51 +77,41 @@ class DrawUntilAccept(Method[DrawUntilAcceptState, DrawUntilAcceptParams]):
     )
     needs_reward = True
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> DrawUntilAcceptState:
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> PoolState:
         return {
             **new_state(item_id, question, prompt_ids),
             "candidates": [new_candidate() for _ in range(self.params.batch)],
-            "first_accept": None,
         }
 
-    def _accepted(self, state: DrawUntilAcceptState) -> list[int]:
+    def _accepted(self, state: PoolState) -> list[int]:
+        """Indices, in draw order, of the scored samples at or above the threshold (NaN never is)."""
         r_star = self.params.threshold
         assert r_star is not None  # validate() refuses a missing threshold
         return [
-            i
-            for i, c in enumerate(state["candidates"])
-            if c["reward"] is not None and not math.isnan(c["reward"]) and c["reward"] >= r_star
+            i for i, c in enumerate(state["candidates"]) if c["reward"] is not None and c["reward"] >= r_star
         ]
 
-    def step(self, states: list[DrawUntilAcceptState], ctx: StepContext) -> list[DrawUntilAcceptState]:
+    def step(self, states: list[PoolState], ctx: StepContext) -> list[PoolState]:
         p = self.params
         draft_round(states, ctx, p)
         fresh = [(s, c) for s in states for c in s["candidates"] if is_finished(c) and c["reward"] is None]
         score_responses(ctx, fresh)
         for s in states:
             if all(is_finished(c) for c in s["candidates"]):  # the batch is drawn and scored
-                accepted = self._accepted(s)
-                if accepted and s["first_accept"] is None:
-                    s["first_accept"] = accepted[0] + 1
                 drawn = len(s["candidates"])
-                if len(accepted) >= p.accept or drawn >= p.budget:
+                if len(self._accepted(s)) >= p.accept or drawn >= p.budget:
                     s["done"] = True
                 else:
                     s["candidates"] += [new_candidate() for _ in range(min(p.batch, p.budget - drawn))]
             s["round"] += 1
         return states
 
-    def result(self, state: DrawUntilAcceptState) -> dict[str, Any]:
+    def result(self, state: PoolState) -> dict[str, Any]:
         cands = state["candidates"]
-        accepted = self._accepted(state)
+        accepted = self._accepted(state)  # samples are only appended and scored once: draw order is stable
         pool = accepted or [i for i, c in enumerate(cands) if c["reward"] is not None]
-        best = None
-        for i in pool:  # highest reward; the earliest drawn on ties (NaN ranks last)
-            r = cands[i]["reward"]
-            r = -math.inf if r is None or math.isnan(r) else r
-            if best is None or r > best[0]:
-                best = (r, i)
-        chosen = best[1] if best else None
+        # highest reward; the earliest drawn on ties, NaN last (rank_order's stable sort)
+        chosen = pool[rank_order(scores([cands[i] for i in pool]))[0]] if pool else None
         cand = cands[chosen] if chosen is not None else None
         return {
             "response": cand["text"] if cand else "",
@@ -133,7 +121,7 @@ class DrawUntilAccept(Method[DrawUntilAcceptState, DrawUntilAcceptParams]):
             "rewards": [c["reward"] for c in cands],
             "drawn": len(cands),
             "accepted": len(accepted),
-            "samples_to_first_accept": state["first_accept"],
+            "samples_to_first_accept": accepted[0] + 1 if accepted else None,
             "threshold": self.params.threshold,
             "candidates": pool_entries(cands),
         }

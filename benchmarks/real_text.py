@@ -6,7 +6,7 @@ CPU build (``--dataset math500`` for MATH500, the paper's Tables 2, 6 and 7 sett
         [--rewards logprob,judge:qwen2.5-coder-1.5b] [--model qwen2.5-coder-0.5b] [--engine vllm]
         [--max-new-tokens 512] [--chunk-tokens 128] [--work /tmp/srdq-real-text] [--methods M,...]
         [--analyse-only [FOLDER...]] [--no-write] [--state DIR [--save-state]]
-        [--pool-from STORE [--pool-scores DIR]]
+        [--pool-from STORE [--pool-scores DIR]] [--search-n 8 [--search-reward R [--search-aggregation A]]]
 
 Per reward, one sweep (``srd_worker.testbed.experiment.run_grid``: the ``srdq run --sweep`` runner, so an
 interrupted benchmark resumes where it stopped, shard by shard) of ``best_of_n`` at the largest N (its
@@ -19,7 +19,8 @@ gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N and self-cons
 paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
 (an interval from a bootstrap over problems); with ``--search-n``, beam search and DVTS paired against
 Best-of-N and SRD at the same N, and what their final candidates hold beside Best-of-N's (distinct
-answers, some candidate right, a vote over them). Writes docs/real_text_<slug>.png and the
+answers, some candidate right, a vote over them); ``--search-reward`` gives the searches a process reward
+of their own (``judge-step:MODEL``: a second sweep whose runs go into the grid's store). Writes docs/real_text_<slug>.png and the
 ``real-text-<slug>`` section of docs/PERFORMANCE.md (``--tag T``: ``<slug>_T``).
 """
 
@@ -38,6 +39,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
 from benchmarks.testbed import _f, _pts, analyse, collect  # noqa: E402
+
+#: the step-level searches (``--search-n``), which may score with a reward of their own (``--search-reward``)
+SEARCH = ("beam_search", "dvts")
 
 
 def _ints(text: str) -> list[int]:
@@ -58,17 +62,16 @@ def real_sweep(
     shard_size: int = 16,
     pool_n: int | None = None,
     search_n: list[int] | None = None,
+    aggregation: str | None = None,
 ) -> dict:
     """The grid's sweep. ``search_n`` adds step-level beam search and DVTS at those N (M = 4, a step ends at
-    a blank line or after ``chunk`` tokens); left out by default, so an earlier grid's sweep is unchanged."""
+    a blank line or after ``chunk`` tokens); left out by default, so an earlier grid's sweep is unchanged.
+    ``aggregation``: the searches' step-score aggregation where it is not the method's default (``last``;
+    left out of the parameters otherwise, so their run ids stay those of the earlier grids)."""
     adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
+    step = {"beam_width": 4} | ({"aggregation": aggregation} if aggregation else {})
     search = (
-        [
-            {"method": m, "n": search_n, "params": {**adaptive, "beam_width": 4}}
-            for m in ("beam_search", "dvts")
-        ]
-        if search_n
-        else []
+        [{"method": m, "n": search_n, "params": {**adaptive, **step}} for m in SEARCH] if search_n else []
     )
     return {
         "dataset": dataset,
@@ -285,9 +288,6 @@ def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
         out["paired"],
         "",
     ]
-
-
-SEARCH = ("beam_search", "dvts")
 
 
 def _seed(run: Any) -> int:
@@ -519,6 +519,20 @@ def main() -> None:
         help="also run step-level beam search and DVTS at these N (e.g. 8; M = 4, a step ends at a blank "
         "line or after --chunk-tokens tokens, scored by the reward); left out by default",
     )
+    ap.add_argument(
+        "--search-reward",
+        default=None,
+        metavar="REWARD",
+        help="the process reward of --search-n's beam search and DVTS (e.g. judge-step:qwen2.5-coder-1.5b) in "
+        "place of the grid's reward; their runs go into the grid's store and its section",
+    )
+    ap.add_argument(
+        "--search-aggregation",
+        default="min",
+        choices=("last", "min", "prod"),
+        help="with --search-reward: a beam's score from its step scores (default min: a step reward such as "
+        "judge-step's rates one step, so a beam is as good as its weakest step)",
+    )
     ap.add_argument("--rewards", default="logprob,judge:qwen2.5-coder-1.5b")
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--engine", default="vllm")
@@ -564,6 +578,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.save_state and not args.state:
         ap.error("--save-state needs --state DIR")
+    if args.search_reward and not args.search_n:
+        ap.error("--search-reward needs --search-n (the searches' N)")
 
     import matplotlib
 
@@ -589,8 +605,29 @@ def main() -> None:
             chunk=args.chunk_tokens,
             shard_size=args.shard_size,
             pool_n=args.pool_n,
-            search_n=_ints(args.search_n) or None,
+            search_n=None if args.search_reward else _ints(args.search_n) or None,
         )
+        # the searches with a process reward of their own: a second sweep, its runs in the same store
+        search_sweep = (
+            real_sweep(
+                reward=args.search_reward,
+                dataset=args.dataset,
+                model=args.model,
+                engine=args.engine,
+                items=args.items,
+                seeds=seeds,
+                budgets=budgets,
+                max_new=args.max_new_tokens,
+                chunk=args.chunk_tokens,
+                shard_size=args.shard_size,
+                search_n=_ints(args.search_n),
+                aggregation=args.search_aggregation,
+            )
+            if args.search_reward
+            else None
+        )
+        if search_sweep is not None:
+            search_sweep["methods"] = [m for m in search_sweep["methods"] if m["method"] in SEARCH]
         work = Path(args.work) / (
             reward.replace(":", "_")
             if args.dataset == "gsm8k"
@@ -610,8 +647,9 @@ def main() -> None:
             sweep["methods"] = [m for m in sweep["methods"] if m["method"] != "best_of_n"]
         if args.methods:
             keep = args.methods.split(",")
-            sweep["methods"] = [m for m in sweep["methods"] if m["method"] in keep]
-            run_grid(sweep, work, settings=settings)
+            for grid in (sweep, search_sweep):
+                if grid is not None and (chosen := [m for m in grid["methods"] if m["method"] in keep]):
+                    run_grid({**grid, "methods": chosen}, work, settings=settings)
             continue
         dataset_name = {"gsm8k": "GSM8K", "math500": "MATH500"}.get(args.dataset, args.dataset)
         t0 = time.perf_counter()
@@ -626,11 +664,22 @@ def main() -> None:
             )
         else:
             runs = run_grid(sweep, work, settings=settings)
+        if search_sweep is not None:
+            runs += (
+                collect(
+                    search_sweep,
+                    [Path(f) for f in (args.analyse_only or [work])],
+                    settings=settings,
+                    missing_ok=args.partial,
+                )
+                if args.analyse_only is not None
+                else run_grid(search_sweep, work, settings=settings)
+            )
         wall = time.perf_counter() - t0
         have = {(r.method, int(r.budget or 0), _seed(r)) for r in runs}
         absent = [
             f"{m['method']} N = {n} seed {seed}"
-            for m in sweep["methods"]
+            for m in sweep["methods"] + (search_sweep["methods"] if search_sweep else [])
             for n in (m["n"] if isinstance(m["n"], list) else [m["n"]])
             for seed in seeds
             if (m["method"], int(n), seed) not in have
@@ -678,7 +727,14 @@ def main() -> None:
             f"rejection sampling rank variant θ 0.5; Speculative Rejection α 0.5"
             + (
                 f"; beam search and DVTS M = 4, a step ending at a blank line or after {args.chunk_tokens} "
-                "tokens, a beam's score its last step's"
+                + (
+                    f"tokens, each step scored by `{args.search_reward}` and a beam's score the "
+                    + {"last": "last step's", "min": "lowest of its steps'", "prod": "product of its steps'"}[
+                        args.search_aggregation
+                    ]
+                    if args.search_reward
+                    else "tokens, a beam's score its last step's"
+                )
                 if args.search_n
                 else ""
             )
@@ -745,7 +801,8 @@ def main() -> None:
             "Command: `"
             + (
                 f"SRDQ_JUDGE_ENGINE={settings.judge_engine} "
-                if reward.partition(":")[0] in JUDGE_KINDS and settings.judge_engine != "transformers"
+                if {reward.partition(":")[0], (args.search_reward or "").partition(":")[0]} & JUDGE_KINDS
+                and settings.judge_engine != "transformers"
                 else ""
             )
             + f".venv-vllm/bin/python benchmarks/real_text.py --dataset {args.dataset} --rewards {reward} "
@@ -755,6 +812,11 @@ def main() -> None:
             f"--shard-size {args.shard_size}"
             + (f" --pool-n {args.pool_n}" if args.pool_n else "")
             + (f" --search-n {args.search_n}" if args.search_n else "")
+            + (
+                f" --search-reward {args.search_reward} --search-aggregation {args.search_aggregation}"
+                if args.search_reward
+                else ""
+            )
             + (f" --pool-from {args.pool_from} --pool-scores {args.pool_scores}" if args.pool_from else "")
             + (f" --without {args.without}" if args.without else "")
             + (f" --tag {args.tag}" if args.tag else "")

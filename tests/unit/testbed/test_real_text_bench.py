@@ -285,6 +285,49 @@ def test_beam_search_and_dvts_join_the_grid_only_when_asked():
     assert {p.spec.run_id() for p in before} <= {p.spec.run_id() for p in prepared}
 
 
+def test_a_search_reward_of_its_own_gets_its_aggregation_and_new_run_ids():
+    """--search-reward judge-step:... runs the searches as a sweep of their own with a step aggregation
+    (min by default): the parameter is in their params and so in their run ids, which differ from those of
+    the same searches scored the grid's way; without the aggregation nothing changes."""
+    from benchmarks.real_text import SEARCH, real_sweep
+    from srd_worker.sweep import parse_sweep, prepare_sweep
+    from srd_worker.testbed.experiment import grid_settings
+
+    common = dict(
+        reward="arithmetic", model="tiny", engine="transformers", items=4, seeds=[0], max_new=64, chunk=16
+    )
+    default = real_sweep(budgets=[4], search_n=[8], **common)
+    assert real_sweep(budgets=[4], search_n=[8], aggregation=None, **common) == default
+
+    def search_ids(sweep):
+        _, prepared = prepare_sweep(parse_sweep(sweep), settings=grid_settings(None))
+        return {p.spec.method: p.spec.run_id() for p in prepared if p.spec.method in SEARCH}
+
+    lowest = real_sweep(budgets=[4], search_n=[8], aggregation="min", **common)
+    for m in lowest["methods"]:
+        assert ("aggregation" in m["params"]) == (m["method"] in SEARCH)
+        if m["method"] in SEARCH:
+            assert m["params"]["aggregation"] == "min"
+    before, after = search_ids(default), search_ids(lowest)
+    assert set(before) == set(after) == set(SEARCH)
+    assert all(before[m] != after[m] for m in SEARCH)
+
+
+def test_a_search_reward_needs_the_searches_n():
+    import subprocess
+    import sys
+
+    from benchmarks.real_text import ROOT
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "real_text.py"), "--search-reward", "judge-step:x"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "--search-reward needs --search-n" in out.stderr
+
+
 def test_refined_answers_counts_the_chosen_candidate_only():
     """SRD's answer from a refinement: the candidate extra.chosen names must be the refined one (a refined
     candidate beside an unrefined answer does not count); records without a choice are left out."""

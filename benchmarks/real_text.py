@@ -392,6 +392,32 @@ def candidate_spread(runs: list, pool_n: int) -> str | None:
     return "\n".join(lines)
 
 
+def hosts_text(runs: list) -> str:
+    """Which machines made the runs, from their runtime records' ``host`` (``srd_worker.provenance``): the
+    same seed samples other text on a machine whose CPU kernels differ, so a grid carried between kinds of
+    machine says so. Runs recorded before srdq kept the host are counted as such."""
+    from srd_worker.provenance import summary
+
+    by_host: dict[str, list[str]] = {}
+    for run in runs:
+        if run.spec.get("rescored_from"):  # made in another grid, named there
+            continue
+        hosts = sorted({row["host"] for row in summary(getattr(run, "versions", None) or {})} - {""})
+        for host in hosts or ["not recorded (made before srdq kept it)"]:
+            by_host.setdefault(host, []).append(f"{run.method} seed {_seed(run)}")
+    if not by_host:
+        return ""
+    return (
+        "Machines (each run's runtime records): "
+        + "; ".join(
+            f"{host}: {len(names)} run{'s' if len(names) != 1 else ''}"
+            + (f" ({', '.join(names)})" if len(by_host) > 1 else "")
+            for host, names in sorted(by_host.items())
+        )
+        + "."
+    )
+
+
 def component_text(runs: list) -> list[str]:
     """Per-problem component costs of each run (paper Table 2 layout: time / calls per component, input and
     output tokens), from the compute ledger every record carries."""
@@ -762,6 +788,9 @@ def main() -> None:
             + order_text(roc["above"])
         )
         body = [setting, "", roc_line, ""]
+        machines = hosts_text(runs)
+        if machines:
+            body += [machines, ""]
         if pool_only:
             body += [
                 out["table"],

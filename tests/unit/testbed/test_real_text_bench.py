@@ -496,3 +496,25 @@ def test_the_token_ratio_compares_the_seeds_both_methods_have():
     both = [*rs, run("rejection_sampling", 1, [500, 500])]
     assert token_ratio(srd, both) == pytest.approx(350 / 600)
     assert token_ratio(srd, None) is None and token_ratio(srd, []) is None
+
+
+def test_the_section_names_the_machines_that_made_its_runs():
+    """A grid whose runs were made on two kinds of machine lists each run under its host; runs recorded
+    before srdq kept the host are named as such; a re-scored pool (made in another grid) is left out."""
+    from benchmarks.real_text import hosts_text
+
+    def run(method, seed, *hosts, rescored=False):
+        runtime = [{"engine": {"name": "vllm"}, "host": h} for h in hosts]
+        spec = {"seed": seed} | ({"rescored_from": "logprob"} if rescored else {})
+        return SimpleNamespace(method=method, spec=spec, versions={"runtime": runtime} if hosts else {})
+
+    epyc = {"arch": "x86_64", "cpu": "AMD EPYC", "isa": ["avx2"]}
+    xeon = {"arch": "x86_64", "cpu": "Intel Xeon", "isa": ["avx2", "amx_bf16"]}
+    one = hosts_text([run("srd", 0, epyc), run("rejection_sampling", 0, epyc)])
+    assert one == "Machines (each run's runtime records): AMD EPYC; avx2: 2 runs."
+    mixed = hosts_text([run("srd", 0, epyc, xeon), run("srd", 1), run("best_of_n", 0, xeon, rescored=True)])
+    assert "AMD EPYC; avx2: 1 run (srd seed 0)" in mixed
+    assert "Intel Xeon; avx2 amx_bf16: 1 run (srd seed 0)" in mixed  # resumed on the other machine
+    assert "not recorded (made before srdq kept it): 1 run (srd seed 1)" in mixed
+    assert "best_of_n" not in mixed
+    assert hosts_text([run("best_of_n", 0, xeon, rescored=True)]) == ""

@@ -75,8 +75,9 @@ NUMERIC_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx
 
 def host_record(cpuinfo: str | None = None) -> dict[str, Any]:
     """The machine this process runs on, as far as it changes results: the CPU model, which of
-    ``NUMERIC_ISA`` it has (Linux: ``/proc/cpuinfo``; elsewhere only the architecture), and the GPU torch
-    uses when torch is loaded and has one. ``cpuinfo``: the text to read instead (tests)."""
+    ``NUMERIC_ISA`` it has (Linux: ``/proc/cpuinfo``; elsewhere only the architecture), and the GPU when
+    this process's torch already uses CUDA (the transformers engine on a GPU; vLLM's GPU workers are other
+    processes, so a vLLM run names the CPU only). ``cpuinfo``: the text to read instead (tests)."""
     import platform
     import sys
 
@@ -99,9 +100,9 @@ def host_record(cpuinfo: str | None = None) -> dict[str, Any]:
         out["isa"] = [f for f in NUMERIC_ISA if f in flags]
     torch = sys.modules.get("torch")
     if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                out["gpu"] = torch.cuda.get_device_name(0)
+        try:  # only where this process already uses CUDA: asking otherwise would start it (and poison fork)
+            if torch.cuda.is_initialized():
+                out["gpu"] = torch.cuda.get_device_name(torch.cuda.current_device())
         except Exception:  # noqa: BLE001 - provenance never stops a run
             pass
     return out

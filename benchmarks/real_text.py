@@ -402,8 +402,9 @@ def hosts_text(runs: list) -> str:
     for run in runs:
         if run.spec.get("rescored_from"):  # made in another grid, named there
             continue
-        hosts = sorted({row["host"] for row in summary(getattr(run, "versions", None) or {})} - {""})
-        for host in hosts or ["not recorded (made before srdq kept it)"]:
+        unknown = "not recorded (made before srdq kept it)"  # a record without a host: part of the run
+        rows = summary(getattr(run, "versions", None) or {})
+        for host in sorted({row["host"] or unknown for row in rows} or {unknown}):
             by_host.setdefault(host, []).append(f"{run.method} seed {_seed(run)}")
     if not by_host:
         return ""

@@ -518,3 +518,6 @@ def test_the_section_names_the_machines_that_made_its_runs():
     assert "not recorded (made before srdq kept it): 1 run (srd seed 1)" in mixed
     assert "best_of_n" not in mixed
     assert hosts_text([run("best_of_n", 0, xeon, rescored=True)]) == ""
+    # begun before srdq kept the host, resumed after: both parts named
+    resumed = hosts_text([run("srd", 0, {}, epyc)])
+    assert "AMD EPYC; avx2: 1 run (srd seed 0)" in resumed and "not recorded" in resumed

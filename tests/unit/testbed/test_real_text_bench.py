@@ -521,3 +521,51 @@ def test_the_section_names_the_machines_that_made_its_runs():
     # begun before srdq kept the host, resumed after: both parts named
     resumed = hosts_text([run("srd", 0, {}, epyc)])
     assert "AMD EPYC; avx2: 1 run (srd seed 0)" in resumed and "not recorded" in resumed
+
+
+@pytest.mark.e2e
+def test_searches_with_a_reward_of_their_own_run_into_the_grids_store_and_section(tmp_path):
+    """The benchmark end to end on the tiny random Llama: --search-reward judge-step:... runs beam search and
+    DVTS as a second sweep into the grid's store, scored by the step judge and aggregated by min, and the
+    grid's section pairs them with its Best-of-N and SRD; --analyse-only finds them again."""
+    import json
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from benchmarks.real_text import ROOT
+
+    args = [sys.executable, str(ROOT / "benchmarks" / "real_text.py"), "--model", "tiny-random-llama"]
+    args += ["--engine", "transformers", "--rewards", "judge:tiny-random-llama", "--search-n", "4"]
+    args += ["--search-reward", "judge-step:tiny-random-llama", "--items", "2", "--seeds", "0"]
+    args += ["--budgets", "2", "--max-new-tokens", "16", "--chunk-tokens", "8", "--shard-size", "2"]
+    args += ["--without", "speculative_rejection", "--work", str(tmp_path), "--no-write"]
+    env = {**os.environ, "SRDQ_JUDGE_ENGINE": "transformers"}
+    out = subprocess.run(args, capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "each step scored by `judge-step:tiny-random-llama` and a beam's score the lowest" in out.stdout
+    assert "--search-reward judge-step:tiny-random-llama --search-aggregation min" in out.stdout
+    with sqlite3.connect(tmp_path / "judge_tiny-random-llama" / "srdq.db") as con:
+        specs = [json.loads(s) for (s,) in con.execute("select spec from run where status = 'done'")]
+    rewards = {s["method"]: s["reward"] for s in specs}
+    assert rewards == {
+        "best_of_n": "judge:tiny-random-llama",
+        "srd": "judge:tiny-random-llama",
+        "rejection_sampling": "judge:tiny-random-llama",
+        "beam_search": "judge-step:tiny-random-llama",
+        "dvts": "judge-step:tiny-random-llama",
+    }
+    assert {s["params"].get("aggregation") for s in specs if s["method"] in ("beam_search", "dvts")} == {
+        "min"
+    }
+    again = subprocess.run(
+        [*args, "--analyse-only", str(tmp_path / "judge_tiny-random-llama")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    searched = [line for line in again.stdout.splitlines() if line.startswith("| beam_search | 4 | 2 × 1")]
+    assert len(searched) == 2  # paired against Best-of-N and SRD, and what its final candidates hold

@@ -69,7 +69,8 @@ def package_version(name: str, *alternatives: str) -> str:
 
 #: The CPU instruction-set extensions that choose the kernels torch and vLLM's CPU build run, and so the
 #: last bits of every logit: the same seed samples other text on a machine with others (docs/PERFORMANCE.md,
-#: *Real text*: a grid carried between an AMX machine and one without bf16 parted from its own drafts).
+#: *Real text*: seed 0 of the logprob grid, most likely carried between such machines, parted from its own
+#: drafts).
 NUMERIC_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
 
 

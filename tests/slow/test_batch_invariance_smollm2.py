@@ -30,8 +30,8 @@ def _requests(engine, question, seeds):
     ]
 
 
-def test_seeded_tokens_do_not_depend_on_the_batch(smollm2_engine):
-    engine = smollm2_engine
+def test_seeded_tokens_do_not_depend_on_the_batch(smollm2_engine_bf16):
+    engine = smollm2_engine_bf16
     targets = _requests(engine, QUESTIONS[0], range(6))
     others = _requests(engine, QUESTIONS[0], [100, 101, 102]) + _requests(engine, QUESTIONS[1], [200, 201])
     others += _requests(engine, QUESTIONS[2], [300])

@@ -11,8 +11,14 @@ DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
 # the suite's caches (SmolLM2's safetensors export, ...) live in the checkout, never in the user's ~/.cache/srdq
 TEST_CACHE ?= $(CURDIR)/.test-cache
-# pytest prints one line per test file with its progress, then the 25 slowest tests
+# pytest prints its progress, then the 25 slowest tests
 PYTEST_OPTS ?= -p no:cacheprovider --durations=25 --durations-min=5
+# make test's pytest processes (pytest-xdist; the integration and slow tiers each keep to one, see
+# tests/conftest.py) and the OpenMP threads of each, and of the srdq processes the tests start: two workers
+# of two threads on two cores spin against each other (tests/threads.py). PYTEST_WORKERS=0 TEST_THREADS=2
+# runs the suite in this one process, as it ran before
+PYTEST_WORKERS ?= 2
+TEST_THREADS ?= 1
 
 .PHONY: constraints install install-qwen install-qwen-1.5b demo demo-docs demo-smollm2 demo-real test test-fast test-vllm mutants lint fmt clean
 
@@ -92,8 +98,8 @@ test: install
 		|| echo "chromium could not be installed: tests/unit/reports/test_html.py will skip its browser test"
 	$(MAKE) lint
 	@# the full run fuzzes with the longer hypothesis profile (500 examples; make test-fast keeps 50)
-	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) \
-		scripts/with-services $(BIN)/python -m pytest $(PYTEST_OPTS) $(PYTEST_ARGS)
+	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) OMP_NUM_THREADS=$(TEST_THREADS) \
+		scripts/with-services $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_OPTS) $(PYTEST_ARGS)
 
 ## The fast tier only: unit tests of one component each (no servers, no end-to-end runs, no SmolLM2).
 test-fast: install

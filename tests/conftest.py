@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.threads import TORCH_THREADS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Hypothesis profiles for the fuzz tests (tests/unit/*/test_fuzz_*.py), chosen by SRDQ_FUZZ_PROFILE:
@@ -32,15 +34,27 @@ else:
     _settings.load_profile(_os.environ.get("SRDQ_FUZZ_PROFILE", "fast"))
 
 
+#: pytest-xdist groups (``make test`` runs ``-n 2 --dist loadgroup``): every test of a group runs on one
+#: worker, in order. The integration tier shares the wrapper's PostgreSQL and Redis (it restarts one and
+#: flushes the other mid-run, and numbers its Redis databases per process), and the slow tier shares one
+#: SmolLM2 engine per process (loaded once, not once per worker); the rest spreads over the workers.
+SERIAL_GROUPS = {"integration": "services", "slow": "smollm2"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tier markers: every test under tests/unit that is not end-to-end (``e2e``) or ``slow`` is ``unit``,
-    so ``pytest -m unit`` is the fast tier (under a minute on two cores)."""
+    so ``pytest -m unit`` is the fast tier (under a minute on two cores); and the xdist group of the
+    tiers that must not run beside themselves (``SERIAL_GROUPS``)."""
     unit_dir = ROOT / "tests" / "unit"
     for item in items:
         if item.path.is_relative_to(unit_dir) and not any(
             item.get_closest_marker(m) for m in ("e2e", "slow", "integration")
         ):
             item.add_marker(pytest.mark.unit)
+        for marker, group in SERIAL_GROUPS.items():
+            if item.get_closest_marker(marker):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +74,7 @@ def tiny_engine():
     from srd_worker.engines.loading import build_tiny_llama
     from srd_worker.engines.transformers_engine import TransformersEngine
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     model, tokenizer = build_tiny_llama(seed=0)
     return TransformersEngine(
         model.to(torch.float32), tokenizer, max_batch_size=64, model_name="tiny-random-llama", kv_reuse=False

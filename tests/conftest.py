@@ -43,7 +43,7 @@ SERIAL_GROUPS = {"integration": "services", "slow": "smollm2"}
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tier markers: every test under tests/unit that is not end-to-end (``e2e``) or ``slow`` is ``unit``,
-    so ``pytest -m unit`` is the fast tier (under a minute on two cores); and the xdist group of the
+    so ``pytest -m unit`` is the fast tier (about two minutes on two cores); and the xdist group of the
     tiers that must not run beside themselves (``SERIAL_GROUPS``)."""
     unit_dir = ROOT / "tests" / "unit"
     for item in items:
@@ -103,7 +103,7 @@ def smollm2_engine():
     deterministic mode (no prefix KV reuse: the slow tests compare resumed runs and batches exactly) and the
     product's default dtype, ``auto``: bfloat16 on a CPU with native bf16 arithmetic, float32 on one that
     emulates it (an AVX2-only AMD EPYC prefilled 5x slower in bf16 than in float32, which made this tier
-    most of the suite's time on such a machine)."""
+    about 40% of the suite's time on such a machine)."""
     return _smollm2("auto")
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.signals import default_sigint
+
 pytestmark = pytest.mark.integration
 
 SRDQ = [sys.executable, "-m", "srdq_cli.main"]
@@ -269,6 +271,7 @@ def _start_and_stop_after_first_shard(dataset: Path, out: Path, sig: int) -> sub
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,  # Ctrl-C lands even when the suite runs as a script's background job
     )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.signals import default_sigint
+
 CLI = [sys.executable, "-m", "srdq_cli.main"]
 
 
@@ -54,6 +56,7 @@ def start(args: list[str], log: Path, **env: str) -> subprocess.Popen:
         stdout=f,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        preexec_fn=default_sigint,  # Ctrl-C lands even when the tier runs as a script's background job
     )
 
 

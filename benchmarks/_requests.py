@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 
 def round_requests(
-    tokenizer: Any, task: Any, items: Sequence[Any], params: Any, *, n: int, max_new_tokens: int
+    tokenizer: Any, task: Any, items: Iterable[Any], params: Any, *, n: int, max_new_tokens: int
 ) -> list[Any]:
     """``n`` seeded requests per item (seed ``1000·item + candidate``) with the method's drafter sampling
     parameters (temperature, top-p, top-k) and ``max_new_tokens``, prompts built by the task's template."""

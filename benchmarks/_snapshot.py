@@ -112,9 +112,9 @@ def save(db: Path, folder: Path) -> dict[str, int]:
                 unchanged += 1
         for table in (t for t in tables if t not in by_run):  # each run-less table in its own blocks
             top = con.execute(f'SELECT max(rowid) FROM "{table}"').fetchone()[0] or 0
-            for k in range(max(1, -(-top // BLOCK))):
-                name = f"common-{_SAFE.sub('_', table)}-{k}.db.gz"
-                parts = {table: rows(table, "rowid > ? AND rowid <= ?", (k * BLOCK, (k + 1) * BLOCK))}
+            for block in range(max(1, -(-top // BLOCK))):
+                name = f"common-{_SAFE.sub('_', table)}-{block}.db.gz"
+                parts = {table: rows(table, "rowid > ? AND rowid <= ?", (block * BLOCK, (block + 1) * BLOCK))}
                 keep.add(name)
                 if _write(folder / name, schema_sql, parts):
                     written += 1

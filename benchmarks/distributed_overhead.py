@@ -209,7 +209,7 @@ def main() -> None:
             with pg.connect() as conn:
                 created = conn.execute(
                     text("select created_at from run where id = :r"), {"r": run_id}
-                ).scalar()
+                ).scalar_one()
             return {
                 "run_id": run_id,
                 "start": t_start,

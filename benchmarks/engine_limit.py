@@ -232,7 +232,7 @@ def measure(engine: Any, run: Any) -> dict[str, Any]:
 
 def child(config: str, args: argparse.Namespace) -> None:
     from srd_worker.engines.registry import build_engine
-    from srd_worker.local import run_local
+    from srd_worker.local import close_all, run_local
 
     engine_name = CONFIGS[config][0]
     settings = child_settings(config, args)
@@ -300,7 +300,7 @@ def child(config: str, args: argparse.Namespace) -> None:
         }
         print(RESULT + json.dumps(payload), flush=True)
     finally:
-        engine.close()
+        close_all([engine])  # the engine's optional close(): vLLM's processes go away with it
 
 
 # --- the parent: repetitions, one child per configuration, the table --------------------------------------

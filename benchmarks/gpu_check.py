@@ -78,7 +78,7 @@ class IdTokenizer:
 
 #: The modes measured side by side (README, *Engine modes*): each engine mode is the two knobs that
 #: define it over the other settings; ``library`` is transformers' own ``model.generate``, for reference.
-MODES: dict[str, dict[str, bool] | None] = {
+MODES: dict[str, dict[str, Any] | None] = {
     "padded": dict(batch_invariant=False, kv_reuse=True),
     "invariant": dict(deterministic=True),
     "library": None,
@@ -127,15 +127,17 @@ def _ints(text: str) -> list[int]:
 def build_config(kind: str, shape: dict, max_positions: int):
     from transformers import LlamaConfig
 
+    # rope_theta and num_labels reach the config through its **kwargs (transformers 5 folds rope_theta into
+    # rope_parameters), which its signature does not name
+    extra: dict[str, Any] = {"rope_theta": 500000.0, "num_labels": 1 if kind == "rm" else 2}
     return LlamaConfig(
         **shape,
+        **extra,
         max_position_embeddings=max_positions,
-        rope_theta=500000.0,
         bos_token_id=128000,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
         tie_word_embeddings=False,
-        num_labels=1 if kind == "rm" else 2,
     )
 
 

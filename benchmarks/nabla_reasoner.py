@@ -24,6 +24,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -95,7 +96,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     settings = Settings(device="cpu", dtype="float32")
     engine = TransformersEngine.from_name("testbed", settings=settings)
-    rows, correct = [], {}
+    rows: list[dict[str, Any]] = []
+    correct: dict[str, list[float | None]] = {}
     for label, method, params in configs(args.max_new_tokens, args.grad_threshold):
         prepared = prepare_run(
             dataset=str(ROOT / DATA),
@@ -114,7 +116,7 @@ def main() -> None:
         scorer_s = sum((json.loads(t)["timing"] or {}).get("scorer", 0.0) for t in timings)
         correct[label] = [None if r["correct"] is None else float(r["correct"]) for r in recs]
         counts = [passes(method, r) for r in recs]
-        row = {
+        row: dict[str, Any] = {
             "label": label,
             "acc": bootstrap_ci(correct[label]),
             "tokens": bootstrap_ci([r["ledger"]["gen_tokens"] for r in recs]),

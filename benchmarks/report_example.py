@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SRDQ = [str(Path(sys.executable).parent / "srdq")]
-RUNS = (
+RUNS: tuple[tuple[str, list[str]], ...] = (
     ("sampling", []),
     ("best_of_n", ["--n", "4"]),
     ("srd", ["--n", "4"]),

@@ -452,7 +452,7 @@ def early_rows(
                 todo = [{**rec, "candidates": [c for c in rec["candidates"] if c["cut"]]} for rec in recs]
                 scores, _ = rescore(
                     [rec for rec in todo if rec["candidates"]],
-                    lambda name=name: make(name),
+                    functools.partial(make, name),
                     cache(r.run_id, name, f"-first{k}"),
                 )
                 groups += early_groups(recs, scores, by_run[r.run_id])
@@ -581,7 +581,7 @@ def main() -> None:
             finals[name] = {}
             for r in seeded:
                 scores, spent = rescore(
-                    records[r.run_id], lambda name=name: make(name), cache(r.run_id, name)
+                    records[r.run_id], functools.partial(make, name), cache(r.run_id, name)
                 )
                 seconds[name] += spent
                 finals[name][r.run_id] = scores

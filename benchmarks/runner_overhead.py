@@ -231,12 +231,12 @@ def main() -> None:
         for mode, eng in modes:
             rows = samples[(label, mode)]
             ratios = [r[0] / r[1] / (r[2] / r[3]) for r in rows]
-            fed = statistics.median(r[4] for r in rows)
-            reused = statistics.median(r[5] for r in rows)
+            fed_median = statistics.median(r[4] for r in rows)
+            reused_median = statistics.median(r[5] for r in rows)
             lines.append(
                 f"| {label} | {'invariant' if eng.batch_invariant else 'padded'} | "
                 f"{'on' if eng.kv_store is not None else 'off'} | {args.items * args.n} | "
-                f"{fed:,.0f} ({reused:,.0f}) | {statistics.median(r[6] for r in rows):.2f} | "
+                f"{fed_median:,.0f} ({reused_median:,.0f}) | {statistics.median(r[6] for r in rows):.2f} | "
                 f"{statistics.median(r[7] for r in rows):.0%} | {statistics.median(r[0] / r[1] for r in rows):.1f} | "
                 f"{statistics.median(r[2] / r[3] for r in rows):.1f} | **{statistics.median(ratios):.2f}** | "
                 f"{min(ratios):.2f}–{max(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)}) |"

@@ -17,6 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -29,7 +30,7 @@ REWARDS = {"arithmetic": "arithmetic", "learned RM": f"hf-orm:{TESTBED / 'rm'}"}
 
 def configs(budgets: list[int], beam_width: int, max_new: int, step_tokens: int) -> list[tuple[str, dict]]:
     """(method, params) per budget: Best-of-N, beam search and DVTS with the same n."""
-    search = {"beam_width": beam_width, "step_delimiter": "\\n", "chunk_tokens": step_tokens}
+    search: dict[str, Any] = {"beam_width": beam_width, "step_delimiter": "\\n", "chunk_tokens": step_tokens}
     out = []
     for n in budgets:
         out.append(("best_of_n", {"n": n, "max_new_tokens": max_new}))

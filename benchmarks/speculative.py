@@ -53,11 +53,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
+from benchmarks.testbed import _pts  # noqa: E402
 
 
 def run_method(
     method: Any, engine: Any, task: Any, items: list[Any], seed: int = 0
-) -> tuple[list[dict], float]:
+) -> tuple[list[dict], tuple[float, float]]:
     from srd_worker.methods.base import StepContext
 
     ctx = StepContext(engine, None, seed, extract_answer=task.extract_answer)
@@ -75,13 +76,17 @@ def run_method(
 
 
 def summarise(
-    label: str, method: Any, states: list[dict], seconds: float, task: Any, items: list[Any]
+    label: str, method: Any, states: list[dict], seconds: tuple[float, float], task: Any, items: list[Any]
 ) -> dict:
     import numpy as np
 
     from srd_worker.reports.stats import bootstrap_ci
 
-    correct, gen, target_passes, extra_counts, texts = [], 0, [], {}, []
+    correct: list[float] = []
+    target_passes: list[int] = []
+    extra_counts: dict[str, int] = {}
+    texts: list[str] = []
+    gen = 0
     for state, item in zip(states, items, strict=True):
         res = method.result(state)
         correct.append(1.0 if task.grade(res["response"], item) else 0.0)
@@ -157,8 +162,8 @@ def paired_table(rows: list[dict], baseline: dict[str, dict]) -> str:
         p = paired(r["correct"], base["correct"])
         same = sum(a == b for a, b in zip(r["responses"], base["responses"], strict=True))
         lines.append(
-            f"| {r['label']} | {base['label']} | {100 * p.diff.mean:+.1f} pts [{100 * p.diff.low:+.1f}, "
-            f"{100 * p.diff.high:+.1f}] | {p.wins} / {p.ties} / {p.losses} | {_fmt(p.mcnemar_p, 3)} | "
+            f"| {r['label']} | {base['label']} | {_pts(p.diff)} | {p.wins} / {p.ties} / {p.losses} | "
+            f"{_fmt(p.mcnemar_p, 3)} | "
             f"{same} / {len(r['responses'])} |"
         )
     if not lines:
@@ -186,7 +191,9 @@ def smollm2_table(args: Any, build_method: Any) -> list[dict]:
     engine = TransformersEngine(model, tok, model_name="smollm2", batch_invariant=False)
     task = GSM8KTask()
     items = task.load(resolve_dataset("gsm8k"))[: args.smollm2]
-    configs = [("target only (greedy)", "sampling", {"temperature": 0})]
+    configs: list[tuple[str, str, dict[str, Any]]] = [
+        ("target only (greedy)", "sampling", {"temperature": 0})
+    ]
     for layers in [int(x) for x in args.draft_layers.split(",") if x]:
         draft = copy.deepcopy(model)
         draft.model.layers = draft.model.layers[:layers]
@@ -317,7 +324,8 @@ def run_configs(
 ) -> tuple[list[dict], dict[str, dict]]:
     """Each configuration on all ``items`` in one batch; the rows and the first row of each group (baseline).
     With a ``store``, a configuration it already holds is read back, not run again."""
-    rows, baseline = [], {}
+    rows: list[dict] = []
+    baseline: dict[str, dict] = {}
     for index, (group, label, name, params) in enumerate(configs):
         row = store.row(index, label) if store else None
         if store and row is not None:
@@ -577,7 +585,8 @@ def testbed_tables(args: Any, build_method: Any, cmd: str) -> str:
     )
     rows, baseline = run_configs(configs, build_method, engine, task, items)
 
-    b1_rows, b1_base = [], {}
+    b1_rows: list[dict] = []
+    b1_base: dict[str, dict] = {}
     if args.batch1:
         sub = items[: args.batch1]
         for group, label, name, params in configs[:3]:

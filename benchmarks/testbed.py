@@ -26,11 +26,17 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
+
+if TYPE_CHECKING:
+    from srd_worker.reports.rows import RunRecords
+    from srd_worker.reports.stats import Interval
+    from srd_worker.settings import Settings
 
 
 def _ints(text: str) -> list[int]:
@@ -66,7 +72,9 @@ def testbed_sweep(reward: str, items: int, seeds: list[int], methods: list[dict]
     }
 
 
-def collect(sweep: dict, folders: list[Path], *, settings: object = None, missing_ok: bool = False) -> list:
+def collect(
+    sweep: dict, folders: list[Path], *, settings: Settings | None = None, missing_ok: bool = False
+) -> list:
     """The grid's finished runs, found by run id in any srdq.db under ``folders`` (runs made by several
     processes); a grid point without a finished run is an error naming it (``missing_ok``: left out, and
     named on stderr). ``settings``: the ones the grid ran with (default: ``run_grid``'s), since run ids name
@@ -105,15 +113,18 @@ def collect(sweep: dict, folders: list[Path], *, settings: object = None, missin
     return [found[i] for i in wanted if i in found]
 
 
-def _pooled(runs: list) -> object:
+def _pooled(runs: list) -> RunRecords:
     """One RunRecords holding every seed's records (routing statistics pool over events)."""
     return replace(runs[0], records=[r for run in runs for r in run.records])
 
 
-def _pts(d: object) -> str:
-    """A difference of accuracies (fractions) as points with its interval."""
-    mean, low, high = (100 * (getattr(d, k) or 0) for k in ("mean", "low", "high"))
-    return f"{mean:+.1f} pts [{low:+.1f}, {high:+.1f}]"
+def _pts(d: Interval) -> str:
+    """A difference of accuracies (fractions) as points with its interval (n/a where there is none)."""
+    if d.mean is None:
+        return "n/a"
+    if d.low is None or d.high is None:
+        return f"{100 * d.mean:+.1f} pts"
+    return f"{100 * d.mean:+.1f} pts [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
 
 
 def _f(v: float | None, digits: int = 3) -> str:
@@ -229,7 +240,7 @@ def analyse(
     from srd_worker.reports.rows import Point, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
-    by = {}
+    by: dict[tuple[str, int], list[Any]] = {}
     for r in runs:
         by.setdefault((r.method, r.budget), []).append(r)
     pool = pool_n or max(budgets)

@@ -493,7 +493,7 @@ class TransformersEngine:
         gens = _generators(requests)
 
         plan = list(prefix) if prefix is not None else [None] * n
-        lens = [plan[i][1] if plan[i] is not None else 0 for i in range(n)]  # type: ignore[index]
+        lens = [0 if p is None else p[1] for p in plan]
         ids, mask, positions, cache = self._padded_inputs(
             [requests[i].prompt_ids for i in active], [plan[i] for i in active]
         )

@@ -171,8 +171,9 @@ def plot_anytime(
 
     fig = Figure(figsize=(7.0, 4.6), dpi=150, layout="constrained")
     ax = fig.add_subplot()
-    pts = [p for p in points if p.accuracy is not None]
-    xs, ys = [p.tokens for p in pts], [float(p.accuracy) for p in pts]  # type: ignore[arg-type]
+    drawn = [(p, p.accuracy) for p in points if p.accuracy is not None]  # rounds with a graded answer
+    pts = [p for p, _ in drawn]
+    xs, ys = [p.tokens for p in pts], [float(accuracy) for _, accuracy in drawn]
     ax.plot(xs, ys, marker="o", color="C0", label="anytime (this run stopped after round r)", clip_on=False)
 
     def err(vals: Sequence[float], cis: Sequence[tuple[float | None, float | None]]) -> list[list[float]]:

@@ -407,6 +407,7 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
         return None
     timed = [r["timing"] for r in with_ledger if isinstance(r.get("timing"), dict)]
     n = len(with_ledger)
+    ledgers = [ledger for r in with_ledger if (ledger := _ledger(r)) is not None]
 
     def comp(record: dict[str, Any], name: str) -> dict[str, Any]:
         return ((_ledger(record) or {}).get("components") or {}).get(name) or {}
@@ -426,12 +427,12 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
         problems=n,
         accuracy=summary.accuracy,
         time_s=_mean([float(sum(t.values())) for t in timed]),
-        in_tokens=sum(_ledger(r).get("prefill_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
-        out_tokens=sum(_ledger(r).get("gen_tokens", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
+        in_tokens=sum(ledger.get("prefill_tokens", 0) for ledger in ledgers) / n,
+        out_tokens=sum(ledger.get("gen_tokens", 0) for ledger in ledgers) / n,
         components=components,
-        rm_calls=sum(_ledger(r).get("rm_calls", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
-        rm_cache_hits=sum(_ledger(r).get("rm_cache_hits", 0) for r in with_ledger) / n,  # type: ignore[union-attr]
-        rm_cache_hits_total=sum(_ledger(r).get("rm_cache_hits", 0) for r in with_ledger),  # type: ignore[union-attr]
+        rm_calls=sum(ledger.get("rm_calls", 0) for ledger in ledgers) / n,
+        rm_cache_hits=sum(ledger.get("rm_cache_hits", 0) for ledger in ledgers) / n,
+        rm_cache_hits_total=sum(ledger.get("rm_cache_hits", 0) for ledger in ledgers),
     )
 
 

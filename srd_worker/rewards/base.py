@@ -28,8 +28,11 @@ def accepts_finished(reward: object) -> bool:
     """True if ``reward.score`` takes the optional ``finished`` keyword."""
     import inspect
 
+    score = getattr(reward, "score", None)
+    if not callable(score):
+        return False
     try:
-        params = inspect.signature(reward.score).parameters  # type: ignore[attr-defined]
+        params = inspect.signature(score).parameters
     except (TypeError, ValueError):
         return False
     return "finished" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -137,9 +137,10 @@ def run_batches(
             raise RewardError(f"reward batch returned {len(scores)} scores for {len(batch)} sequences")
         for i, s in zip(batch, scores, strict=True):
             out[i] = float(s)
-    if any(s is None for s in out):
+    scored = [s for s in out if s is not None]
+    if len(scored) != len(out):
         raise RewardError("a sequence was left out of every reward batch")
-    return [float(s) for s in out]  # type: ignore[arg-type]
+    return scored
 
 
 def right_padded(seqs: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[Any, Any]:

@@ -187,7 +187,10 @@ def _insert_items(
         for pos, key, question, gold, meta in batch:
             writer.writerow((run_id, pos // shard_size, pos, key, question, gold, meta))
         buf.seek(0)
-        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        dbapi = session.connection().connection.dbapi_connection  # None only once the connection closed
+        if dbapi is None:
+            raise RuntimeError("the database connection closed during the item COPY")
+        cursor = dbapi.cursor()
         try:
             cursor.copy_expert(f"COPY item ({', '.join(_ITEM_COLUMNS)}) FROM STDIN WITH (FORMAT csv)", buf)
         finally:

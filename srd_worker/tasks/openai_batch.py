@@ -79,7 +79,8 @@ class OpenAIBatchTask(RowTask):
             where = f"body.messages[{i}]"
             if not isinstance(message, dict):
                 raise rows.error("must be an object with role and content", at, where)
-            role = ROLES.get(message.get("role"))  # type: ignore[arg-type]
+            raw_role = message.get("role")
+            role = ROLES.get(raw_role) if isinstance(raw_role, str) else None
             if role is None:
                 raise rows.error(
                     f"role must be one of {', '.join(ROLES)}, got {message.get('role')!r}", at, where

@@ -2,7 +2,9 @@
 line (or Parquet row) and the field.
 
 - JSON Lines (https://jsonlines.org): UTF-8 text, one JSON value per line; every non-blank line must be a
-  JSON object. Blank lines are skipped but still counted, so line numbers match what an editor shows.
+  JSON object. Blank lines are skipped but still counted, so line numbers match what an editor shows. An
+  object that repeats a key, and a string with a lone surrogate escape (``\\ud800`` without its pair: not
+  Unicode text, so no store, file or encoder downstream could write it), are refused.
 - CSV (RFC 4180 as Python's ``csv`` module reads it, strict mode): UTF-8, a header line naming the
   columns, then one record per row; every value is a string. Errors name the line where the record
   starts (a quoted value may span several lines). Blank lines are skipped.
@@ -54,6 +56,41 @@ _GZIP_MAGIC = b"\x1f\x8b"
 #: Errors a gzip stream raises on bad or truncated data (BadGzipFile is an OSError).
 _GZIP_ERRORS = (OSError, EOFError, zlib.error)
 _BOM = b"\xef\xbb\xbf"
+#: A ``\\uD800``-``\\uDFFF`` escape: JSON's only way to put a lone surrogate (not Unicode text) in a string
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abcdefABCDEF]")
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' ``object_pairs_hook``: an object whose key repeats is refused (JSON leaves its meaning
+    open; Python's json would keep the last value silently)."""
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return row
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(k) or _has_lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(v) for v in value)
+    return False
 
 
 class DatasetRowError(DatasetError):
@@ -178,7 +215,8 @@ def iter_jsonl(
 
     Raises ``DatasetError`` (naming the file, and the line where there is one) if the file is missing, is
     a directory, cannot be read, has no rows, or a line is not UTF-8, is longer than ``max_row_bytes``,
-    is not valid JSON or is not a JSON object.
+    is not valid JSON, is not a JSON object, repeats a key in one object, or holds a lone surrogate
+    escape (``\\ud800`` without its pair: not Unicode text, which no store or encoder can write).
     """
     where, fh = _open_file(path, "JSON Lines")
     seen = False
@@ -188,15 +226,30 @@ def iter_jsonl(
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
+                row = json.loads(text, object_pairs_hook=_unique_keys)
             except json.JSONDecodeError as exc:
                 raise DatasetError(
                     f"malformed JSON: {exc.msg} (column {exc.colno})", path=where, line=lineno
                 ) from exc
+            except _DuplicateKey as exc:
+                raise DatasetError(
+                    f"key {exc.key!r} appears twice in one JSON object", path=where, line=lineno
+                ) from None
             if not isinstance(row, dict):
                 raise DatasetError(
                     f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, line=lineno
                 )
+            if _SURROGATE_ESCAPE.search(text):  # a pair makes one character; a lone one is not text
+                for key, value in row.items():
+                    bad_key = _has_lone_surrogate(key)
+                    if bad_key or _has_lone_surrogate(value):
+                        raise DatasetError(
+                            f"{'a key ' if bad_key else ''}holds a lone surrogate escape (\\uD800-\\uDFFF "
+                            "without its pair), which is not Unicode text",
+                            path=where,
+                            line=lineno,
+                            field=None if bad_key else key,
+                        )
             seen = True
             yield lineno, row
     if not seen:

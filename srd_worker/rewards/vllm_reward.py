@@ -30,13 +30,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from srd_worker.errors import RewardError
+from srd_worker.extras import vllm_hint
 from srd_worker.rewards.batching import cut_at_stop, pack_batches
 from srd_worker.rewards.hf_orm import check_pairs, default_system, rm_chat_ids
 
-INSTALL_HINT = (
-    "the 'vllm-rm' reward needs vLLM, which is not installed here: pip install 'srdq[vllm]' "
-    "(Linux with an NVIDIA GPU and CUDA); or use hf-orm:MODEL"
-)
+INSTALL_HINT = vllm_hint("the 'vllm-rm' reward", "use hf-orm:MODEL")
 
 
 def _import_vllm() -> Any:

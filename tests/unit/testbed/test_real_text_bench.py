@@ -511,7 +511,10 @@ def test_the_section_names_the_machines_that_made_its_runs():
     epyc = {"arch": "x86_64", "cpu": "AMD EPYC", "isa": ["avx2"]}
     xeon = {"arch": "x86_64", "cpu": "Intel Xeon", "isa": ["avx2", "amx_bf16"]}
     one = hosts_text([run("srd", 0, epyc), run("rejection_sampling", 0, epyc)])
-    assert one == "Machines (each run's runtime records): AMD EPYC; avx2: 2 runs."
+    assert one == (
+        "Machines (each run's runtime records; a run resumed on another kind of machine counts under each): "
+        "AMD EPYC; avx2: 2 runs."
+    )
     mixed = hosts_text([run("srd", 0, epyc, xeon), run("srd", 1), run("best_of_n", 0, xeon, rescored=True)])
     assert "AMD EPYC; avx2: 1 run (srd seed 0)" in mixed
     assert "Intel Xeon; avx2 amx_bf16: 1 run (srd seed 0)" in mixed  # resumed on the other machine

@@ -170,7 +170,7 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             "overrides",
             multiple=True,
             metavar="KEY=VALUE",
-            help="Method parameter override; repeatable, one per key (see `srdq methods`).",
+            help="Method parameter override; repeatable, the last of a key wins (see `srdq methods`).",
         ),
         click.option(
             "--engine-arg",

@@ -125,16 +125,14 @@ class PreparedRun:
 
 def parse_overrides(pairs: list[str] | tuple[str, ...]) -> dict[str, str]:
     """``key=value`` strings from ``--set`` into a dict (types are checked by the method's Params). A key
-    given twice is a ConfigError, as with ``--engine-arg`` and ``--field``: which of the two was meant?"""
+    given again overrides the earlier value, as Helm's ``--set`` does: a script's shared arguments can be
+    followed by one run's own."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set expects key=value, got {pair!r}")
-        key = key.strip()
-        if key in out:
-            raise ConfigError(f"--set {key} is given twice ({out[key]!r} and {value.strip()!r})")
-        out[key] = value.strip()
+        out[key.strip()] = value.strip()
     return out
 
 

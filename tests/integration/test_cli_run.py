@@ -193,7 +193,6 @@ GOOD_ROW = b'{"question": "What is 1+1?", "answer": "1+1=2\\n#### 2"}\n'
         ("shard_size_zero", r"--shard-size must be >= 1, got 0"),
         ("nan_temperature", r"parameter 'temperature' expects a finite number, got 'nan'"),
         ("fractional_n", r"parameter 'n' expects an integer, got '3\.7'"),
-        ("set_twice", r"--set temperature is given twice \('0\.5' and '0\.7'\)"),
         ("repeated_key", r"repeated_key\.jsonl, line 2: key 'question' appears twice"),
         ("lone_surrogate", r"lone_surrogate\.jsonl, line 1, field 'question': holds a lone surrogate"),
     ],
@@ -223,7 +222,6 @@ def test_bad_input_one_clear_line_nothing_written(tmp_path, case, expected):
         "shard_size_zero": ["--method", "sampling", "--shard-size", "0"],
         "nan_temperature": ["--method", "sampling", "--set", "temperature=nan"],
         "fractional_n": ["--method", "best_of_n", "--reward", "arithmetic", "--set", "n=3.7"],
-        "set_twice": ["--method", "sampling", "--set", "temperature=0.5", "--set", "temperature=0.7"],
     }.get(case, ["--method", "sampling", "--task", "gsm8k"])
     out = tmp_path / "out"
     proc = srdq("run", str(data), *extra, "--model", "tiny-random-llama", "--out", str(out))

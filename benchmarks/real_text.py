@@ -793,13 +793,11 @@ def main() -> None:
                 "",
             ]
         else:
-            rs_missing = (
-                "was left out of this grid (`--without`)"
-                if "rejection_sampling" in without
-                else None
-                if any(r.method == "rejection_sampling" for r in runs)
-                else "is not finished yet (`--partial`)"
-            )
+            rs_missing = None  # why there is no coupled table
+            if "rejection_sampling" in without:
+                rs_missing = "was left out of this grid (`--without`)"
+            elif not any(r.method == "rejection_sampling" for r in runs):
+                rs_missing = "is not finished yet (`--partial`)"
             body += ([f"![real text, {reward}]({png.name})", ""] if png is not None else []) + adaptive_text(
                 out, rs_missing=rs_missing
             )

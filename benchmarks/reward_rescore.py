@@ -43,6 +43,7 @@ from benchmarks.real_text import (  # noqa: E402
     reward_auroc,
     within_problem_order,
 )
+from benchmarks.testbed import _pts  # noqa: E402
 
 
 def open_store(store: Path, scratch: Path) -> Path:
@@ -245,12 +246,7 @@ def table(out: dict[str, Any], base: str, ks: list[int], seconds: dict[str, floa
         for k in ks:
             p = e[f"paired_{k}"]
             d = p.diff
-            diffs.append(
-                "—"
-                if name == base
-                else f"{100 * d.mean:+.1f} pts [{100 * d.low:+.1f}, {100 * d.high:+.1f}] "
-                f"({p.wins} / {p.ties} / {p.losses})"
-            )
+            diffs.append("—" if name == base else f"{_pts(d)} ({p.wins} / {p.ties} / {p.losses})")
         spent = seconds.get(name)
         lines.append(
             f"| `{name}` | {auc} | {_pct(e['above'])} | {' | '.join(cells)} | {' | '.join(diffs)} | "

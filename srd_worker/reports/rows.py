@@ -409,16 +409,16 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
     n = len(with_ledger)
     ledgers = [ledger for r in with_ledger if (ledger := _ledger(r)) is not None]
 
-    def comp(record: dict[str, Any], name: str) -> dict[str, Any]:
-        return ((_ledger(record) or {}).get("components") or {}).get(name) or {}
+    def comp(ledger: dict[str, Any], name: str) -> dict[str, Any]:
+        return (ledger.get("components") or {}).get(name) or {}
 
     components = {}
     for name in COMPONENTS:
         components[name] = ComponentStats(
             time_s=_mean([float(t.get(name, 0.0)) for t in timed]),
-            calls=sum(comp(r, name).get("calls", 0) for r in with_ledger) / n,
-            in_tokens=sum(comp(r, name).get("in_tokens", 0) for r in with_ledger) / n,
-            out_tokens=sum(comp(r, name).get("out_tokens", 0) for r in with_ledger) / n,
+            calls=sum(comp(ledger, name).get("calls", 0) for ledger in ledgers) / n,
+            in_tokens=sum(comp(ledger, name).get("in_tokens", 0) for ledger in ledgers) / n,
+            out_tokens=sum(comp(ledger, name).get("out_tokens", 0) for ledger in ledgers) / n,
         )
     return ComponentRow(
         run_id=run.run_id,

@@ -49,7 +49,11 @@ from srdq_cli.common import friendly_errors
     help="Entropy percentiles to report (comma-separated).",
 )
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the sampled draws (temperature > 0)."
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the sampled draws (temperature > 0).",
 )
 @friendly_errors
 def calibrate_command(

@@ -30,7 +30,13 @@ def testbed_group() -> None:
     help="Folder to write the data splits, policy, draft, rm and manifest.json to (replacing what is "
     "there). Default: the package's srd_worker/testbed/artifacts.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the data and of all training.")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Seed of the data and of all training.",
+)
 @click.option(
     "--init-from",
     "init_from",

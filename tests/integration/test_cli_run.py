@@ -191,6 +191,7 @@ GOOD_ROW = b'{"question": "What is 1+1?", "answer": "1+1=2\\n#### 2"}\n'
         ("unknown_reward", r"unknown reward 'oracle'; choose one of: .*arithmetic"),
         ("bon_without_reward", r"method 'best_of_n' needs a reward model"),
         ("shard_size_zero", r"--shard-size must be >= 1, got 0"),
+        ("negative_seed", r"--seed must be >= 0, got -1"),
         ("nan_temperature", r"parameter 'temperature' expects a finite number, got 'nan'"),
         ("fractional_n", r"parameter 'n' expects an integer, got '3\.7'"),
         ("repeated_key", r"repeated_key\.jsonl, line 2: key 'question' appears twice"),
@@ -220,6 +221,7 @@ def test_bad_input_one_clear_line_nothing_written(tmp_path, case, expected):
         "unknown_reward": ["--method", "sampling", "--reward", "oracle"],
         "bon_without_reward": ["--method", "best_of_n"],
         "shard_size_zero": ["--method", "sampling", "--shard-size", "0"],
+        "negative_seed": ["--method", "sampling", "--seed", "-1"],
         "nan_temperature": ["--method", "sampling", "--set", "temperature=nan"],
         "fractional_n": ["--method", "best_of_n", "--reward", "arithmetic", "--set", "n=3.7"],
     }.get(case, ["--method", "sampling", "--task", "gsm8k"])

@@ -381,6 +381,7 @@ def run(
         bar["id"] = progress.add_task(
             "items", total=total, completed=total - pending, info="round 0 · 0 tokens · ETA n/a"
         )
+        progress.start()  # only now: a run refused before it starts prints its one error line alone
 
     def on_round(report: Any) -> None:
         meter = bar["meter"]
@@ -401,7 +402,7 @@ def run(
 
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
-        with progress:
+        try:
             summary = run_local(
                 prepared,
                 out_dir=out_dir,
@@ -411,6 +412,9 @@ def run(
                 tracker=tracker,
                 part=part,
             )
+        finally:
+            if "meter" in bar:  # started (rich's stop prints a blank line even when it never started)
+                progress.stop()
     except KeyboardInterrupt:
         err.print(
             "interrupted: every finished round is checkpointed in "

@@ -188,6 +188,10 @@ def prepare_run(
     check_spec(built, engine=engine, reward=reward, engine_args=checked_args)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
+    if not model.strip():
+        raise ConfigError(
+            "--model is empty; name a model (`srdq models` lists the built-in names) or a folder"
+        )
     if seed < 0:  # a sweep's seeds are refused below 0 too (``sweep.parse_sweep``)
         raise ConfigError(f"--seed must be >= 0, got {seed}")
     path = resolve_dataset(dataset)

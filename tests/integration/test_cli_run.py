@@ -192,6 +192,8 @@ GOOD_ROW = b'{"question": "What is 1+1?", "answer": "1+1=2\\n#### 2"}\n'
         ("bon_without_reward", r"method 'best_of_n' needs a reward model"),
         ("shard_size_zero", r"--shard-size must be >= 1, got 0"),
         ("negative_seed", r"--seed must be >= 0, got -1"),
+        ("missing_model", r"model folder '.*no-such-model' does not exist"),
+        ("empty_model", r"--model is empty"),
         ("nan_temperature", r"parameter 'temperature' expects a finite number, got 'nan'"),
         ("fractional_n", r"parameter 'n' expects an integer, got '3\.7'"),
         ("repeated_key", r"repeated_key\.jsonl, line 2: key 'question' appears twice"),
@@ -222,13 +224,16 @@ def test_bad_input_one_clear_line_nothing_written(tmp_path, case, expected):
         "bon_without_reward": ["--method", "best_of_n"],
         "shard_size_zero": ["--method", "sampling", "--shard-size", "0"],
         "negative_seed": ["--method", "sampling", "--seed", "-1"],
+        "missing_model": ["--method", "sampling", "--model", str(tmp_path / "no-such-model")],
+        "empty_model": ["--method", "sampling", "--model", ""],
         "nan_temperature": ["--method", "sampling", "--set", "temperature=nan"],
         "fractional_n": ["--method", "best_of_n", "--reward", "arithmetic", "--set", "n=3.7"],
     }.get(case, ["--method", "sampling", "--task", "gsm8k"])
     out = tmp_path / "out"
-    proc = srdq("run", str(data), *extra, "--model", "tiny-random-llama", "--out", str(out))
+    model = [] if "--model" in extra else ["--model", "tiny-random-llama"]
+    proc = srdq("run", str(data), *extra, *model, "--out", str(out))
     assert proc.returncode != 0
-    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    lines = proc.stderr.rstrip("\n").splitlines()  # blank lines count: the error is the only line
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("Error: ")
     assert re.search(expected, lines[0], re.IGNORECASE), lines[0]

@@ -35,8 +35,8 @@ class Row:
     tokens: Interval
     source: str  # "run" (its own runs) or "k-curve of best_of_n n=N"
     run_ids: list[str]
-    #: per problem id, the correctness per seed (seeds in increasing order), for paired comparisons
-    values: dict[str, list[float | None]] | None = None
+    #: per problem id, the value (correctness) per seed, for paired comparisons (``paired_values``)
+    values: dict[str, dict[int, float | None]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,31 +126,12 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = Fa
             passed.append(p_row)
         tok = bootstrap_ci(tokens)
         source = f"k-curve of best_of_n n={n}"
-        if k == 1:
-            rows.append(
-                Row("sampling", 1, bootstrap_ci(best), tok, source, ids, dict(zip(items, best, strict=True)))
-            )
-            continue
-        rows.append(
-            Row("best_of_n", k, bootstrap_ci(best), tok, source, ids, dict(zip(items, best, strict=True)))
-        )
-        rows.append(
-            Row(
-                "self_consistency",
-                k,
-                bootstrap_ci(vote),
-                tok,
-                source,
-                ids,
-                dict(zip(items, vote, strict=True)),
-            )
-        )
-        if oracle:
-            rows.append(
-                Row(
-                    "pass@k", k, bootstrap_ci(passed), tok, source, ids, dict(zip(items, passed, strict=True))
-                )
-            )
+        named = [("sampling", best)] if k == 1 else [("best_of_n", best), ("self_consistency", vote)]
+        if oracle and k > 1:
+            named.append(("pass@k", passed))
+        for method, matrix in named:
+            cells = {i: dict(zip(order, m, strict=True)) for i, m in zip(items, matrix, strict=True)}
+            rows.append(Row(method, k, bootstrap_ci(matrix), tok, source, ids, cells))
     return rows
 
 
@@ -165,23 +146,29 @@ def run_rows(runs: Sequence[Any]) -> list[Row]:
     ]
 
 
-def correctness(runs: Sequence[Any]) -> dict[str, list[float | None]]:
-    """Per problem id, each seed's correctness (1/0, None when ungraded or failed), seeds in increasing
-    order: the layout of ``Row.values``."""
+def correctness(runs: Sequence[Any]) -> dict[str, dict[int, float | None]]:
+    """Per problem id (those every seed's run has), each seed's correctness (1/0, None when ungraded or
+    failed): the layout of ``Row.values``."""
     from srd_worker.reports.rows import correct_value
 
     seeds = _by_seed(runs)
     order = sorted(seeds)
     items = [i for i in seeds[order[0]] if all(i in seeds[s] for s in order)]
-    return {i: [correct_value(seeds[s][i]) for s in order] for i in items}
+    return {i: {s: correct_value(seeds[s][i]) for s in order} for i in items}
 
 
-def paired_values(a: dict[str, list[float | None]], b: dict[str, list[float | None]]) -> Any:
-    """``stats.paired`` of two ``Row.values`` layouts over the problems both have."""
+def paired_values(a: dict[str, dict[int, float | None]], b: dict[str, dict[int, float | None]]) -> Any:
+    """``stats.paired`` of two ``Row.values`` layouts over the (problem, seed) cells both have: the
+    problems both have, on the seeds both have (a ``--partial`` grid's method may lack a seed that the
+    other has; pairing by column position would pair different seeds' draws). ``Paired.seeds`` says how
+    many seeds were paired."""
     from srd_worker.reports.stats import paired
 
     common = [i for i in a if i in b]
-    return paired([a[i] for i in common], [b[i] for i in common])
+    seeds = sorted({s for i in common for s in a[i]} & {s for i in common for s in b[i]})
+    return paired(
+        [[a[i].get(s) for s in seeds] for i in common], [[b[i].get(s) for s in seeds] for i in common]
+    )
 
 
 def markdown(rows: Sequence[Row]) -> str:

@@ -221,7 +221,33 @@ def test_kcurve_rows_oracle_is_pass_at_k_per_problem():
     ]
     run = SimpleNamespace(spec={"seed": 0}, run_id="r0", records=records)
     rows = {(r.method, r.n): r for r in kcurve_rows([run], [1, 2], oracle=True)}
-    assert rows[("pass@k", 2)].values == {"a": [pytest.approx(5 / 6)], "b": [0.0]}
-    assert rows[("best_of_n", 2)].values == {"a": [pytest.approx(1 / 6)], "b": [0.0]}
+    assert rows[("pass@k", 2)].values == {"a": {0: pytest.approx(5 / 6)}, "b": {0: 0.0}}
+    assert rows[("best_of_n", 2)].values == {"a": {0: pytest.approx(1 / 6)}, "b": {0: 0.0}}
     assert ("pass@k", 1) not in rows
     assert not any(r.method == "pass@k" for r in kcurve_rows([run], [1, 2]))
+
+
+def test_paired_values_pair_the_same_seed_not_the_same_column() -> None:
+    # A method run on seed 1 only against one run on seeds 0 and 1 (a --partial grid): the pairing is over
+    # seed 1's cells. Pairing by column position paired A's seed 1 with B's seed 0 (here: 2 wins, where
+    # the same seed's values tie), or refused the shapes (200×1 against 200×2).
+    from types import SimpleNamespace
+
+    from srd_worker.testbed.experiment import correctness, paired_values
+
+    def run(seed: int, right: dict[str, bool]) -> SimpleNamespace:
+        records = [{"item_id": i, "correct": ok, "status": "done"} for i, ok in right.items()]
+        return SimpleNamespace(spec={"seed": seed}, run_id=f"r{seed}", records=records)
+
+    a = correctness([run(1, {"p": True, "q": True, "r": False})])
+    b = correctness(
+        [run(0, {"p": False, "q": False, "r": False}), run(1, {"p": True, "q": True, "r": False})]
+    )
+    assert a == {"p": {1: 1.0}, "q": {1: 1.0}, "r": {1: 0.0}}
+    assert b["p"] == {0: 0.0, 1: 1.0}
+    p = paired_values(a, b)
+    assert (p.problems, p.seeds, p.wins, p.ties, p.losses) == (3, 1, 0, 3, 0)
+    assert p.diff.mean == 0.0
+    both = paired_values(b, b)
+    assert (both.problems, both.seeds, both.pairs) == (3, 2, 6)
+    assert paired_values(a, {"x": {1: 1.0}}).pairs == 0  # no problem in common: nothing paired

@@ -306,7 +306,7 @@ def analyse(
         srd_correct = correctness(srd)
         p_bon = paired_values(srd_correct, bo.values or {})
         # a --partial grid's SRD may lack a seed Best-of-N has: paired on the seeds both have, and said so
-        fewer = f" ({p_bon.problems} × {p_bon.seeds} paired)" if p_bon.seeds != bo.accuracy.seeds else ""
+        paired_on = f" ({p_bon.problems} × {p_bon.seeds} paired)" if p_bon.seeds != bo.accuracy.seeds else ""
         d = p_bon.diff
         # self-consistency and Best-of-N at the same k come from the same candidates: a paired difference
         sc = paired_values(tok[("self_consistency", n)].values or {}, bo.values or {}).diff
@@ -322,7 +322,7 @@ def analyse(
             p_k = paired_values(srd_correct, k_row.values or {})
             matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({p_k.wins} / {p_k.ties} / {p_k.losses})"
         paired.append(
-            f"| {n} | {_pts(d)}{fewer} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "
+            f"| {n} | {_pts(d)}{paired_on} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "
             f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} | {vs_sr} |"
         )
     return {

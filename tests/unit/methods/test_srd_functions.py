@@ -179,10 +179,13 @@ def test_routing_counts_with_thresholds_above_one_has_no_keep_tier():
     assert routing_counts(0, 0.5, 0.3) == (0, 0, 0)
 
 
-def test_nan_ranks_below_every_finite_score():
-    # NaN ranks last even below a negative reward (not as if it scored 0.0)
+def test_nan_ranks_below_every_score():
+    # NaN ranks last even below a negative reward (not as if it scored 0.0), and below -inf too: a failed
+    # score is worse than the lowest real one, whatever the candidates' order
     assert rank_order([math.nan, -1.0]) == [1, 0]
     assert ranks([math.nan, -1.0, 2.0]) == [2, 1, 0]
+    assert rank_order([math.nan, -math.inf]) == [1, 0]
+    assert ranks([-math.inf, math.nan, math.inf]) == [1, 2, 0]
 
 
 def test_checkpoint_positions_of_a_one_token_response():

@@ -130,6 +130,10 @@ def test_unscored_and_nan_rewards_rank_last():
     # Best-of-2 of (unscored correct, scored wrong): the scored one is always chosen
     assert best_of_k([cand("1", True, None), cand("2", False, 0.1)], 2) == 0.0
     assert best_of_k([cand("1", True, None), cand("2", False, 0.1)], 1) == 0.5
+    # below a negative reward too (the logprob reward is always negative): unscored is not a score of 0
+    assert best_index([cand("1", True, None), cand("2", False, -2.5)], [0, 1]) == 1
+    assert best_index([cand("1", True, nan), cand("2", False, -math.inf)], [0, 1]) == 0  # a tie at -inf
+    assert best_of_k([cand("1", True, None), cand("2", False, -0.1)], 2) == 0.0
 
 
 def test_vote_skips_candidates_without_an_answer_and_weighs_rewards():

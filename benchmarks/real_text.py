@@ -423,13 +423,14 @@ def hosts_text(runs: list) -> str:
 def component_text(runs: list) -> list[str]:
     """Per-problem component costs of each run (paper Table 2 layout: time / calls per component, input and
     output tokens), from the compute ledger every record carries."""
+    from srd_worker.reports.builder import REWARD_CALLS_NOTE
     from srd_worker.reports.rows import component_row
-    from srd_worker.reports.tables import component_table, component_tokens_table
+    from srd_worker.reports.tables import component_table, component_tokens_table, reward_calls_table_data
 
     rows = [row for row in (component_row(r) for r in runs) if row is not None]
     if not rows:
         return []
-    return [
+    text = [
         "Component costs per problem (paper Table 2 layout; time / calls, then input / output tokens):",
         "",
         component_table(rows),
@@ -437,6 +438,19 @@ def component_text(runs: list) -> list[str]:
         component_tokens_table(rows),
         "",
     ]
+    if any(r.rm_cache_hits for r in rows):
+        # The store's score cache is shared by its runs: SRD and rejection sampling of one seed draw the
+        # same drafts, so the one made second reads most of its scores from it, and its Scorer cost above
+        # is not what the method costs alone.
+        text += [
+            REWARD_CALLS_NOTE
+            + " the run made second of a seed finds the drafts it shares with the first already scored, so"
+            " read its Scorer cost above with its cache hits.",
+            "",
+            reward_calls_table_data(rows).markdown(),
+            "",
+        ]
+    return text
 
 
 def rescored_pool(

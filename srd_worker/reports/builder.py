@@ -83,8 +83,9 @@ NO_ANYTIME_NOTE = (
 )
 REWARD_CALLS_NOTE = (
     "Reward calls and score-cache hits (mean per problem; a hit is a score read from the store's "
-    "score cache instead of a reward call, and is not counted in the scorer's invocations, tokens "
-    "or *RM calls*):"
+    "score cache instead of a reward call, and is not counted in the scorer's invocations, tokens, "
+    "*RM calls* or *RM tokens*; *hit tokens* are the response tokens of the hits, the scoring the cache "
+    "saved):"
 )
 ROUTING_NOTE = (
     "Pooled over every routing event of the run (ALGORITHMS.md §1.10): p̂ = tier counts / routing "

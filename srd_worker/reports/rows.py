@@ -397,6 +397,9 @@ class ComponentRow:
     rm_cache_hits: float = 0.0
     #: hits summed over the run's problems
     rm_cache_hits_total: int = 0
+    #: response tokens the reward scored, and those of the cache hits (the scoring the cache saved)
+    rm_tokens: float = 0.0
+    rm_cache_hit_tokens: float = 0.0
 
 
 def component_row(run: RunRecords, summary: RunSummary | None = None) -> ComponentRow | None:
@@ -433,6 +436,8 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
         rm_calls=sum(ledger.get("rm_calls", 0) for ledger in ledgers) / n,
         rm_cache_hits=sum(ledger.get("rm_cache_hits", 0) for ledger in ledgers) / n,
         rm_cache_hits_total=sum(ledger.get("rm_cache_hits", 0) for ledger in ledgers),
+        rm_tokens=sum(ledger.get("rm_tokens", 0) for ledger in ledgers) / n,
+        rm_cache_hit_tokens=sum(ledger.get("rm_cache_hit_tokens", 0) for ledger in ledgers) / n,
     )
 
 

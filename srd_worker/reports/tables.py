@@ -192,13 +192,27 @@ def reward_calls_table_data(rows: Sequence[ComponentRow]) -> Table:
                 r.method,
                 budget_text(r.budget),
                 f"{r.rm_calls:.1f}",
+                f"{r.rm_tokens:.0f}",
                 f"{r.rm_cache_hits:.1f}",
+                f"{r.rm_cache_hit_tokens:.0f}",
                 str(r.rm_cache_hits_total),
                 _frac(r.rm_cache_hits / total) if total else "n/a",
             ]
         )
     return Table(
-        ["run", "method", "N", "RM calls", "cache hits", "hits (total)", "hit share"], body, align="llrrrrr"
+        [
+            "run",
+            "method",
+            "N",
+            "RM calls",
+            "RM tokens",
+            "cache hits",
+            "hit tokens",
+            "hits (total)",
+            "hit share",
+        ],
+        body,
+        align="llrrrrrrr",
     )
 
 

@@ -424,13 +424,20 @@ def test_reward_calls_and_cache_hits_are_reported_apart(tmp_path: Path) -> None:
     """A score-cache hit is shown as a hit, never as a reward call (README, *Score cache*); records stored
     before the cache (no hit counter) count none."""
     run = srd_run()
-    run.records[0]["ledger"] = {**run.records[0]["ledger"], "rm_calls": 2, "rm_cache_hits": 6}
+    run.records[0]["ledger"] = {
+        **run.records[0]["ledger"],
+        "rm_calls": 2,
+        "rm_tokens": 90,
+        "rm_cache_hits": 6,
+        "rm_cache_hit_tokens": 250,
+    }
     row = component_row(run)
     assert row is not None
     assert (row.rm_calls, row.rm_cache_hits, row.rm_cache_hits_total) == (1.5, 3.0, 6)
+    assert (row.rm_tokens, row.rm_cache_hit_tokens) == (45.0, 125.0)  # per problem, over the run's two
     text = build_report([run, bon_run()], tmp_path).markdown.read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("| run-srd |") and "0.667" in ln)
-    assert line.split("|")[4:8] == [" 1.5 ", " 3.0 ", " 6 ", " 0.667 "]
+    assert line.split("|")[4:10] == [" 1.5 ", " 45 ", " 3.0 ", " 125 ", " 6 ", " 0.667 "]
     bon = next(
         ln for ln in text.splitlines() if ln.startswith("| run-bon |") and "n/a" not in ln and "| 0 |" in ln
     )

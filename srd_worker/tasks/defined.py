@@ -133,7 +133,9 @@ class DefinedTask:
         if d.get("grader_version"):
             return str(d["grader_version"])
         extractor = "regex" if isinstance(d["extractor"], dict) else d["extractor"]
-        version = f"task-file-1:{extractor}/{d['grader']}"
+        # 2: the last-number extractors read a fraction whole (tasks/grading.py, grader 2)
+        rev = 2 if extractor in ("last_number", "boxed_or_last_number") else 1
+        version = f"task-file-{rev}:{extractor}/{d['grader']}"
         return version + (f"+{MATH_GRADER_VERSION}" if d["grader"] == "math" else "")
 
     @property

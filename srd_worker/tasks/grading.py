@@ -13,6 +13,9 @@ which starves the waiting thread too. So every comparison runs in a small pool o
 subprocesses (``python -c`` importing this module, JSON lines over pipes); one that overruns ``timeout_s``
 is killed and replaced, and the grade is False (logged). ``math_equal`` is safe to call from any thread.
 
+The last-number fallback reads a fraction whole (``3/4``, as a GSM8K-layout gold may be; grader 2: grader
+1 read its denominator).
+
 Left out: memory limits on the grader subprocesses; Windows (the pipe reads use ``select``); the
 ``\\boxed 5`` form beyond one token; multiple-choice letters, unit stripping and the other heuristic
 normalisations of older MATH graders (math-verify does the normalisation).
@@ -43,7 +46,7 @@ except PackageNotFoundError:  # pragma: no cover - math-verify imports above, so
     _MATH_VERIFY_VERSION = "unknown"
 
 #: Recorded with every grade so results from different grader logic are never mixed silently.
-GRADER_VERSION: str = f"srdq-grader-1+math-verify-{_MATH_VERIFY_VERSION}"
+GRADER_VERSION: str = f"srdq-grader-2+math-verify-{_MATH_VERIFY_VERSION}"
 
 #: Default wall-clock limit for one ``math_equal`` call, in seconds.
 DEFAULT_TIMEOUT_S: float = 5.0
@@ -51,6 +54,9 @@ DEFAULT_TIMEOUT_S: float = 5.0
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
 # A number as written in a response: optional sign, digits with optional thousands commas, decimals.
 _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
+# A fraction as written in a response (``3/4``, ``-7/2``), not part of a longer chain such as a date
+# ``3/4/2020`` or a ratio ``1/2/3``.
+_FRACTION_RE = re.compile(r"(?<![\d/.,])-?\d+/\d+(?![\d/])")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
@@ -102,11 +108,16 @@ def strip_number_commas(text: str) -> str:
 
 
 def last_number(text: str) -> str | None:
-    """The last number in ``text`` with thousands commas removed, or None if there is none."""
-    found = _NUMBER_RE.findall(text)
+    """The last number in ``text`` with thousands commas removed, or None if there is none. A fraction
+    that ends where the last number ends is the number: ``"is 3/4."`` gives ``3/4``, not ``4``."""
+    found = list(_NUMBER_RE.finditer(text))
     if not found:
         return None
-    return strip_number_commas(found[-1])
+    last = found[-1]
+    fractions = list(_FRACTION_RE.finditer(text, 0, last.end()))
+    if fractions and fractions[-1].end() == last.end():
+        return fractions[-1].group(0)
+    return strip_number_commas(last.group(0))
 
 
 def extract_answer(text: str, *, fallback_last_number: bool = False) -> str | None:

@@ -68,7 +68,7 @@ KEYS: tuple[str, ...] = (
 EXTRACTORS: dict[str, str] = {
     "boxed": "the last \\boxed{} in the response",
     "boxed_or_last_number": "the last \\boxed{}, else the last number (GSM8K style)",
-    "last_number": "the last number in the response (thousands commas removed)",
+    "last_number": "the last number in the response (thousands commas removed; a fraction such as 3/4 whole)",
     "last_line": "the last non-blank line",
     "full": "the whole response, stripped",
     "choice": "a multiple-choice letter A-D (\\boxed{B}, (B), 'answer is B')",

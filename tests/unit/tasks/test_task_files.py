@@ -109,6 +109,11 @@ def test_extractors_and_graders(tmp_path: Path) -> None:
     choice = task("grader: choice\n")
     assert choice.grade("so the answer is \\boxed{B}", Item("x", "q", "(B)")) is True
     assert choice.grade("so the answer is \\boxed{C}", Item("x", "q", "B")) is False
+    # the last-number extractors read a fraction whole, and their grader version says so
+    last = task("grader: exact\nextractor: last_number\n")
+    assert last.extract_answer("each gets 3/4") == "3/4"
+    assert last.grader_version == "task-file-2:last_number/exact"
+    assert task("grader: exact\nextractor: last_line\n").grader_version == "task-file-1:last_line/exact"
 
 
 def test_dotted_path_grader_and_extractor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

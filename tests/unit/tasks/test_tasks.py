@@ -149,6 +149,15 @@ def test_gsm8k_fallback_last_number() -> None:
     assert task.extract_answer(r"truncated \boxed{12") is None  # a started box is not overridden
     assert last_number("from -3 to 4.5") == "4.5"
     assert last_number("minus -12") == "-12"
+    # a fraction is read whole, not as its denominator; a date or a chain of slashes is not a fraction
+    assert task.extract_answer("So each friend gets 3/4 of a pizza.") == "3/4"
+    assert last_number("x = -7/2") == "-7/2"
+    assert last_number("12/3 = 4") == "4"
+    assert last_number("on 3/4/2020") == "2020"
+    assert last_number("rate $18/hour") == "18"
+    assert last_number("1,250/5") == "5"  # commas belong to whole numbers, not to fractions
+    assert task.grade("Each gets 3/4.", Item(id="x", question="q", gold="0.75"))
+    assert not task.grade("Each gets 3/4.", Item(id="x", question="q", gold="4"))
     assert extract_answer("42", fallback_last_number=False) is None
     assert strip_number_commas("1,000,000 and (1, 2)") == "1000000 and (1, 2)"
     assert gsm8k_gold("work\n#### 1,000") == "1000"

@@ -114,9 +114,9 @@ def last_number(text: str) -> str | None:
     if not found:
         return None
     last = found[-1]
-    fractions = list(_FRACTION_RE.finditer(text, 0, last.end()))
-    if fractions and fractions[-1].end() == last.end():
-        return fractions[-1].group(0)
+    fraction = next((m for m in _FRACTION_RE.finditer(text) if m.end() == last.end()), None)
+    if fraction is not None:
+        return fraction.group(0)
     return strip_number_commas(last.group(0))
 
 

@@ -154,6 +154,7 @@ def test_gsm8k_fallback_last_number() -> None:
     assert last_number("x = -7/2") == "-7/2"
     assert last_number("12/3 = 4") == "4"
     assert last_number("on 3/4/2020") == "2020"
+    assert last_number("a ratio 7/8/") == "8"
     assert last_number("rate $18/hour") == "18"
     assert last_number("1,250/5") == "5"  # commas belong to whole numbers, not to fractions
     assert task.grade("Each gets 3/4.", Item(id="x", question="q", gold="0.75"))

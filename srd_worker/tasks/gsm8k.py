@@ -4,7 +4,8 @@ Follows the official ``openai/grade-school-math`` JSON Lines layout: ``question`
 ``answer`` is a worked solution whose last ``#### <number>`` line holds the final answer. The gold answer is
 the text after the last ``####`` with thousands commas removed ("1,000" -> "1000"); a row whose gold is not
 a number (sign, decimals or a fraction allowed) is refused, naming it. Responses are graded on
-their last ``\\boxed{}``, or, if they have none, on their last number (the usual GSM8K fallback).
+their last ``\\boxed{}``, or, if they have none, on their last number (the usual GSM8K fallback; a
+fraction such as ``3/4`` is read whole).
 
 Left out: the calculator annotations (``<<48/2=24>>``) and the worked solution itself (not kept on the
 item), few-shot prompting, and the train split (any file with this layout loads the same way).

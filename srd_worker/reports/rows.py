@@ -415,6 +415,10 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
     def comp(ledger: dict[str, Any], name: str) -> dict[str, Any]:
         return (ledger.get("components") or {}).get(name) or {}
 
+    def total(key: str) -> Any:
+        """``key`` of the ledger summed over the run's problems (0 where a ledger lacks it)."""
+        return sum(ledger.get(key, 0) for ledger in ledgers)
+
     components = {}
     for name in COMPONENTS:
         components[name] = ComponentStats(
@@ -423,6 +427,7 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
             in_tokens=sum(comp(ledger, name).get("in_tokens", 0) for ledger in ledgers) / n,
             out_tokens=sum(comp(ledger, name).get("out_tokens", 0) for ledger in ledgers) / n,
         )
+    hits = total("rm_cache_hits")
     return ComponentRow(
         run_id=run.run_id,
         method=run.method,
@@ -430,14 +435,14 @@ def component_row(run: RunRecords, summary: RunSummary | None = None) -> Compone
         problems=n,
         accuracy=summary.accuracy,
         time_s=_mean([float(sum(t.values())) for t in timed]),
-        in_tokens=sum(ledger.get("prefill_tokens", 0) for ledger in ledgers) / n,
-        out_tokens=sum(ledger.get("gen_tokens", 0) for ledger in ledgers) / n,
+        in_tokens=total("prefill_tokens") / n,
+        out_tokens=total("gen_tokens") / n,
         components=components,
-        rm_calls=sum(ledger.get("rm_calls", 0) for ledger in ledgers) / n,
-        rm_cache_hits=sum(ledger.get("rm_cache_hits", 0) for ledger in ledgers) / n,
-        rm_cache_hits_total=sum(ledger.get("rm_cache_hits", 0) for ledger in ledgers),
-        rm_tokens=sum(ledger.get("rm_tokens", 0) for ledger in ledgers) / n,
-        rm_cache_hit_tokens=sum(ledger.get("rm_cache_hit_tokens", 0) for ledger in ledgers) / n,
+        rm_calls=total("rm_calls") / n,
+        rm_cache_hits=hits / n,
+        rm_cache_hits_total=hits,
+        rm_tokens=total("rm_tokens") / n,
+        rm_cache_hit_tokens=total("rm_cache_hit_tokens") / n,
     )
 
 

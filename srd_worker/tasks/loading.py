@@ -9,8 +9,13 @@ line (or Parquet row) and the field.
   columns, then one record per row; every value is a string. Errors name the line where the record
   starts (a quoted value may span several lines). Blank lines are skipped.
 - Parquet (read with pyarrow, imported only when needed): errors name the 1-based data row.
+- JSON: a file whose one top-level value is an array of objects (``[{...}, {...}]``, as many datasets
+  ship their ``.json`` files), read one element at a time; errors name the 1-based row (element) and,
+  for a syntax error, the line and column. Recognised by its first character: a ``.json``, ``.jsonl`` or
+  ``.ndjson`` file (or one with no known suffix) that starts with ``[`` is such an array, any other is JSON
+  Lines. Trailing commas and anything after the closing ``]`` are refused (RFC 8259).
 
-- gzip: a JSON Lines or CSV file compressed with gzip (``.jsonl.gz``, ``.csv.gz``; recognised by its magic
+- gzip: a JSON Lines, JSON or CSV file compressed with gzip (``.jsonl.gz``, ``.json.gz``, ``.csv.gz``; recognised by its magic
   bytes, the format by the suffix under ``.gz``) is read as it decompresses; line numbers are the
   decompressed file's.
 - A Hugging Face ``datasets`` folder written by ``Dataset.save_to_disk`` (``state.json`` + Arrow stream
@@ -19,21 +24,23 @@ line (or Parquet row) and the field.
 
 A leading UTF-8 byte-order mark is tolerated in the text formats. Every row is checked against a size
 limit (JSONL/CSV: its bytes in the file; Parquet: the size of its values as JSON). ``read_rows`` picks the
-reader from the file suffix (``.csv``; ``.parquet``/``.pq``; anything else is JSON Lines unless it starts
-with the Parquet magic bytes) and returns a ``Rows`` whose helpers raise errors in that file's terms.
+reader from the file suffix (``.csv``; ``.parquet``/``.pq``; anything else is JSON Lines or a JSON array by
+its first character, unless it starts with the Parquet magic bytes) and returns a ``Rows`` whose helpers
+raise errors in that file's terms.
 
-Every reader streams: ``iter_jsonl``/``iter_csv``/``iter_parquet`` hold one row (one Parquet batch) at
-a time, so ``read_rows(..., stream=True)`` and ``Rows.iter_items`` validate a file of any length in
+Every reader streams: ``iter_jsonl``/``iter_json_array``/``iter_csv``/``iter_parquet`` hold one row (one
+Parquet batch; a JSON array's element and a read-ahead chunk) at a time, so ``read_rows(..., stream=True)`` and ``Rows.iter_items`` validate a file of any length in
 bounded memory (``srdq submit dataset`` spools the items to disk, ``srd_worker.tasks.spool``); the
 ``read_*`` functions and ``Rows.items`` build lists for the embedded path. Errors come in file order
 (the first bad line is the one named).
 
-Left out: TSV and other delimiters, compressions other than gzip, gzipped Parquet, JSON arrays, and schema
-checks beyond "these fields are non-empty strings", which belong to each task.
+Left out: TSV and other delimiters, compressions other than gzip, gzipped Parquet, a JSON object whose
+rows sit under a key (``{"data": [...]}``), and schema checks beyond "these fields are non-empty strings", which belong to each task.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import json
@@ -240,16 +247,7 @@ def iter_jsonl(
                     f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, line=lineno
                 )
             if _SURROGATE_ESCAPE.search(text):  # a pair makes one character; a lone one is not text
-                for key, value in row.items():
-                    bad_key = _has_lone_surrogate(key)
-                    if bad_key or _has_lone_surrogate(value):
-                        raise DatasetError(
-                            f"{'a key ' if bad_key else ''}holds a lone surrogate escape (\\uD800-\\uDFFF "
-                            "without its pair), which is not Unicode text",
-                            path=where,
-                            line=lineno,
-                            field=None if bad_key else key,
-                        )
+                _check_surrogates(row, partial(dataset_error, path=where, at=lineno))
             seen = True
             yield lineno, row
     if not seen:
@@ -261,6 +259,165 @@ def read_jsonl(
 ) -> list[tuple[int, dict[str, Any]]]:
     """``iter_jsonl`` as a list."""
     return list(iter_jsonl(path, max_row_bytes=max_row_bytes))
+
+
+def _check_surrogates(row: dict[str, Any], error: Callable[..., DatasetError]) -> None:
+    """Raise ``error(message, field=...)`` when a key or value of ``row`` holds a lone surrogate."""
+    for key, value in row.items():
+        bad_key = _has_lone_surrogate(key)
+        if bad_key or _has_lone_surrogate(value):
+            raise error(
+                f"{'a key ' if bad_key else ''}holds a lone surrogate escape (\\uD800-\\uDFFF without its "
+                "pair), which is not Unicode text",
+                field=None if bad_key else key,
+            )
+
+
+_JSON_SPACE = re.compile(r"[ \t\n\r]*")
+#: A JSON decode error this close to the end of what has been read may only mean "read more".
+_TRUNCATION_SLACK = 8
+
+
+def iter_json_array(
+    path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES, chunk_bytes: int = 1 << 16
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Stream a JSON file whose top-level value is an array of objects as ``(row_number, row)`` pairs
+    (1-based elements), holding one element and a read-ahead of ``chunk_bytes`` at a time.
+
+    Raises ``DatasetError`` naming the file (and the row, with line and column for a syntax error) if the
+    file is missing, a directory, unreadable, not UTF-8, not a JSON array, an empty array, or an element
+    is malformed JSON, not an object, over ``max_row_bytes``, repeats a key or holds a lone surrogate
+    escape; also a trailing comma, a missing closing ``]``, or anything but whitespace after it. Lines
+    and columns count characters from 1, as editors do.
+    """
+    where, fh = _open_file(path, "JSON")
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_keys)
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    buf = ""
+    pos = 0
+    eof = False
+    started = False
+    lines_before = 0  # line breaks in the text already dropped from buf
+    column_before = 0  # characters of buf's first line that were dropped with it
+
+    def place(i: int) -> str:
+        line = lines_before + buf.count("\n", 0, i) + 1
+        line_start = buf.rfind("\n", 0, i) + 1
+        column = i - line_start + (column_before if line_start == 0 else 0) + 1
+        return f"line {line}, column {column}"
+
+    def more() -> bool:
+        """Read on until some text is added to ``buf`` (dropping what was consumed); False at the end."""
+        nonlocal eof, started
+        while not eof:
+            try:
+                data = fh.read(chunk_bytes)
+            except _GZIP_ERRORS as exc:
+                raise _read_error(exc, fh, where, lines_before + buf.count("\n") + 1) from exc
+            eof = not data
+            try:
+                piece = utf8.decode(data, final=eof)
+            except UnicodeDecodeError as exc:
+                keep(exc.object[: exc.start].decode("utf-8"))
+                raise DatasetError(
+                    f"not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at {place(len(buf))})", path=where
+                ) from exc
+            if piece and not started:
+                piece = piece.removeprefix("\ufeff")
+                started = True
+            if piece:
+                keep(piece)
+                return True
+        return False
+
+    def keep(piece: str) -> None:
+        """Drop the text before ``pos`` (counting its lines) and append ``piece``."""
+        nonlocal buf, pos, lines_before, column_before
+        dropped = buf[:pos]
+        breaks = dropped.count("\n")
+        lines_before += breaks
+        column_before = (column_before if not breaks else 0) + len(dropped) - (dropped.rfind("\n") + 1)
+        buf = buf[pos:] + piece
+        pos = 0
+
+    def next_char() -> str:
+        """The next non-whitespace character, ``pos`` on it ("" at the end of the file)."""
+        nonlocal pos
+        while True:
+            pos = _JSON_SPACE.match(buf, pos).end()  # type: ignore[union-attr]  # matches the empty string
+            if pos < len(buf):
+                return buf[pos]
+            if not more():
+                return ""
+
+    def element(n: int) -> tuple[Any, int]:
+        """Decode the value at ``pos`` (row ``n``), reading more as long as it may be incomplete."""
+        while True:
+            try:
+                return decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as exc:
+                maybe_cut = exc.pos >= len(buf) - _TRUNCATION_SLACK or exc.msg.startswith("Unterminated")
+                if maybe_cut and len(buf) - pos <= max_row_bytes and more():
+                    continue
+                if maybe_cut and not eof:
+                    _check_size(len(buf[pos:].encode("utf-8")), max_row_bytes, where, n, unit="row")
+                raise DatasetRowError(
+                    f"malformed JSON: {exc.msg} ({place(exc.pos)})", path=where, row=n
+                ) from exc
+            except _DuplicateKey as exc:
+                raise DatasetRowError(
+                    f"key {exc.key!r} appears twice in one JSON object", path=where, row=n
+                ) from None
+
+    def syntax(message: str, n: int) -> DatasetError:
+        return (
+            DatasetRowError(f"{message} ({place(pos)})", path=where, row=n)
+            if n
+            else DatasetError(f"{message} ({place(pos)})", path=where)
+        )
+
+    with fh:
+        first = next_char()
+        if not first:
+            raise DatasetError("file is empty (no rows)", path=where)
+        if first != "[":
+            raise syntax(f"expected a JSON array of objects, found {first!r}", 0)
+        pos += 1
+        n = 0
+        if next_char() == "]":
+            raise DatasetError("file is empty (a JSON array with no rows)", path=where)
+        while True:
+            if not next_char():
+                raise DatasetRowError(
+                    "the file ends inside the JSON array (no closing ']')", path=where, row=n + 1
+                )
+            n += 1
+            start = pos
+            row, pos = element(n)
+            if not isinstance(row, dict):
+                raise DatasetRowError(
+                    f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, row=n
+                )
+            raw = buf[start:pos]
+            _check_size(len(raw.encode("utf-8")), max_row_bytes, where, n, unit="row")
+            if _SURROGATE_ESCAPE.search(raw):
+                _check_surrogates(row, partial(dataset_error, path=where, at=n, unit="row"))
+            yield n, row
+            after = next_char()
+            if after == "]":
+                break
+            if not after:
+                raise DatasetRowError(
+                    "the file ends inside the JSON array (no closing ']')", path=where, row=n
+                )
+            if after != ",":
+                raise syntax(f"expected ',' or ']' after the row, found {after!r}", n)
+            pos += 1
+            if next_char() == "]":
+                raise syntax("a trailing comma after the last row (not JSON)", n)
+        pos += 1
+        if next_char():
+            raise syntax("text after the JSON array's closing ']'", 0)
 
 
 def iter_csv(
@@ -479,8 +636,10 @@ def read_parquet(
 
 
 def file_format(path: str | Path) -> str:
-    """``"csv"``, ``"parquet"``, ``"jsonl"`` or ``"arrow"`` (a ``save_to_disk`` folder) for ``path``: a
-    folder with ``state.json`` (or ``dataset_dict.json``) is ``arrow``; otherwise the suffix decides (under a ``.gz``), else the Parquet magic bytes."""
+    """``"csv"``, ``"parquet"``, ``"jsonl"``, ``"json"`` (an array of objects) or ``"arrow"`` (a
+    ``save_to_disk`` folder) for ``path``: a folder with ``state.json`` (or ``dataset_dict.json``) is
+    ``arrow``; otherwise the suffix decides (under a ``.gz``), else the Parquet magic bytes; a JSON family
+    file (or one of no known kind) is ``json`` when its first character is ``[``, else ``jsonl``."""
     p = Path(path)
     if p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()):
         return "arrow"
@@ -491,20 +650,37 @@ def file_format(path: str | Path) -> str:
         return "csv"
     if suffix in (".parquet", ".pq"):
         return "parquet"
-    if suffix in (".jsonl", ".json", ".ndjson"):
-        return "jsonl"
+    if suffix not in (".jsonl", ".json", ".ndjson"):
+        try:
+            with open(path, "rb") as fh:
+                if fh.read(4) == _PARQUET_MAGIC:
+                    return "parquet"
+        except OSError:
+            pass
+    return "json" if _starts_with_array(p) else "jsonl"
+
+
+def _starts_with_array(path: Path) -> bool:
+    """True when the file's first character other than whitespace (and a byte-order mark) is ``[``."""
     try:
-        with open(path, "rb") as fh:
-            if fh.read(4) == _PARQUET_MAGIC:
-                return "parquet"
-    except OSError:
+        with gzip.open(path, "rb") if is_gzip(path) else open(path, "rb") as fh:
+            chunk = fh.read(1 << 16).removeprefix(_BOM)
+            for _ in range(64):  # leading whitespace up to 4 MiB
+                if not chunk:
+                    return False
+                head = chunk.lstrip(b" \t\r\n")
+                if head:
+                    return head.startswith(b"[")
+                chunk = fh.read(1 << 16)
+    except (OSError, EOFError, zlib.error):
         pass
-    return "jsonl"
+    return False
 
 
 #: Streaming reader per format (``file_format``'s names).
 READERS: dict[str, Callable[..., Iterator[tuple[int, dict[str, Any]]]]] = {
     "jsonl": iter_jsonl,
+    "json": iter_json_array,
     "csv": iter_csv,
     "parquet": iter_parquet,
     "arrow": iter_arrow_folder,
@@ -512,6 +688,7 @@ READERS: dict[str, Callable[..., Iterator[tuple[int, dict[str, Any]]]]] = {
 #: What each format is called in messages.
 FORMAT_NAMES: dict[str, str] = {
     "jsonl": "JSON Lines",
+    "json": "JSON",
     "csv": "CSV",
     "parquet": "Parquet",
     "arrow": "Hugging Face save_to_disk",
@@ -536,8 +713,9 @@ class Rows:
 
     @property
     def unit(self) -> str:
-        """How positions are named in errors: ``"line"`` (JSONL, CSV) or ``"row"`` (Parquet, Arrow)."""
-        return "row" if self.format in ("parquet", "arrow") else "line"
+        """How positions are named in errors: ``"line"`` (JSONL, CSV) or ``"row"`` (JSON arrays, Parquet,
+        Arrow)."""
+        return "row" if self.format in ("json", "parquet", "arrow") else "line"
 
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
         return iter(self.__dict__["rows"]) if "rows" in self.__dict__ else self.source()
@@ -550,7 +728,9 @@ class Rows:
 
     def require(self, at: int, row: dict[str, Any], fields: Iterable[str]) -> None:
         """Raise naming the field if one of ``fields`` is missing, not a string, or blank."""
-        require_fields(self.path, at, row, fields, unit=self.unit, json_types=self.format == "jsonl")
+        require_fields(
+            self.path, at, row, fields, unit=self.unit, json_types=self.format in ("jsonl", "json")
+        )
 
     def text(self, at: int, row: dict[str, Any], field: str, *, numbers: bool = False) -> str:
         """The required field as stripped text; ``numbers=True`` also accepts a number (made text)."""
@@ -561,7 +741,7 @@ class Rows:
         return str(value).strip()
 
     def row_id(self, at: int, row: dict[str, Any], field: str) -> str:
-        return row_id(self.path, at, row, field, unit=self.unit, json_types=self.format == "jsonl")
+        return row_id(self.path, at, row, field, unit=self.unit, json_types=self.format in ("jsonl", "json"))
 
     def check_unique_ids(self, items_with_lines: Sequence[tuple[int, str | Item]]) -> None:
         check_unique_ids(self.path, items_with_lines, unit=self.unit)

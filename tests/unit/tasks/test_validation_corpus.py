@@ -1,6 +1,6 @@
-"""A corpus of malformed dataset files in every supported format (JSON Lines, CSV, Parquet), each made by
-the test: each must be refused before anything is stored, with one clear message naming the file and the
-line (Parquet: row) and field where there is one. Plus ``srdq run`` on a few of them, in a subprocess:
+"""A corpus of malformed dataset files in every supported format (JSON Lines, JSON arrays, CSV, Parquet),
+each made by the test: each must be refused before anything is stored, with one clear message naming the
+file and the line (JSON arrays and Parquet: row) and field where there is one. Plus ``srdq run`` on a few of them, in a subprocess:
 exit code != 0, one line of error output, and no output folder."""
 
 from __future__ import annotations
@@ -225,6 +225,52 @@ CASES: dict[str, Case] = {
         task="generic",
         max_row_bytes=400,
     ),
+    # --- JSON (one array of objects)
+    "json_empty_array": Case(".json", lambda: b" [ ]\n", "{path}: file is empty (a JSON array with no rows)"),
+    "json_row_not_object": Case(
+        ".json",
+        lambda: b'[{"instruction": "Hi"}, "Hello"]',
+        "{path}, row 2: row is a JSON string, expected a JSON object",
+    ),
+    "json_malformed_row": Case(
+        ".json",
+        lambda: b'[\n  {"instruction": "Hi"},\n  {"instruction": "Yo",}\n]\n',
+        "{path}, row 2: malformed JSON: Expecting property name enclosed in double quotes (line 3, column 24)",
+    ),
+    "json_trailing_comma": Case(
+        ".json",
+        lambda: b'[{"instruction": "Hi"},\n]',
+        "{path}, row 1: a trailing comma after the last row (not JSON) (line 2, column 1)",
+    ),
+    "json_no_closing_bracket": Case(
+        ".json",
+        lambda: b'[{"instruction": "Hi"}, {"instruction": "Yo"}\n',
+        "{path}, row 2: the file ends inside the JSON array (no closing ']')",
+    ),
+    "json_text_after_array": Case(
+        ".json",
+        lambda: b'[{"instruction": "Hi"}]\n[{"instruction": "Yo"}]\n',
+        "{path}: text after the JSON array's closing ']' (line 2, column 1)",
+    ),
+    "json_missing_field": Case(
+        ".json",
+        lambda: json.dumps(
+            [HOTPOT, {k: v for k, v in HOTPOT.items() if k != "answer"} | {"id": "h2"}]
+        ).encode(),
+        "{path}, row 2, field 'answer': missing required field",
+        task="hotpotqa",
+    ),
+    "json_duplicate_id": Case(
+        ".json",
+        lambda: json.dumps([HOTPOT, HOTPOT]).encode(),
+        "{path}, row 2: duplicate id 'h1' (first used on row 1)",
+    ),
+    "json_over_size_limit": Case(
+        ".json",
+        lambda: json.dumps([{"instruction": "short"}, {"instruction": "x" * 200}], indent=1).encode(),
+        "{path}, row 2: row is 224 bytes, more than the limit of 100 bytes",
+        max_row_bytes=100,
+    ),
 }
 
 
@@ -247,7 +293,7 @@ def _materialise(tmp_path: Path, name: str) -> Path:
 
 def test_corpus_is_large_and_covers_every_format() -> None:
     assert len(CASES) >= 15
-    assert {c.suffix for c in CASES.values()} == {".jsonl", ".csv", ".parquet"}
+    assert {c.suffix for c in CASES.values()} == {".jsonl", ".json", ".csv", ".parquet"}
     assert len({c.message for c in CASES.values()}) >= 15  # distinct messages, not one catch-all
 
 
@@ -280,6 +326,7 @@ CLI_CASES = [
     "csv_unclosed_quote",
     "parquet_not_parquet",
     "jsonl_missing_file",
+    "json_malformed_row",
 ]
 
 

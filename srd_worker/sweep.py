@@ -176,14 +176,23 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep YAML file."""
     import yaml
 
+    from srd_worker.tasks.task_file import yaml_problem
+
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read sweep file {path}: {exc}") from None
+        raise ConfigError(f"cannot read sweep file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"sweep file {path}, line {line}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"sweep file {path} is not valid YAML: {exc}") from None
+        line, problem = yaml_problem(exc)
+        where = f"sweep file {path}" + ("" if line is None else f", line {line}")
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from None
     return parse_sweep(data)
 
 

@@ -203,6 +203,15 @@ def render(template: str, values: Mapping[str, str]) -> str:
     return PLACEHOLDER_RE.sub(lambda m: values[m.group(1)], template)
 
 
+def yaml_problem(exc: Exception) -> tuple[int | None, str]:
+    """(1-based line, one-line problem) of a PyYAML error, whose own text spans several lines."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None)
+    if problem is None:
+        problem = " ".join(str(exc).split()) or "malformed YAML"
+    return (None if mark is None else mark.line + 1), problem
+
+
 def parse_task_file(path: str | Path) -> dict[str, Any]:
     """Read and validate the task file at ``path``; its definition (see the module docstring)."""
     where = str(path)
@@ -217,14 +226,9 @@ def parse_task_file(path: str | Path) -> dict[str, Any]:
 
     try:
         data = yaml.load(text, Loader=_loader(where))  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        problem = exc.problem or exc.context or "malformed YAML"
-        raise TaskFileError(
-            f"malformed YAML: {problem}", path=where, line=None if mark is None else mark.line + 1
-        ) from exc
     except yaml.YAMLError as exc:
-        raise TaskFileError(f"malformed YAML: {exc}", path=where) from exc
+        line, problem = yaml_problem(exc)
+        raise TaskFileError(f"malformed YAML: {problem}", path=where, line=line) from exc
     if not isinstance(data, _Map):
         raise TaskFileError(
             f"must be a YAML mapping of keys (name, prompt, ...), got {_kind(data)}", path=where

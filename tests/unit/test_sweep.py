@@ -59,9 +59,19 @@ def test_missing_field_and_bad_yaml(tmp_path):
     with pytest.raises(ConfigError, match="'methods' is missing"):
         parse_sweep(BASE)
     bad = tmp_path / "s.yaml"
-    bad.write_text("dataset: [unclosed\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    bad.write_text("dataset: x.jsonl\nmethods:\n  - method: srd\n    n: [4, 8\n")
+    with pytest.raises(ConfigError) as info:
         load_sweep(bad)
+    # one line: PyYAML's own message spans several, with the file shown as "<unicode string>"
+    assert (
+        str(info.value)
+        == f"sweep file {bad}, line 5: not valid YAML: expected ',' or ']', but got '<stream end>'"
+    )
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes(b"dataset: x.jsonl\nname: caf\xe9\n")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(latin)
+    assert str(info.value) == f"sweep file {latin}, line 2: not valid UTF-8 (byte 0xe9)"
 
 
 def test_prepare_gives_a_deterministic_sweep_id_and_validates_every_point(tmp_path):

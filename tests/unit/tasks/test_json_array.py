@@ -16,6 +16,8 @@ ROWS = [
     {"question": "Tom has 2 apples and buys 3. How many?", "answer": "#### 5"},
     {"question": "café ☕ costs 4, tea 3: total?", "answer": "#### 7", "id": 12},
     {"question": 'a "quoted" [bracket], {brace} and \\ backslash', "answer": "#### 1"},
+    # literals a chunk may cut (tr|ue, nu|ll, -1.|5e3): "read more", not malformed
+    {"question": "x", "answer": "#### 2", "flag": True, "off": False, "none": None, "w": -1.5e3},
 ]
 
 
@@ -72,7 +74,7 @@ def test_tasks_read_it_with_row_ids_and_errors(tmp_path: Path) -> None:
     path = _write(tmp_path / "gsm.json", json.dumps(ROWS, indent=1))
     task, items = load_items(path)
     assert task.name == "gsm8k"
-    assert [(i.id, i.gold) for i in items] == [("row-1", "5"), ("12", "7"), ("row-3", "1")]
+    assert [(i.id, i.gold) for i in items] == [("row-1", "5"), ("12", "7"), ("row-3", "1"), ("row-4", "2")]
     # the same rows as JSON Lines give the same items but line ids: only the numbering differs
     lines = _write(tmp_path / "gsm.jsonl", "".join(json.dumps(r) + "\n" for r in ROWS))
     assert [i.question for i in load_items(lines)[1]] == [i.question for i in items]
@@ -87,7 +89,9 @@ def test_streamed_read_checks_only_the_file_until_iterated(tmp_path: Path) -> No
     path = _write(tmp_path / "late.json", json.dumps(ROWS)[:-1] + ", 7]")
     rows = read_rows(path, stream=True)
     seen = []
-    with pytest.raises(DatasetError, match=r"row 4: row is a JSON number, expected a JSON object"):
+    with pytest.raises(
+        DatasetError, match=rf"row {len(ROWS) + 1}: row is a JSON number, expected a JSON object"
+    ):
         for at, row in rows:
             seen.append((at, row))
     assert seen == list(enumerate(ROWS, start=1))  # errors come in file order, after the good rows

@@ -183,9 +183,9 @@ def load_sweep(path: str | Path) -> Sweep:
     except OSError as exc:
         raise ConfigError(f"cannot read sweep file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        line = exc.object[: exc.start].count(b"\n") + 1
+        bad_line = exc.object[: exc.start].count(b"\n") + 1
         raise ConfigError(
-            f"sweep file {path}, line {line}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
+            f"sweep file {path}, line {bad_line}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
         ) from None
     try:
         data = yaml.safe_load(text)

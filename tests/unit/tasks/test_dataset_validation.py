@@ -128,11 +128,18 @@ CASES: dict[str, Case] = {
         "is empty",
     ),
     "non_string_field": (
-        _lines(_row(GOOD_MATH, answer=2)),
+        _lines(_row(GOOD_MATH, problem=2)),
+        "math500",
+        1,
+        "problem",
+        "must be a string, got JSON number",
+    ),
+    "answer_not_text_or_number": (
+        _lines(_row(GOOD_MATH, answer=[2])),
         "math500",
         1,
         "answer",
-        "must be a string, got JSON number",
+        "must be a string, got JSON array",
     ),
     "null_field": (
         _lines(_row(GOOD_GSM, question=None)),
@@ -300,3 +307,18 @@ def test_surrogate_pairs_and_escaped_backslashes_are_text(tmp_path: Path) -> Non
     )
     items = GSM8KTask().load(path)
     assert [it.question for it in items] == ["smile \U0001f600 please", "a path C:\\ud800"]
+
+
+def test_math500_reads_a_numeric_answer_as_its_text(tmp_path: Path) -> None:
+    """AIME-style sets store the answer as a JSON number (204, not "204"): it is the gold as text."""
+    path = tmp_path / "aime.jsonl"
+    path.write_text(
+        _row(GOOD_MATH, answer=204, unique_id="a") + "\n" + _row(GOOD_MATH, answer=0.5, unique_id="b") + "\n",
+        encoding="utf-8",
+    )
+    items = Math500Task().load(path)
+    assert [i.gold for i in items] == ["204", "0.5"]
+    assert Math500Task().grade("so \\boxed{204}", items[0]) is True
+    with pytest.raises(DatasetError, match=r"line 1, field 'answer': must be a string, got JSON boolean"):
+        path.write_text(_row(GOOD_MATH, answer=True) + "\n", encoding="utf-8")
+        Math500Task().load(path)

@@ -487,6 +487,14 @@ def read_csv(
 
 def _check_header(record: list[str], where: str, line: int) -> list[str]:
     header = [name.strip() for name in record]
+    other = [d for d in ("\t", ";", "|") if len(header) == 1 and d in header[0]]
+    if other:  # one column named "question;answer": another delimiter, which would fail on every row
+        raise DatasetError(
+            f"malformed CSV header: one column named {header[0]!r}; srdq reads comma-separated values, and "
+            f"this file looks {other[0]!r}-separated (convert it, e.g. with pandas' sep=)",
+            path=where,
+            line=line,
+        )
     seen: dict[str, int] = {}
     for i, name in enumerate(header, start=1):
         if not name:

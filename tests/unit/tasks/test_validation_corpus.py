@@ -225,6 +225,18 @@ CASES: dict[str, Case] = {
         task="generic",
         max_row_bytes=400,
     ),
+    "csv_semicolon_separated": Case(
+        ".csv",
+        lambda: b"question;answer\n1+1?;#### 2\n",
+        "{path}, line 1: malformed CSV header: one column named 'question;answer'; srdq reads "
+        "comma-separated values, and this file looks ';'-separated (convert it, e.g. with pandas' sep=)",
+    ),
+    "csv_tab_separated": Case(
+        ".csv",
+        lambda: b"question\tanswer\n1+1?\t#### 2\n",
+        "{path}, line 1: malformed CSV header: one column named 'question\\tanswer'; srdq reads "
+        "comma-separated values, and this file looks '\\t'-separated (convert it, e.g. with pandas' sep=)",
+    ),
     # --- JSON (one array of objects)
     "json_empty_array": Case(".json", lambda: b" [ ]\n", "{path}: file is empty (a JSON array with no rows)"),
     "json_row_not_object": Case(

@@ -26,9 +26,9 @@ def _store(url: str | None):
     "--format",
     "fmt",
     type=click.Choice(["parquet", "jsonl", "csv"]),
-    default="parquet",
-    show_default=True,
-    help="jsonl keeps records nested; csv and parquet flatten them.",
+    default=None,
+    help="jsonl keeps records nested; csv and parquet flatten them. Default: the one --out's suffix "
+    "names (.parquet/.pq, .jsonl/.ndjson, .csv), else parquet; one that contradicts the suffix is refused.",
 )
 @click.option(
     "--out",
@@ -40,7 +40,7 @@ def _store(url: str | None):
 )
 @db_option
 @friendly_errors
-def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
+def export(run_id: str, fmt: str | None, out: str, db: str | None) -> None:
     """Export RUN_ID's results from the database: one row per item in dataset order, failed items
     included (failed=true, with their error). A SWEEP_ID exports each of its runs to its own file.
 
@@ -50,10 +50,11 @@ def export(run_id: str, fmt: str, out: str, db: str | None) -> None:
     """
     from pathlib import Path
 
-    from srd_worker.results.export import export_run
+    from srd_worker.results.export import export_format, export_run
     from srd_worker.settings import get_settings
     from srd_worker.sweep import expand_ids, is_sweep_id
 
+    fmt = export_format(fmt, out)  # before the database is opened: nothing to undo
     engine = open_db(db)
     try:
         if is_sweep_id(run_id):

@@ -228,6 +228,33 @@ def write_output(
     return str(path)
 
 
+#: File suffixes that name an export format (``export_format``).
+FORMAT_SUFFIXES = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+}
+
+
+def export_format(fmt: str | None, out: str) -> str:
+    """The format to export to ``out``: ``fmt`` when given, else the one its file suffix names, else
+    Parquet. A ``fmt`` that contradicts the suffix (``--format parquet --out results.csv``) is a
+    ``ConfigError``: the file would hold one format under another's name. A folder (a path ending in
+    ``/`` or an existing directory) names none."""
+    target = out[len("file://") :] if out.startswith("file://") else out
+    is_folder = target.endswith(("/", os.sep)) or ("://" not in target and Path(target).is_dir())
+    suffix = "" if is_folder else Path(target.rstrip("/")).suffix.lower()
+    implied = FORMAT_SUFFIXES.get(suffix)
+    if fmt is not None and implied is not None and fmt != implied:
+        raise ConfigError(
+            f"--format {fmt} does not match the destination {out!r}, a {suffix} file ({implied}): "
+            f"drop --format, or name the file *.{fmt}"
+        )
+    return fmt or implied or "parquet"
+
+
 def export_run(
     db: Engine, run_id: str, fmt: str, out: str, *, settings: Settings | None = None
 ) -> tuple[str, list[dict]]:

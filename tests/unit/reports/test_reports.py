@@ -368,6 +368,21 @@ def test_export_of_an_embedded_run_equals_its_results_file(two_runs, tmp_path: P
 
 
 @pytest.mark.e2e
+def test_export_format_follows_the_file_name(two_runs, tmp_path: Path) -> None:
+    """No --format: `results.csv` gets CSV (it used to get Parquet bytes under a .csv name); a --format
+    that contradicts the name is refused and writes nothing."""
+    out, run_ids = two_runs
+    dest = tmp_path / "results.csv"
+    proc = srdq("export", run_ids[0], "--out", str(dest), "--db", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert dest.read_text().splitlines()[0].startswith("run_id,")
+    wrong = tmp_path / "wrong.csv"
+    proc = srdq("export", run_ids[0], "--format", "parquet", "--out", str(wrong), "--db", str(out))
+    assert proc.returncode != 0 and not wrong.exists()
+    assert "--format parquet does not match the destination" in proc.stderr
+
+
+@pytest.mark.e2e
 def test_report_of_an_unknown_run_is_one_clear_line(two_runs, tmp_path: Path) -> None:
     out, _ = two_runs
     proc = srdq("report", "run-nope", "--out", str(tmp_path), "--db", str(out / "srdq.db"))

@@ -368,3 +368,16 @@ def test_cli_size_limit_comes_from_settings(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.strip() == f"Error: {path}, line 2: row is 219 bytes, more than the limit of 100 bytes"
     assert not out.exists()
+
+
+def test_other_delimiters_in_a_real_header_are_just_characters(tmp_path: Path) -> None:
+    """Only a header that is ONE column holding ';', a tab or '|' reads as another delimiter's file: a
+    comma-separated header may name a column with them, and a one-column file's values may hold them."""
+    from srd_worker.tasks.loading import read_csv
+
+    several = tmp_path / "several.csv"
+    several.write_bytes(b"q;uestion,a|nswer\n1+1?,2\n")
+    assert read_csv(several) == [(2, {"q;uestion": "1+1?", "a|nswer": "2"})]
+    single = tmp_path / "single.csv"
+    single.write_bytes(b"prompt\nhello; world | again\n")
+    assert read_csv(single) == [(2, {"prompt": "hello; world | again"})]

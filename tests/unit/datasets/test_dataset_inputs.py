@@ -144,6 +144,19 @@ def test_hub_dataset_from_the_local_cache(tmp_path: Path, monkeypatch: pytest.Mo
     assert resolve_dataset("hf:someone/tiny-math") == test_file
 
 
+def test_hub_dataset_whose_split_is_a_json_array(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many hub datasets ship a split as one JSON array (``test.json``): found by name, read as rows."""
+    cache = _hub_cache(
+        tmp_path / "hub", "someone/array-math", {"test.json": json.dumps(GSM, indent=2).encode()}
+    )
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    test_file = resolve_dataset("hf:someone/array-math")
+    assert test_file.name == "test.json"
+    task, items = load_items(test_file)
+    assert task.name == "gsm8k" and [i.id for i in items] == ["g1", "g2", "g3"]
+    assert [i.gold for i in items] == ["7", "7", "42"]
+
+
 def test_absent_hub_id_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
     with pytest.raises(DatasetError) as info:

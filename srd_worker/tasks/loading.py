@@ -1,5 +1,5 @@
-"""Reading and validating dataset files (JSON Lines, CSV, Parquet), with errors that name the file, the
-line (or Parquet row) and the field.
+"""Reading and validating dataset files (JSON Lines, JSON arrays, CSV, Parquet), with errors that name the
+file, the line (or row) and the field.
 
 - JSON Lines (https://jsonlines.org): UTF-8 text, one JSON value per line; every non-blank line must be a
   JSON object. Blank lines are skipped but still counted, so line numbers match what an editor shows. An
@@ -14,28 +14,30 @@ line (or Parquet row) and the field.
   for a syntax error, the line and column. Recognised by its first character: a ``.json``, ``.jsonl`` or
   ``.ndjson`` file (or one with no known suffix) that starts with ``[`` is such an array, any other is JSON
   Lines. Trailing commas and anything after the closing ``]`` are refused (RFC 8259).
-
-- gzip: a JSON Lines, JSON or CSV file compressed with gzip (``.jsonl.gz``, ``.json.gz``, ``.csv.gz``; recognised by its magic
-  bytes, the format by the suffix under ``.gz``) is read as it decompresses; line numbers are the
-  decompressed file's.
+- gzip: a JSON Lines, JSON or CSV file compressed with gzip (``.jsonl.gz``, ``.json.gz``, ``.csv.gz``;
+  recognised by its magic bytes, the format by the suffix under ``.gz``) is read as it decompresses;
+  line numbers are the decompressed file's.
 - A Hugging Face ``datasets`` folder written by ``Dataset.save_to_disk`` (``state.json`` + Arrow stream
   files, read with pyarrow; the ``datasets`` package is not needed): errors name the folder and the
   1-based data row. A ``DatasetDict`` folder (``dataset_dict.json``) is refused naming its splits.
 
 A leading UTF-8 byte-order mark is tolerated in the text formats. Every row is checked against a size
-limit (JSONL/CSV: its bytes in the file; Parquet: the size of its values as JSON). ``read_rows`` picks the
+limit (JSONL/CSV/JSON arrays: its bytes in the file; Parquet: the size of its values as JSON). ``read_rows`` picks the
 reader from the file suffix (``.csv``; ``.parquet``/``.pq``; anything else is JSON Lines or a JSON array by
 its first character, unless it starts with the Parquet magic bytes) and returns a ``Rows`` whose helpers
 raise errors in that file's terms.
 
 Every reader streams: ``iter_jsonl``/``iter_json_array``/``iter_csv``/``iter_parquet`` hold one row (one
-Parquet batch; a JSON array's element and a read-ahead chunk) at a time, so ``read_rows(..., stream=True)`` and ``Rows.iter_items`` validate a file of any length in
-bounded memory (``srdq submit dataset`` spools the items to disk, ``srd_worker.tasks.spool``); the
+Parquet batch; a JSON array's element and a read-ahead chunk) at a time, so ``read_rows(...,
+stream=True)`` and ``Rows.iter_items`` validate a file of any length in bounded memory (``srdq submit
+dataset`` spools the items to disk, ``srd_worker.tasks.spool``); the
 ``read_*`` functions and ``Rows.items`` build lists for the embedded path. Errors come in file order
 (the first bad line is the one named).
 
-Left out: TSV and other delimiters, compressions other than gzip, gzipped Parquet, a JSON object whose
-rows sit under a key (``{"data": [...]}``), and schema checks beyond "these fields are non-empty strings", which belong to each task.
+Left out: TSV and other delimiters (a CSV header that is one column holding ``;``, a tab or ``|`` is
+refused naming the delimiter), compressions other than gzip, gzipped Parquet, a JSON object whose rows
+sit under a key (``{"data": [...]}``), and schema checks beyond "these fields are non-empty strings",
+which belong to each task.
 """
 
 from __future__ import annotations

@@ -187,7 +187,8 @@ class ShardStatus:
     attempt: int
     lease_owner: str | None
     error: str | None
-    #: Why a shard is slow: "lease expired" (running, no heartbeat) or "retrying after attempt N".
+    #: Why a shard is slow: "lease expired" (running, no heartbeat) or "retrying after attempt N"; for a
+    #: running shard otherwise, when its last round was saved ("round 2 saved 14m 05s ago").
     note: str | None = None
 
 
@@ -254,9 +255,11 @@ def progress_rates(
     return items, tokens
 
 
-def _shard_note(shard: Shard, now: datetime) -> str | None:
+def _shard_note(shard: Shard, now: datetime, saved_at: datetime | None = None) -> str | None:
     if shard.status == "running" and shard.lease_expires_at is not None and shard.lease_expires_at < now:
         return "lease expired"
+    if shard.status == "running" and saved_at is not None:  # a long round shows no other sign of life
+        return f"round {shard.round} saved {format_duration(max((now - saved_at).total_seconds(), 0.0))} ago"
     if shard.status == "pending" and (shard.attempt > 0 or shard.error):
         return f"retrying after attempt {shard.attempt}" if shard.attempt else "retrying"
     return None
@@ -278,6 +281,9 @@ def run_status(
         in_flight = queries.unfinished_items(session=session, run_id=run_id)
         shards, matched = queries.list_status_shards(
             session=session, run_id=run_id, everything=all_shards, limit=None if all_shards else limit
+        )
+        saved = queries.last_saved(
+            session=session, run_id=run_id, shard_indices=[s.index for s in shards if s.status == "running"]
         )
         final = run.status in ("done", "failed", "cancelled")
         # between sittings (after `srdq resume`, or while a reopened `srdq run` loads its engine) nothing is
@@ -335,7 +341,7 @@ def run_status(
                 s.attempt,
                 s.lease_owner,
                 (s.error or "").splitlines()[0] if s.error else None,
-                _shard_note(s, now),
+                _shard_note(s, now, saved.get(s.index)),
             )
             for s in shards
         ],

@@ -183,6 +183,19 @@ def notable_condition() -> Any:
     return or_(col(Shard.status).in_([Status.RUNNING.value, Status.FAILED.value]), retrying)
 
 
+def last_saved(*, session: Session, run_id: str, shard_indices: list[int]) -> dict[int, datetime]:
+    """When each of these shards last wrote a checkpoint (its items' latest), by shard index; a shard with
+    no checkpoint yet is absent. One grouped query over the checkpoint index (run_id, shard_index)."""
+    if not shard_indices:
+        return {}
+    rows = session.exec(
+        select(col(Checkpoint.shard_index), func.max(Checkpoint.updated_at))
+        .where(Checkpoint.run_id == run_id, col(Checkpoint.shard_index).in_(shard_indices))
+        .group_by(col(Checkpoint.shard_index))
+    ).all()
+    return {int(index): when for index, when in rows if when is not None}
+
+
 def list_status_shards(
     *, session: Session, run_id: str, everything: bool = False, limit: int | None = None
 ) -> tuple[list[Shard], int]:

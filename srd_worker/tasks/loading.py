@@ -238,7 +238,9 @@ def iter_jsonl(
                 row = json.loads(text, object_pairs_hook=_unique_keys)
             except json.JSONDecodeError as exc:
                 raise DatasetError(
-                    f"malformed JSON: {exc.msg} (column {exc.colno})", path=where, line=lineno
+                    f"malformed JSON: {exc.msg} (column {exc.colno}){'' if seen else _read_as_jsonl(where)}",
+                    path=where,
+                    line=lineno,
                 ) from exc
             except _DuplicateKey as exc:
                 raise DatasetError(
@@ -254,6 +256,19 @@ def iter_jsonl(
             yield lineno, row
     if not seen:
         raise DatasetError("file is empty (no rows)", path=where)
+
+
+def _read_as_jsonl(where: str) -> str:
+    """What to add to the first row's JSON error when the file's suffix is not a JSON one: it was read as
+    JSON Lines only because srdq knows no other reader for it (``a.tsv``, ``data.txt``)."""
+    p = Path(where)
+    suffix = (Path(p.stem).suffix if p.suffix.lower() == ".gz" else p.suffix).lower()
+    if suffix in ("", ".jsonl", ".json", ".ndjson"):
+        return ""
+    return (
+        f"; a {suffix} file is read as JSON Lines (srdq reads .jsonl, .json, .ndjson, .csv, .parquet and "
+        ".pq files, .gz too)"
+    )
 
 
 def read_jsonl(

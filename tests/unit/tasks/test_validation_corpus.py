@@ -237,6 +237,12 @@ CASES: dict[str, Case] = {
         "{path}, line 1: malformed CSV header: one column named 'question\\tanswer'; srdq reads "
         "comma-separated values, and this file looks '\\t'-separated (convert it, e.g. with pandas' sep=)",
     ),
+    "tsv_read_as_jsonl": Case(
+        ".tsv",
+        lambda: b"question\tanswer\n1+1?\t#### 2\n",
+        "{path}, line 1: malformed JSON: Expecting value (column 1); a .tsv file is read as JSON Lines "
+        "(srdq reads .jsonl, .json, .ndjson, .csv, .parquet and .pq files, .gz too)",
+    ),
     # --- JSON (one array of objects)
     "json_empty_array": Case(".json", lambda: b" [ ]\n", "{path}: file is empty (a JSON array with no rows)"),
     "json_row_not_object": Case(
@@ -305,7 +311,7 @@ def _materialise(tmp_path: Path, name: str) -> Path:
 
 def test_corpus_is_large_and_covers_every_format() -> None:
     assert len(CASES) >= 15
-    assert {c.suffix for c in CASES.values()} == {".jsonl", ".json", ".csv", ".parquet"}
+    assert {c.suffix for c in CASES.values()} == {".jsonl", ".json", ".csv", ".parquet", ".tsv"}
     assert len({c.message for c in CASES.values()}) >= 15  # distinct messages, not one catch-all
 
 

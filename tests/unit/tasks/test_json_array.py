@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from srd_worker.errors import DatasetError
 from srd_worker.tasks.loading import file_format, iter_json_array, read_jsonl, read_rows
@@ -151,3 +153,27 @@ def test_row_limit_counts_the_element_bytes(tmp_path: Path) -> None:
     endless = _write(tmp_path / "endless.json", '[{"q": "' + "z" * 10_000)
     with pytest.raises(DatasetError, match=r"row 1: row is \d[\d,]* bytes, more than the limit of 500 bytes"):
         list(iter_json_array(endless, max_row_bytes=500, chunk_bytes=64))
+
+
+_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.lists(st.dictionaries(st.text(max_size=6), _values, max_size=4), min_size=1, max_size=6),
+    indent=st.sampled_from([None, 0, 1, 4]),
+    ascii_only=st.booleans(),
+    chunk=st.integers(min_value=1, max_value=40),
+)
+def test_any_array_of_objects_reads_as_json_loads_does(
+    tmp_path_factory: pytest.TempPathFactory, rows: list, indent: int | None, ascii_only: bool, chunk: int
+) -> None:
+    """Whatever the objects, the layout, the escapes and the chunk: the rows are what ``json.loads`` reads."""
+    path = tmp_path_factory.mktemp("fuzz") / "rows.json"
+    path.write_text(json.dumps(rows, indent=indent, ensure_ascii=ascii_only), encoding="utf-8")
+    assert [row for _, row in iter_json_array(path, chunk_bytes=chunk)] == json.loads(path.read_text("utf-8"))

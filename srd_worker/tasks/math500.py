@@ -1,7 +1,8 @@
 """MATH-500 (the "Let's Verify Step by Step" MATH test subset): dataset adapter, prompt and grader.
 
 Follows the ``openai/prm800k`` ``math_splits/test.jsonl`` layout: ``problem``, ``answer`` (the final answer
-as LaTeX; a JSON or Parquet number is read as its text, as AIME-style sets store ``204``), plus ``solution``, ``subject``, ``level`` and ``unique_id``. The item id is ``unique_id`` (else
+as LaTeX; a JSON or Parquet number is read as its text, as AIME-style sets store ``204``), plus
+``solution``, ``subject``, ``level`` and ``unique_id``. The item id is ``unique_id`` (else
 ``line-<N>``); ``subject`` and ``level`` are kept in ``Item.meta``. A gold written as ``\\boxed{x}`` is
 reduced to ``x``; an empty or unclosed box is refused (no response could match it). Responses are graded
 on their last ``\\boxed{}`` only (no last-number fallback) with math-verify.
@@ -43,9 +44,8 @@ class Math500Task:
 
     def _item(self, rows: Rows, line: int, row: dict[str, Any]) -> Item:
         rows.require(line, row, ("problem",))
-        gold = rows.text(
-            line, row, "answer", numbers=True
-        )  # a number too: many math sets store 204, not "204"
+        # a number too: many math sets store 204, not "204"
+        gold = rows.text(line, row, "answer", numbers=True)
         meta: dict[str, Any] = {rows.unit: line}
         meta.update({k: row[k] for k in META_FIELDS if k in row})
         if "\\boxed" in gold or "\\fbox" in gold:

@@ -261,9 +261,8 @@ def iter_jsonl(
 def _read_as_jsonl(where: str) -> str:
     """What to add to the first row's JSON error when the file's suffix is not a JSON one: it was read as
     JSON Lines only because srdq knows no other reader for it (``a.tsv``, ``data.txt``)."""
-    p = Path(where)
-    suffix = (Path(p.stem).suffix if p.suffix.lower() == ".gz" else p.suffix).lower()
-    if suffix in ("", ".jsonl", ".json", ".ndjson"):
+    suffix = _data_suffix(Path(where))
+    if not suffix or suffix in _JSON_SUFFIXES:
         return ""
     return (
         f"; a {suffix} file is read as JSON Lines (srdq reads .jsonl, .json, .ndjson, .csv, .parquet and "
@@ -668,14 +667,12 @@ def file_format(path: str | Path) -> str:
     p = Path(path)
     if p.is_dir() and ((p / "state.json").is_file() or (p / "dataset_dict.json").is_file()):
         return "arrow"
-    suffix = p.suffix.lower()
-    if suffix == ".gz":
-        suffix = Path(p.stem).suffix.lower()
+    suffix = _data_suffix(p)
     if suffix == ".csv":
         return "csv"
     if suffix in (".parquet", ".pq"):
         return "parquet"
-    if suffix not in (".jsonl", ".json", ".ndjson"):
+    if suffix not in _JSON_SUFFIXES:
         try:
             with open(path, "rb") as fh:
                 if fh.read(4) == _PARQUET_MAGIC:
@@ -683,6 +680,16 @@ def file_format(path: str | Path) -> str:
         except OSError:
             pass
     return "json" if _starts_with_array(p) else "jsonl"
+
+
+#: Suffixes of the JSON family: JSON Lines, or a JSON array by the file's first character.
+_JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+def _data_suffix(path: Path) -> str:
+    """The file's format suffix, lower case: the one under a ``.gz`` (``data.jsonl.gz`` → ``.jsonl``)."""
+    suffix = path.suffix.lower()
+    return Path(path.stem).suffix.lower() if suffix == ".gz" else suffix
 
 
 def _starts_with_array(path: Path) -> bool:
@@ -742,6 +749,11 @@ class Rows:
         Arrow)."""
         return "row" if self.format in ("json", "parquet", "arrow") else "line"
 
+    @property
+    def json_types(self) -> bool:
+        """Whether values are named by their JSON types in errors (``JSON number``): the JSON formats."""
+        return self.format in ("jsonl", "json")
+
     def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
         return iter(self.__dict__["rows"]) if "rows" in self.__dict__ else self.source()
 
@@ -753,9 +765,7 @@ class Rows:
 
     def require(self, at: int, row: dict[str, Any], fields: Iterable[str]) -> None:
         """Raise naming the field if one of ``fields`` is missing, not a string, or blank."""
-        require_fields(
-            self.path, at, row, fields, unit=self.unit, json_types=self.format in ("jsonl", "json")
-        )
+        require_fields(self.path, at, row, fields, unit=self.unit, json_types=self.json_types)
 
     def text(self, at: int, row: dict[str, Any], field: str, *, numbers: bool = False) -> str:
         """The required field as stripped text; ``numbers=True`` also accepts a number (made text)."""
@@ -766,7 +776,7 @@ class Rows:
         return str(value).strip()
 
     def row_id(self, at: int, row: dict[str, Any], field: str) -> str:
-        return row_id(self.path, at, row, field, unit=self.unit, json_types=self.format in ("jsonl", "json"))
+        return row_id(self.path, at, row, field, unit=self.unit, json_types=self.json_types)
 
     def check_unique_ids(self, items_with_lines: Sequence[tuple[int, str | Item]]) -> None:
         check_unique_ids(self.path, items_with_lines, unit=self.unit)

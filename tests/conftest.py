@@ -41,6 +41,9 @@ else:
 SERIAL_GROUPS = {"integration": "services", "slow": "smollm2"}
 
 
+# tryfirst: pytest-xdist's worker reads the xdist_group markers in a hook of its own (it appends the group
+# to each node id there), so they must be on the items before it runs (tests/unit/test_serial_groups.py)
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tier markers: every test under tests/unit that is not end-to-end (``e2e``) or ``slow`` is ``unit``,
     so ``pytest -m unit`` is the fast tier (about two minutes on two cores); and the xdist group of the

@@ -14,12 +14,14 @@ import sys
 from tests.conftest import ROOT
 
 FILES = ["tests/integration/test_sweep_service.py", "tests/integration/test_service.py"]
+PYTEST = ["-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider"]
 
 
 def test_the_integration_tier_runs_on_one_worker_in_order() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SRDQ_TEST_")}  # skip, never touch a server
+    # without the wrapper's servers the tests skip: they never touch a server here
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SRDQ_TEST_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider", *FILES],
+        [sys.executable, *PYTEST, *FILES],
         cwd=ROOT,
         env=env,
         capture_output=True,

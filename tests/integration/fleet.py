@@ -154,6 +154,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int, *, avoid: tuple[int, ...] = ()) -> int:
+    """The first of ``count`` consecutive free ports (a worker's pool processes serve metrics on
+    ``port``, ``port + 1``, ...), none of them in ``avoid``: a free port's neighbour may be taken."""
+    while True:
+        first = free_port()
+        ports = range(first, first + count)
+        if first + count > 65536 or any(p in avoid for p in ports):
+            continue
+        socks = []
+        try:
+            for port in ports:
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        return first
+
+
 def moto_server(log_dir: Path) -> Iterator[str]:
     """Start a real moto_server on a free port, yield its URL, stop it after."""
     beside = Path(sys.executable).parent / "moto_server"

@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.fleet import CLI, free_port, start_worker, worker_log
+from tests.integration.fleet import CLI, free_port, free_ports, start_worker, worker_log
 from tests.integration.fleet import submit as fleet_submit
 from tests.integration.test_service import db_rows, run_done, wait_for
 
@@ -58,9 +58,8 @@ def test_scraped_counters_equal_the_records(env, datasets_dir, tmp_path):
         *("--max-new-tokens", "16", "--set", "chunk_tokens=4", "--seed", "3", "--shard-size", "2"),
         timeout=120,
     )
-    a, b = free_port(), free_port()
-    while b in (a, a + 1):
-        b = free_port()
+    a = free_port()
+    b = free_ports(2, avoid=(a,))  # b and b + 1 both free (a busy b + 1 made the worker refuse to start)
     start_worker(env, "a", SRDQ_METRICS_PORT=str(a))
     # the second worker's two pool processes serve on b and b + 1 (the flag wins over the environment)
     log = open(tmp_path / "b.log", "w")  # noqa: SIM115 - closed when the process is reaped

@@ -234,6 +234,13 @@ class VerifyRule(Protocol):
         (seeded from the request seed), the only source of randomness a rule may use."""
         ...
 
+    def emitted(self, row: int, kept: int) -> None:
+        """After every ``verify`` of ``row``: the harness emitted only the first ``kept`` tokens of its
+        verdict (the kept draft tokens, then the verdict's token; fewer when EOS, a stop string or the
+        budget cut them). A rule that counts what it met (CSD's memory) takes back what it counted past
+        them; a stateless rule does nothing."""
+        ...
+
 
 @dataclass
 class SpeculativeGeneration(Generation):

@@ -371,8 +371,10 @@ def _speculate_batch(
                 for k, v in verdict.counts.items():
                     counts[i][k] = counts[i].get(k, 0) + int(v)
                 finished = False
+                emitted = 0
                 for t in drafted_list[r][:acc] + [int(verdict.token)]:
                     results[i].append(t)
+                    emitted += 1
                     if t in tok.eos_token_ids:
                         reasons[i], finished = "eos", True
                     elif max_stop[i] and engine._hit_stop(results[i], stop_strings[i], max_stop[i]):
@@ -381,6 +383,7 @@ def _speculate_batch(
                         reasons[i], finished = "length", True
                     if finished:
                         break
+                rule.emitted(index[i], emitted)
                 if finished:
                     continue
                 keep_rows.append(r)

@@ -24,10 +24,10 @@ import numpy as np
 
 from srd_worker.engines.base import GenerationRequest, SamplingParams, SpecStep, Verdict
 from srd_worker.methods.base import derive_seed
-from srd_worker.methods.speculative_rules import LosslessRule, entropy, memory_key, prob_entropy
+from srd_worker.methods.speculative_rules import LosslessRule, Stateless, entropy, memory_key, prob_entropy
 
 
-class RecordingRule:
+class RecordingRule(Stateless):
     """The lossless rule, recording entropies and rejection pairs at every verified position."""
 
     def __init__(self) -> None:

@@ -87,7 +87,14 @@ def top_n_overlap(a: np.ndarray, b: np.ndarray, n: int) -> float:
     return len(top_n_ids(a, n) & top_n_ids(b, n)) / n
 
 
-class LosslessRule:
+class Stateless:
+    """A rule that keeps nothing across iterations: what the harness cuts needs no forgetting."""
+
+    def emitted(self, row: int, kept: int) -> None:
+        """Nothing counted to take back (``engines.base.VerifyRule.emitted``)."""
+
+
+class LosslessRule(Stateless):
     """Standard speculative sampling (§4.1)."""
 
     def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
@@ -105,7 +112,7 @@ class LosslessRule:
         return Verdict(gamma, bonus)
 
 
-class EASDRule:
+class EASDRule(Stateless):
     """Entropy-aware speculative decoding (§5.2). Thresholds ``tau_q`` / ``tau_p`` in nats; entropies of the
     raw (``entropy_source='raw'``: softmax of the logits at temperature 1, before top-k/top-p) or the
     processed distributions; top-N sets from the raw logits. ``penalty_order``: the entropy test on the
@@ -196,6 +203,8 @@ class CSDRule:
         self.offline, self.online = offline, online
         self.lam, self.update_before_test = lam, update_before_test
         self.log_tau = math.log(tau) if tau > 0 else -math.inf
+        # the mismatches the last verify of each row counted, as (draft position, memory key)
+        self.counted: dict[int, list[tuple[int, str]]] = {}
 
     def _rescue(self, row: int, step: SpecStep, i: int, x: int, t: int) -> bool:
         key = memory_key(x, t)
@@ -206,9 +215,25 @@ class CSDRule:
         ok = count >= self.lam and float(step.p_logits[i][x] - step.p_logits[i][t]) >= self.log_tau
         if not self.update_before_test:
             mem[key] = mem.get(key, 0) + 1
+        self.counted.setdefault(row, []).append((i, key))
         return ok
 
+    def emitted(self, row: int, kept: int) -> None:
+        """The harness kept only the first ``kept`` tokens of this row's last verdict (a cut at EOS, a stop
+        string or the round's budget): the mismatches counted at later draft positions are taken back out
+        of the online memory, since the next round drafts those positions again and meets (and counts)
+        them anew. So T counts each mismatch of the emitted text once, whatever the round length."""
+        mem = self.online[row]
+        for i, key in self.counted.pop(row, []):
+            if i >= kept:
+                left = mem[key] - 1
+                if left:
+                    mem[key] = left
+                else:
+                    del mem[key]
+
     def verify(self, row: int, step: SpecStep, rng: Any) -> Verdict:
+        self.counted[row] = []
         gamma = len(step.draft_tokens)
         rescued = 0
         for i, x in enumerate(step.draft_tokens):

@@ -630,6 +630,73 @@ def test_csd_that_rescues_everything_keeps_every_draft_token(tiny_pair):
     assert [s["candidates"] for s in states] != [s["candidates"] for s in greedy]
 
 
+class KeptRecorder:
+    """A verification rule around another: records each verify's verdict length and what ``emitted`` said
+    was kept, per row."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.calls = inner, []
+
+    def verify(self, row: int, step: SpecStep, rng: Any):
+        verdict = self.inner.verify(row, step, rng)
+        self.calls.append([row, verdict.accepted + 1, None])
+        return verdict
+
+    def emitted(self, row: int, kept: int) -> None:
+        assert self.calls[-1][0] == row and self.calls[-1][2] is None  # once, right after its verify
+        self.calls[-1][2] = kept
+        self.inner.emitted(row, kept)
+
+
+def test_the_harness_tells_the_rule_how_many_tokens_of_each_verdict_it_kept(tiny_pair):
+    """After every verify the harness says how many of the verdict's tokens it emitted: all of them, but
+    fewer where the budget cut the iteration (the tokens a request got add up to what was kept)."""
+    reqs = [
+        GenerationRequest(_prompt(tiny_pair, q), SamplingParams(temperature=0, max_new_tokens=budget))
+        for q, budget in zip(QUESTIONS, (5, 7, 11), strict=True)
+    ]
+    online: list[dict[str, int]] = [{} for _ in reqs]
+    # λ = 0, τ = 0: every mismatch rescued, so every iteration keeps γ + 1 = 5 tokens and budgets 7 and 11 cut
+    rule = KeptRecorder(CSDRule(offline={}, online=online, lam=0, tau=0.0, update_before_test=True))
+    out = tiny_pair.speculate(reqs, rule, draft_model="tiny-draft", gamma=4)
+    for row, gen in enumerate(out):
+        calls = [(n, kept) for r, n, kept in rule.calls if r == row]
+        assert all(kept is not None and 1 <= kept <= n for n, kept in calls)
+        assert sum(kept for _, kept in calls) == len(gen.token_ids)
+        assert all(kept == n for n, kept in calls[:-1])  # only the last iteration is cut
+    assert sum(kept < n for _, n, kept in rule.calls) == 2  # budgets 7 and 11 fell inside an iteration
+    assert rule.inner.counted == {}  # nothing left over to take back
+    # what the memory holds is what the kept text met: no more mismatches than kept draft positions
+    assert 0 < sum(sum(m.values()) for m in online) <= sum(len(g.token_ids) for g in out)
+
+
+@pytest.mark.parametrize("update_before_test", [True, False])
+def test_csd_takes_back_the_mismatches_counted_past_what_the_harness_kept(update_before_test):
+    """The harness cut a verdict (EOS, a stop string, the round's budget): the mismatches counted at draft
+    positions past the cut leave the memory, since the next round drafts there again and counts anew.
+    Greedy, the target's argmax 0 everywhere, λ = 10 (nothing rescued)."""
+    z = np.array([[1.0, 0.0, 0.0]] * 3)
+    p = np.eye(3)[[0, 0, 0]]
+    online: list[dict[str, int]] = [{"1,0": 1}]  # from an earlier round
+    rule = CSDRule(offline={}, online=online, lam=10, tau=0.0, update_before_test=update_before_test)
+
+    def verify(tokens: list[int]) -> tuple[int, int]:
+        v = rule.verify(0, SpecStep(tokens, np.eye(3)[tokens], p, np.zeros((2, 3)), z, True), None)
+        return v.accepted, v.token
+
+    assert verify([1, 1]) == (0, 0) and online == [{"1,0": 2}]  # 1 vs 0 at position 0
+    rule.emitted(0, 1)  # the target's token at position 0 kept: the count stays
+    assert online == [{"1,0": 2}]
+    assert verify([2, 2]) == (0, 0) and online == [{"1,0": 2, "2,0": 1}]
+    rule.emitted(0, 0)  # cut before position 0: taken back, and a count back at 0 leaves no key
+    assert online == [{"1,0": 2}]
+    assert verify([0, 1]) == (1, 0) and online == [{"1,0": 3}]  # a match, then 1 vs 0 at position 1
+    rule.emitted(0, 1)  # the match kept, the mismatch cut
+    assert online == [{"1,0": 2}]
+    rule.emitted(0, 0)  # nothing counted since the last verify: nothing more to take back
+    assert online == [{"1,0": 2}] and rule.counted == {}
+
+
 @pytest.mark.parametrize(
     "name, params",
     [

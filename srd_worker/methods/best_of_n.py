@@ -23,6 +23,7 @@ from srd_worker.methods.pool import (
     pool_entries,
     score_responses,
 )
+from srd_worker.methods.routing import rank_order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,12 +33,9 @@ class BestOfNParams(PoolParams):
 
 
 def argmax_first(values: Sequence[float]) -> int:
-    """Index of the largest value; the first one on ties."""
-    best = 0
-    for i, v in enumerate(values):
-        if v > values[best]:
-            best = i
-    return best
+    """Index of the largest value; the first one on ties; a NaN never wins over a number (it ranks last,
+    as everywhere else: ``routing.rank_order``)."""
+    return rank_order(values)[0]
 
 
 class BestOfN(Method[PoolState, BestOfNParams]):

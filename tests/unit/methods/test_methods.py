@@ -83,6 +83,11 @@ def test_self_consistency_majority():
 def test_argmax_first_ties():
     assert argmax_first([0.5, 0.7, 0.7]) == 1
     assert argmax_first([1.0]) == 0
+    nan = float("nan")
+    assert argmax_first([nan, 1.0, 2.0]) == 2  # a NaN reward never wins, wherever it stands
+    assert argmax_first([1.0, nan, 1.0]) == 0
+    assert argmax_first([nan, nan]) == 0
+    assert argmax_first([-float("inf"), nan]) == 0
 
 
 def test_best_of_n_record_by_hand():

@@ -75,6 +75,9 @@ class DraftParams(MethodParams):
     #: May ``chunk_tokens`` be 0 (the whole budget in one round)? Only the fixed pools, which make no
     #: decision between rounds; SRD, rejection sampling and Speculative Rejection need their interval Δ.
     whole_budget_allowed: ClassVar[bool] = False
+    #: What ``chunk_tokens`` 0 means to a method that takes it for something else (beam search / DVTS: no
+    #: per-step cap); empty where 0 is refused.
+    chunk_tokens_zero: ClassVar[str] = ""
 
     def validate(self) -> None:
         if self.keep_candidates not in KEEP_CANDIDATES:
@@ -89,8 +92,9 @@ class DraftParams(MethodParams):
             raise ConfigError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.chunk_tokens < (0 if self.whole_budget_allowed else 1):
-            low = "0 (0 = the whole budget in one round)" if self.whole_budget_allowed else "1"
+        zero = "the whole budget in one round" if self.whole_budget_allowed else self.chunk_tokens_zero
+        if self.chunk_tokens < (0 if zero else 1):
+            low = f"0 (0 = {zero})" if zero else "1"
             raise ConfigError(f"chunk_tokens must be >= {low}, got {self.chunk_tokens}")
 
     def candidates_mode(self, n_candidates: int) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, NotRequired
+from typing import Any, ClassVar, NotRequired
 
 from srd_worker.engines.base import Generation
 from srd_worker.errors import ConfigError
@@ -56,8 +56,10 @@ class SearchParams(PoolParams):
     """Parameters of beam search and DVTS (the drafting parameters of §0.7 plus the search's own)."""
 
     chunk_tokens: int = param(
-        100, "per-step token cap: a step ends at step_delimiter, at EOS or after this many tokens"
+        100,
+        "per-step token cap: a step ends at step_delimiter, at EOS or after this many tokens (0 = no cap)",
     )
+    chunk_tokens_zero: ClassVar[str] = "no per-step cap"
     n: int = param(4, "N: expansions sampled per search step (beam search) / beams over all subtrees (DVTS)")
     beam_width: int = param(
         4, "M: expansions per kept beam (beam search keeps n/M beams) / width of each DVTS subtree"

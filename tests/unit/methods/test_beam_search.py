@@ -355,3 +355,20 @@ def test_srdq_run_on_the_testbed(tmp_path: Path, name: str, reward: str) -> None
         assert r["response"] == r["candidates"][r["extra"]["chosen"]]["text"]
         assert r["ledger"]["rm_calls"] >= 4 and r["ledger"]["gen_tokens"] > 0
     assert any("\\boxed{" in r["response"] for r in records)
+
+
+@pytest.mark.parametrize("name", ["beam_search", "dvts"])
+def test_chunk_tokens_zero_is_no_per_step_cap(tiny_engine, name):
+    """chunk_tokens 0: a step runs to the delimiter, EOS or the whole remaining budget (ALGORITHMS §8.1)."""
+    with pytest.raises(ConfigError, match=r"chunk_tokens must be >= 0 \(0 = no per-step cap\), got -1"):
+        build_method(name, {"chunk_tokens": -1})
+    method = build_method(name, {"n": 4, "beam_width": 2, "chunk_tokens": 0, "max_new_tokens": 24})
+    ctx = StepContext(tiny_engine, ScriptedReward(), run_seed=5)
+    states = start(method, tiny_engine)
+    method.step(states, ctx)
+    for s in states:
+        for b in s["beams"]:
+            # the tiny random model rarely writes a blank line: a step that met none took the whole budget
+            assert b["text"].endswith("\n\n") or b["finish"] is not None
+            assert b["finish"] != "length" or len(b["tokens"]) == 24
+    assert any(len(b["tokens"]) == 24 for s in states for b in s["beams"])  # one step took the budget

@@ -153,15 +153,27 @@ def child_of(parent: Beam | None, *, cid: int, parent_slot: int, subtree: int) -
 
 
 def apply_step(
-    ctx: StepContext, state: SearchState, beam: Beam, gen: Generation, budget: int, max_new_tokens: int
+    ctx: StepContext,
+    state: SearchState,
+    beam: Beam,
+    gen: Generation,
+    budget: int,
+    max_new_tokens: int,
+    delimiter: str | None,
 ) -> None:
-    """Append one step. Stopping at the delimiter (``stop``) ends the step, not the response; EOS finishes
-    it (``eos``); so do the ``max_new_tokens`` cap, a full context (fewer tokens than ``budget``) and an
-    empty step (``length``). A step cut at the per-step cap simply ends there."""
+    """Append one step. Stopping at the step's ``delimiter`` ends the step, not the response; EOS finishes
+    it (``eos``), and so does any other stop string, the task's (``stop``, §0.7; on the last step, which
+    runs without the delimiter, every stop is the task's); so do the ``max_new_tokens`` cap, a full context
+    (fewer tokens than ``budget``) and an empty step (``length``). A step cut at the per-step cap simply
+    ends there."""
     beam["tokens"].extend(gen.token_ids)
     beam["text"] = ctx.decode(beam["tokens"])
     if gen.finish_reason == "eos":
         beam["finish"] = "eos"
+    elif gen.finish_reason == "stop" and (
+        delimiter is None or any(s != delimiter and s in gen.text for s in ctx.stop)
+    ):
+        beam["finish"] = "stop"
     elif not gen.token_ids or len(beam["tokens"]) >= max_new_tokens:
         beam["finish"] = "length"
     elif gen.finish_reason != "stop" and len(gen.token_ids) < budget:
@@ -179,7 +191,7 @@ def expand(
     extended by one step, seeded by (slot, step, ``step``). The state's last step (``round`` =
     ``max_steps`` − 1) generates without the delimiter, up to ``max_new_tokens``."""
     calls: list[GenCall] = []
-    children: list[tuple[SearchState, Beam, int]] = []
+    children: list[tuple[SearchState, Beam, int, str | None]] = []
     for state, slot, parent, parent_slot, subtree in jobs:
         child = child_of(parent, cid=state["round"] * p.n + slot, parent_slot=parent_slot, subtree=subtree)
         room = p.max_new_tokens - len(child["tokens"])
@@ -200,10 +212,10 @@ def expand(
         if not last:
             call.params = dataclasses.replace(call.params, stop=(p.delimiter,))
         calls.append(call)
-        children.append((state, child, budget))
-    for (state, child, budget), gen in zip(children, ctx.generate(calls), strict=True):
-        apply_step(ctx, state, child, gen, budget, p.max_new_tokens)
-    return [child for _, child, _ in children]
+        children.append((state, child, budget, None if last else p.delimiter))
+    for (state, child, budget, delimiter), gen in zip(children, ctx.generate(calls), strict=True):
+        apply_step(ctx, state, child, gen, budget, p.max_new_tokens, delimiter)
+    return [child for _, child, _, _ in children]
 
 
 def score_beams(ctx: StepContext, p: SearchParams, jobs: Sequence[tuple[SearchState, Beam]]) -> None:

@@ -372,3 +372,25 @@ def test_chunk_tokens_zero_is_no_per_step_cap(tiny_engine, name):
             assert b["text"].endswith("\n\n") or b["finish"] is not None
             assert b["finish"] != "length" or len(b["tokens"]) == 24
     assert any(len(b["tokens"]) == 24 for s in states for b in s["beams"])  # one step took the budget
+
+
+def test_a_task_stop_string_finishes_the_beam_the_delimiter_only_ends_the_step(tiny_engine):
+    """A step stopped at the delimiter goes on in the next step; one stopped at the task's stop string ends
+    the response (finish ``stop``, §0.7), and on the last step, which runs without the delimiter, every stop
+    is the task's."""
+    from srd_worker.engines.base import Generation
+    from srd_worker.methods.step_search import apply_step
+
+    method = build_method("beam_search", {"n": 2, "beam_width": 1, "chunk_tokens": 8, "max_new_tokens": 64})
+    ctx = StepContext(tiny_engine, ScriptedReward(), run_seed=0, stop=("Q:",))
+    (state,) = start(method, tiny_engine, QUESTIONS[:1])
+
+    def step(text: str, delimiter: str | None) -> Any:
+        beam = {"tokens": [], "text": "", "S": {}, "finish": None}
+        ids = tiny_engine.tokenizer.encode(text)
+        apply_step(ctx, state, beam, Generation(ids, text, "stop"), 8, 64, delimiter)
+        return beam["finish"]
+
+    assert step("3 + 4 = 7\n\n", "\n\n") is None  # the step's own delimiter: the beam goes on
+    assert step("The answer is 7\nQ:", "\n\n") == "stop"  # the task's stop string: the response ends
+    assert step("The answer is 7\nQ:", None) == "stop"  # the last step

@@ -366,6 +366,10 @@ class SRDLoop:
         t0 = time.perf_counter()
         next_gen: list[Trajectory] = []
         for idx, (tau, outs) in enumerate(zip(entries, variants, strict=True)):
+            if not outs:  # spent (batch form): popped with c ≥ N_refine and dropped, not regenerated (§1.5)
+                st["exhausted"] += 1
+                state["dropped"].append(tau["id"])
+                continue
             new = outs[0]
             if p.policy == "refine_bob":
                 new = outs[rank_order(scores(outs))[0]]
@@ -377,7 +381,10 @@ class SRDLoop:
             st["reward_after_sum"] += r_new
             st["refine_improved"] += int(r_new > r_tau)
             if p.policy in ("reroute_global", "keep_on_refine", "refine_bob"):
-                pool = sorted(keep + entries[idx + 1 :] + next_gen + [new], key=lambda c: c["id"])
+                others = keep + entries[idx + 1 :] + next_gen
+                if p.rank_unfinished_only:  # finished candidates left the ranking pool (§1.7 (3))
+                    others = [c for c in others if not is_finished(c)]
+                pool = sorted(others + [new], key=lambda c: c["id"])
                 u = rank_normalise(scores(pool))[next(k for k, c in enumerate(pool) if c is new)]
                 tier = route(u, p.theta_high, p.theta_low)
                 if tier == REFINE and p.policy == "keep_on_refine":
@@ -390,7 +397,9 @@ class SRDLoop:
                 keep.append(new)
                 st["refine_kept"] += 1
                 st["refine_outcomes"]["keep"] += 1
-            elif tier == REFINE and new["c"] < p.n_refine:
+            elif tier == REFINE and (new["c"] < p.n_refine or p.form == "batch"):
+                # the batch form pushes τ' back whatever its count (Algorithm 1): spent, it stays in the
+                # queue, and in the ranking pool of the τ' decided before it is popped, then is dropped
                 next_gen.append(new)
                 st["refine_outcomes"]["requeue"] += 1
             else:
@@ -400,7 +409,8 @@ class SRDLoop:
                     keep.append(tau)
                 else:
                     state["dropped"].append(new["id"])
-        self._charge_router(state, t0)
+        if any(variants):  # dropping spent entries routes nothing
+            self._charge_router(state, t0)
         return next_gen
 
     def _initial_route(
@@ -521,8 +531,12 @@ class SRDLoop:
         p = self.cfg
         starting = [s for s in states if s["phase"] == "refine" and not s["pending"]]
         by_id = {id(s): {c["id"]: c for c in s["candidates"]} for s in states}
+        spent = {id(s): {cid for cid in s["queue"] if by_id[id(s)][cid]["c"] >= p.n_refine} for s in starting}
         if not self._eager:
-            self._fill_boundaries(ctx, [(s, by_id[id(s)][cid]) for s in starting for cid in s["queue"]])
+            self._fill_boundaries(
+                ctx,
+                [(s, by_id[id(s)][cid]) for s in starting for cid in s["queue"] if cid not in spent[id(s)]],
+            )
         calls: list[GenCall] = []
         targets: list[tuple[SRDState, Trajectory, int, int]] = []
         for s in states:
@@ -533,8 +547,12 @@ class SRDLoop:
                         calls.append(call)
                         targets.append((s, cand, budget, len(cand["tokens"])))
             elif s["phase"] == "refine" and not s["pending"]:
-                s["stats"]["rounds"][-1]["waves"].append(len(s["queue"]))
+                if len(s["queue"]) > len(spent[id(s)]):  # a wave of spent entries only calls no editor
+                    s["stats"]["rounds"][-1]["waves"].append(len(s["queue"]) - len(spent[id(s)]))
                 for cid in s["queue"]:
+                    if cid in spent[id(s)]:  # no regeneration: dropped when the wave is decided
+                        s["pending"].append({"id": cid, "variants": []})
+                        continue
                     edits = self._edits(ctx, s, by_id[id(s)][cid])
                     s["pending"].append({"id": cid, "variants": [e.new for e in edits]})
                     for e in edits:

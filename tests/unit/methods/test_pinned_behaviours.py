@@ -4,7 +4,9 @@
 2. ∇-Reasoner (``NablaReasoner._decide``, ALGORITHMS.md §9.2): a proposal replaces the current rollout
    only if its reward is strictly higher; on a tie (or NaN) the current rollout stays.
 3. SRD's initial routing (``SRDLoop._initial_route``, §1.5/§1.7): the refinement queue is in rank order
-   (best reward first), not in candidate-id order; a REFINE candidate with c = n_refine is dropped.
+   (best reward first), not in candidate-id order; a REFINE candidate with c = n_refine is dropped. In
+   the batch form a spent τ′ stays queued (and ranked against) until popped; with rank_unfinished_only a
+   τ′ is ranked among the unfinished candidates only.
 4. SRD's ``self_compare`` policy (§1.6): τ′ is kept iff R(τ′) ≥ R(τ) + δ (the margin on the refined side;
    equality kept).
 5. Rejection sampling ``variant=absolute`` (§3.2): a reward equal to the threshold survives (≥); NaN never
@@ -165,6 +167,48 @@ def test_srd_refine_tier_with_exhausted_refinements_is_dropped():
     assert [c["id"] for c in queue] == [1, 2]
     assert state["dropped"] == [4, 0]
     assert state["stats"]["exhausted"] == 1
+
+
+def test_srd_batch_form_keeps_a_spent_refinement_in_the_queue_until_it_is_popped():
+    # Algorithm 1 (§1.5), N_refine = 1, θ 0.5 / 0.3: K = five trajectories (.9 .8 .7 .6 .5), the queue
+    # [τa (.45), τb (.45)]. τa′ = .55 ranks 4th of 7 (K, τb, τa′): u = 1/3, REFINE, pushed back spent (c = 1).
+    # τb′ = .65 then ranks 3rd of 7 (K, τa′ still queued, τb′): u = 1/2, KEEP. Dropping τa′ at once made
+    # the pool 6 (u = 2/5, REFINE, and τb′ dropped too). Popped next wave, τa′ is dropped unregenerated.
+    method = build_method("srd", {"form": "batch", "n_refine": 1, "theta_high": 0.5, "theta_low": 0.3})
+    state = method.init_state("q0", "question", [1, 2, 3])
+    keep = [_traj(i, r) for i, r in enumerate([0.9, 0.8, 0.7, 0.6, 0.5])]
+    entries = [_traj(5, 0.45), _traj(6, 0.45)]
+    a2, b2 = _traj(5, 0.55, c=1), _traj(6, 0.65, c=1)
+    next_gen = method.loop._decide(state, keep, entries, [[a2], [b2]])
+    assert next_gen == [a2] and keep[-1] is b2
+    st = state["stats"]
+    assert st["refine_outcomes"] == {"keep": 1, "requeue": 1, "discard": 0}
+    assert method.loop._decide(state, keep, next_gen, [[]]) == []  # popped spent: no regeneration
+    assert state["dropped"] == [5] and st["exhausted"] == 1 and st["refinements"] == 2
+    # the incremental form drops a spent τ′ at once (§1.7): τb′ then ranks 3rd of 6 and is dropped too
+    inc = build_method("srd", {"form": "incremental", "n_refine": 1, "theta_high": 0.5, "theta_low": 0.3})
+    state = inc.init_state("q0", "question", [1, 2, 3])
+    keep = [_traj(i, r) for i, r in enumerate([0.9, 0.8, 0.7, 0.6, 0.5])]
+    entries = [_traj(5, 0.45), _traj(6, 0.45)]
+    assert inc.loop._decide(state, keep, entries, [[_traj(5, 0.55, c=1)], [_traj(6, 0.65, c=1)]]) == []
+    assert len(keep) == 5 and state["dropped"] == [5, 6]
+
+
+def test_srd_rank_unfinished_only_ranks_a_refinement_among_unfinished_candidates():
+    # Kept: two finished (.9, .8) and one unfinished (.2); τ′ = .5. Among the unfinished (.2, τ′) τ′ ranks
+    # first, u = 1: KEEP. Ranked with the finished ones too it is 3rd of 4, u = 1/3: REFINE (requeued).
+    def decide(unfinished_only: bool):
+        method = build_method(
+            "srd", {"rank_unfinished_only": unfinished_only, "theta_high": 0.5, "theta_low": 0.3}
+        )
+        state = method.init_state("q0", "question", [1, 2, 3])
+        keep = [_traj(0, 0.9), _traj(1, 0.8), {**_traj(2, 0.2), "finish": None}]
+        new = {**_traj(3, 0.5, c=1), "finish": None}
+        next_gen = method.loop._decide(state, keep, [{**_traj(3, 0.1), "finish": None}], [[new]])
+        return keep[-1] is new, next_gen == [new]
+
+    assert decide(True) == (True, False)
+    assert decide(False) == (False, True)
 
 
 def _self_compare(delta: float, pairs, *, fallback: bool = False):

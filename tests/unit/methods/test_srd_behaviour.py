@@ -256,7 +256,8 @@ def test_reroute_global_ranks_against_keep_and_queue(tiny_engine, edited, kept_i
 @pytest.mark.parametrize("n_refine", [1, 2, 3])
 def test_n_refine_refines_exactly_n_times_then_drops(tiny_engine, n_refine, form):
     # R(τ') = .85 always: in {.9, .8, .85} it has rank 1, u = .5 → REFINE → requeued while c < N_refine;
-    # so exactly N_refine regenerations, N_refine - 1 requeues, then dropped.
+    # so exactly N_refine regenerations, N_refine - 1 requeues, then dropped. The batch form (Algorithm 1)
+    # pushes the last τ' back too and drops it when it is popped with c = N_refine (exhausted).
     params = {**FIVE, "n_refine": n_refine, "form": form}
     m, spy, _, ctx, state, _ = setup(tiny_engine, params, scripted(FIVE_TABLE, {2: 0.85}))
     run(m, ctx, state)
@@ -264,7 +265,12 @@ def test_n_refine_refines_exactly_n_times_then_drops(tiny_engine, n_refine, form
     assert len(spy.requests) == n_refine
     assert all(r.params.temperature == m.cfg.editor_temperature for r in spy.requests)
     assert res["refinements"] == n_refine
-    assert res["refine_outcomes"] == {"keep": 0, "requeue": n_refine - 1, "discard": 1}
+    if form == "batch":
+        assert res["refine_outcomes"] == {"keep": 0, "requeue": n_refine, "discard": 0}
+        assert res["refine_exhausted"] == 1
+    else:
+        assert res["refine_outcomes"] == {"keep": 0, "requeue": n_refine - 1, "discard": 1}
+        assert res["refine_exhausted"] == 0
     assert [c["id"] for c in state["candidates"]] == [0, 1]
     assert 2 in state["dropped"]
 

@@ -189,7 +189,8 @@ class CSDRule:
 
     ``offline`` is the calibrated memory (shared, read-only); ``online[row]`` is request ``row``'s own
     counts, updated on every mismatch (the item's state keeps it between rounds). A stochastic row keeps
-    the lossless test first and tries the rescue only when it rejects, with t* = argmax p [PROPOSED]."""
+    the lossless test first and tries the rescue only when it rejects, with t* = argmax p, the draft token
+    itself included [PROPOSED]."""
 
     def __init__(
         self,
@@ -248,8 +249,10 @@ class CSDRule:
             px, qx = float(step.p[i][x]), float(step.q[i][x])
             if rng.random() < min(1.0, px / qx if qx > 0 else math.inf):
                 continue
+            # the same rescue test even when x is t* itself (rejected only because q(x) > p(x)): the
+            # gate passes (gap 0), the pair (x, x) is counted like any other (§6.1, Sampling)
             t = int(np.argmax(step.p[i]))
-            if x != t and self._rescue(row, step, i, x, t):
+            if self._rescue(row, step, i, x, t):
                 rescued += 1
                 continue
             return Verdict(i, draw(residual(step.p[i], step.q[i]), rng), {"rescued": rescued, "rejected": 1})

@@ -403,15 +403,22 @@ def test_csd_stochastic_refused_rescue_emits_the_residual_draw():
     assert online == [{"1,2": 2}]  # the refused mismatch is counted too
 
 
-def test_csd_stochastic_never_rescues_the_targets_own_argmax():
-    # x = 2 is t* itself (p/q = 0.5, rejected at u = 0.75): no rescue is tried, even though the memory
-    # (a probe entry (2, 2)) and the gate (gap 0) would pass it; residual [.25, .25, 0] → [.5, .5, 0], u = .25 → 0
+def test_csd_stochastic_rescues_the_targets_own_argmax_by_the_same_test():
+    # x = 2 is t* itself (p/q = 0.5, rejected at u = 0.75): the same rescue test runs on the pair (2, 2).
+    # The offline memory holds 5 of it (counted after the test here): 5 ≥ λ = 3 and the gap 0 ≥ ln 0.5:
+    # rescued, then the bonus from p_1 at u = 0.25 (cdf .375, .5, 1 → token 0). With no count for (2, 2):
+    # 0 < 3, refused, and the residual [.25, .25, 0] → [.5, .5, 0] at u = .25 → 0.
+    step = _step([2], [[0.0, 0.0, 1.0]], CSD_P[:2], p_logits=np.zeros((2, 3)))
     online: list[dict[str, int]] = [{}]
     rng = Uniforms(0.75, 0.25)
-    step = _step([2], [[0.0, 0.0, 1.0]], CSD_P[:2], p_logits=np.zeros((2, 3)))
     v = _csd_stochastic(online).verify(0, step, rng)
+    assert (v.accepted, v.token, v.counts, rng.left) == (1, 0, {"rescued": 1}, [])
+    assert online == [{"2,2": 1}]
+    refused = CSDRule(offline={}, online=[{}], lam=3, tau=0.5, update_before_test=False)
+    rng = Uniforms(0.75, 0.25)
+    v = refused.verify(0, step, rng)
     assert (v.accepted, v.token, v.counts, rng.left) == (0, 0, {"rescued": 0, "rejected": 1}, [])
-    assert online == [{}]
+    assert refused.online == [{"2,2": 1}]
 
 
 def _processed_reference(logits: np.ndarray, temp: float, top_k: int, top_p: float) -> np.ndarray:
@@ -628,6 +635,14 @@ def test_csd_that_rescues_everything_keeps_every_draft_token(tiny_pair):
     assert sum(s["spec"]["rescued"] for s in states) > 0
     _, greedy, _ = cached_run(tiny_pair, "speculative_sampling", {**BASE, "temperature": 0, "gamma": 4})
     assert [s["candidates"] for s in states] != [s["candidates"] for s in greedy]
+    # sampling (temperature 0.8): every lossless rejection meets the same test, the target's own argmax
+    # included, so again every draft token is kept
+    _, sampled, _ = cached_run(
+        tiny_pair, "csd", {**BASE, "gamma": 4, "tau": 0.0, "lambda_count": 0, "temperature": 0.8}
+    )
+    for s in sampled:
+        assert s["spec"]["accepted"] == s["spec"]["drafted"] > 0
+    assert sum(s["spec"]["rescued"] for s in sampled) > 0
 
 
 class KeptRecorder:

@@ -61,6 +61,14 @@ class DraftModel:
     vocab: int
 
 
+def verified_positions(accepted: int, gamma: int) -> int:
+    """Draft positions one verification tested: the ``accepted`` ones, plus the one that stopped it when
+    fewer than γ were kept. Summed over iterations, accepted / verified estimates the per-token acceptance
+    probability a = E[Σ min(p, q)] of §4.1 (the positions after a rejection are never tested, so
+    accepted / drafted underestimates it)."""
+    return accepted + (1 if accepted < gamma else 0)
+
+
 def _model_info(model: Any) -> tuple[str, bool, int]:
     import inspect
 
@@ -280,7 +288,14 @@ def _speculate_batch(
     results: list[list[int]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     stats = [
-        {"draft_forward_passes": 0, "target_forward_passes": 0, "iterations": 0, "drafted": 0, "accepted": 0}
+        {
+            "draft_forward_passes": 0,
+            "target_forward_passes": 0,
+            "iterations": 0,
+            "drafted": 0,
+            "accepted": 0,
+            "verified": 0,
+        }
         for _ in range(n)
     ]
     counts: list[dict[str, int]] = [{} for _ in range(n)]
@@ -366,6 +381,7 @@ def _speculate_batch(
                 st["iterations"] += 1
                 st["drafted"] += gamma
                 st["accepted"] += acc
+                st["verified"] += verified_positions(acc, gamma)
                 st["draft_forward_passes"] += gamma
                 st["target_forward_passes"] += 1
                 for k, v in verdict.counts.items():

@@ -37,7 +37,7 @@ from srd_worker.methods.pool import (
 )
 
 #: Harness counters summed per item (``SpeculativeGeneration.stats``) and rule counters.
-COUNTERS = ("iterations", "drafted", "accepted", "draft_forward_passes", "target_forward_passes")
+COUNTERS = ("iterations", "drafted", "accepted", "verified", "draft_forward_passes", "target_forward_passes")
 
 
 class SpecState(PoolState):
@@ -155,6 +155,8 @@ class SpeculativeSampling(Method[SpecState, SpecParamsT]):
             "draft_model": p.draft_model,
             "gamma": p.gamma,
             "acceptance_rate": sp["accepted"] / sp["drafted"] if sp["drafted"] else None,
+            # a of §4.1 (per-token acceptance); a checkpoint from before the counter existed has none
+            "acceptance_alpha": sp["accepted"] / sp["verified"] if sp.get("verified") else None,
             "mean_accepted_length": gen / sp["target_forward_passes"]
             if sp["target_forward_passes"]
             else None,

@@ -645,6 +645,28 @@ def test_csd_that_rescues_everything_keeps_every_draft_token(tiny_pair):
     assert sum(s["spec"]["rescued"] for s in sampled) > 0
 
 
+def test_accepted_over_verified_estimates_the_per_token_acceptance_a():
+    """§4.1: a = Σ min(p, q) = 0.6 for p = [.6, .3, .1], q = [.2, .3, .5]; with γ = 5 a pass emits
+    (1 − a^6)/(1 − a) = 2.38 tokens on average. Over 20,000 lossless verifications accepted / verified is
+    a (accepted / drafted, the positions after a rejection counted as tested, is about 0.28)."""
+    from srd_worker.engines.speculative import verified_positions
+
+    p, q, gamma = np.array([0.6, 0.3, 0.1]), np.array([0.2, 0.3, 0.5]), 5
+    rng = np.random.default_rng(0)
+    rule, accepted, verified, emitted = LosslessRule(), 0, 0, 0
+    for _ in range(20_000):
+        draft = [int(rng.choice(3, p=q)) for _ in range(gamma)]
+        step = SpecStep(draft, np.tile(q, (gamma, 1)), np.tile(p, (gamma + 1, 1)), None, None, False)
+        v = rule.verify(0, step, rng)
+        accepted += v.accepted
+        verified += verified_positions(v.accepted, gamma)
+        emitted += v.accepted + 1
+    a = accepted / verified
+    assert a == pytest.approx(0.6, abs=0.01)
+    assert accepted / (20_000 * gamma) == pytest.approx(0.28, abs=0.01)
+    assert emitted / 20_000 == pytest.approx((1 - a ** (gamma + 1)) / (1 - a), rel=0.02)
+
+
 class KeptRecorder:
     """A verification rule around another: records each verify's verdict length and what ``emitted`` said
     was kept, per row."""
@@ -737,6 +759,9 @@ def test_resume_from_a_checkpoint_is_identical_and_ledger_adds_up(tiny_pair, nam
         assert sp["draft_forward_passes"] == method.params.gamma * sp["target_forward_passes"]
         assert 0 <= sp["accepted"] <= sp["drafted"] == method.params.gamma * sp["iterations"]
         assert res["acceptance_rate"] == sp["accepted"] / sp["drafted"]
+        # every iteration tests its kept positions plus the one that stopped it (none when all γ are kept)
+        assert sp["accepted"] <= sp["verified"] <= sp["accepted"] + sp["iterations"]
+        assert res["acceptance_alpha"] == sp["accepted"] / sp["verified"]
         assert res["mean_accepted_length"] == led["gen_tokens"] / sp["target_forward_passes"]
         assert led["components"]["drafter"]["calls"] == s["round"]
 

@@ -168,7 +168,7 @@ class SpeculativeSampling(Method[SpecState, SpecParamsT]):
 # EASD
 
 
-ENTROPY_SOURCES = ("raw", "processed")
+ENTROPY_SOURCES = ("raw", "tempered", "processed")
 #: When EASD's entropy test runs (§5.2's ordering is PROPOSED, §10 item 10 open): ``accepted`` on a
 #: drafted token that passed the standard test (the specification's proposal, the default); ``first`` on
 #: every drafted token, before the standard test.
@@ -191,7 +191,9 @@ class EASDParams(SpeculativeParams):
         1.0, "penalty β: the rejected token's target probability is scaled by 1 − β (1 = excluded)"
     )
     entropy_source: str = param(
-        "raw", "entropies of the raw distributions (softmax at temperature 1) or of the processed ones"
+        "raw",
+        "entropies of the raw distributions (softmax at temperature 1), the tempered ones (softmax at the "
+        "sampling temperature, full vocabulary: §5.2's reading) or the processed ones (after top-k/top-p)",
     )
     penalty_order: str = param(
         "accepted",
@@ -216,6 +218,11 @@ class EASDParams(SpeculativeParams):
         if self.entropy_source not in ENTROPY_SOURCES:
             raise ConfigError(
                 f"entropy_source must be one of {', '.join(ENTROPY_SOURCES)}, got {self.entropy_source!r}"
+            )
+        if self.entropy_source == "tempered" and self.temperature == 0:
+            raise ConfigError(
+                "entropy_source=tempered needs temperature > 0 (greedy distributions are one-hot); "
+                "use entropy_source=raw for greedy EASD"
             )
         if self.penalty_order not in PENALTY_ORDERS:
             raise ConfigError(
@@ -244,6 +251,7 @@ class EASD(SpeculativeSampling[EASDParams]):
             beta=p.beta,
             entropy_source=p.entropy_source,
             penalty_order=p.penalty_order,
+            temperature=p.temperature,
         )
 
 

@@ -30,11 +30,10 @@ from srd_worker.methods.speculative_rules import LosslessRule, Stateless, entrop
 class RecordingRule(Stateless):
     """The lossless rule, recording entropies and rejection pairs at every verified position."""
 
-    def __init__(self) -> None:
-        self.inner = LosslessRule()
+    def __init__(self, temperature: float = 0.0) -> None:
+        self.inner, self.temperature = LosslessRule(), temperature
         self.entropies: dict[str, dict[str, list[float]]] = {
-            "raw": {"draft": [], "target": []},
-            "processed": {"draft": [], "target": []},
+            source: {"draft": [], "target": []} for source in ("raw", "tempered", "processed")
         }
         self.pairs: Counter[str] = Counter()
 
@@ -43,6 +42,9 @@ class RecordingRule(Stateless):
         for i in range(min(verdict.accepted + 1, len(step.draft_tokens))):
             self.entropies["raw"]["draft"].append(entropy(step.q_logits[i]))
             self.entropies["raw"]["target"].append(entropy(step.p_logits[i]))
+            if self.temperature > 0:  # softmax at the sampling temperature, before top-k/top-p
+                self.entropies["tempered"]["draft"].append(entropy(step.q_logits[i] / self.temperature))
+                self.entropies["tempered"]["target"].append(entropy(step.p_logits[i] / self.temperature))
             self.entropies["processed"]["draft"].append(prob_entropy(step.q[i]))
             self.entropies["processed"]["target"].append(prob_entropy(step.p[i]))
         if verdict.accepted < len(step.draft_tokens):
@@ -69,7 +71,7 @@ def calibrate(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the calibration pass over ``prompts`` (token ids) and return the calibration record."""
-    rule = RecordingRule()
+    rule = RecordingRule(temperature)
     tokens = 0
     for start in range(0, len(prompts), batch):
         chunk = prompts[start : start + batch]
@@ -99,10 +101,10 @@ def calibrate(
     }
     notes = {}
     if temperature == 0:  # greedy: the processed distributions are one-hot, every entropy 0
-        thresholds["processed"] = None
+        thresholds["processed"] = thresholds["tempered"] = None
         notes["processed_note"] = (
             "greedy calibration: the processed distributions are one-hot (entropy 0); calibrate with "
-            "--temperature > 0 for entropy_source=processed thresholds"
+            "--temperature > 0 for entropy_source=processed or tempered thresholds"
         )
     return {
         "kind": "speculative_calibration",

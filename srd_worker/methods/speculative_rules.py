@@ -114,8 +114,9 @@ class LosslessRule(Stateless):
 
 class EASDRule(Stateless):
     """Entropy-aware speculative decoding (§5.2). Thresholds ``tau_q`` / ``tau_p`` in nats; entropies of the
-    raw (``entropy_source='raw'``: softmax of the logits at temperature 1, before top-k/top-p) or the
-    processed distributions; top-N sets from the raw logits. ``penalty_order``: the entropy test on the
+    raw (``entropy_source='raw'``: softmax of the logits at temperature 1, before top-k/top-p), the tempered
+    (``tempered``: softmax of the logits over ``temperature``, the full vocabulary before top-k/top-p) or
+    the processed distributions; top-N sets from the raw logits. ``penalty_order``: the entropy test on the
     drafted tokens that passed the standard test (``accepted``, §5.2) or on every one before it (``first``)."""
 
     def __init__(
@@ -128,17 +129,26 @@ class EASDRule(Stateless):
         beta: float,
         entropy_source: str,
         penalty_order: str = "accepted",
+        temperature: float = 1.0,
     ) -> None:
         self.tau_q, self.tau_p, self.top_n = tau_q, tau_p, top_n
         self.overlap, self.beta, self.entropy_source = overlap, beta, entropy_source
-        self.penalty_order = penalty_order
+        self.penalty_order, self.temperature = penalty_order, temperature
+
+    def entropy_at(self, step: SpecStep, i: int, *, target: bool) -> float:
+        """The draft's (or the target's) entropy at position ``i`` under ``entropy_source``."""
+        if self.entropy_source == "processed":
+            return prob_entropy((step.p if target else step.q)[i])
+        logits = (step.p_logits if target else step.q_logits)[i]
+        return entropy(logits / self.temperature if self.entropy_source == "tempered" else logits)
 
     def fires(self, step: SpecStep, i: int) -> bool:
         """Both entropies at or above their thresholds and the top-N sets overlapping at least ``overlap``."""
-        h = entropy if self.entropy_source == "raw" else prob_entropy
-        q_rows, p_rows = (step.q_logits, step.p_logits) if self.entropy_source == "raw" else (step.q, step.p)
         # the target's entropy (a full-vocabulary pass) only when the draft's is at its threshold
-        if h(q_rows[i]) < self.tau_q or h(p_rows[i]) < self.tau_p:
+        if (
+            self.entropy_at(step, i, target=False) < self.tau_q
+            or self.entropy_at(step, i, target=True) < self.tau_p
+        ):
             return False
         return top_n_overlap(step.q_logits[i], step.p_logits[i], self.top_n) >= self.overlap
 

@@ -34,6 +34,7 @@ def test_greedy_calibration_writes_raw_percentiles_and_rejection_pairs(tmp_path)
     for model in ("draft", "target"):
         assert 0 <= raw[model]["50"] <= raw[model]["90"] <= top
     assert rec["entropy_percentiles"]["processed"] is None and "one-hot" in rec["processed_note"]
+    assert rec["entropy_percentiles"]["tempered"] is None  # softmax(z / 0) is one-hot too
     assert sum(rec["pairs"].values()) == rec["mismatches"]
     assert all(d != t for d, t in (k.split(",") for k in rec["pairs"]))  # greedy: a rejection is a mismatch
     assert (
@@ -51,6 +52,10 @@ def test_sampled_calibration_gives_processed_percentiles(tmp_path):
     processed = rec["entropy_percentiles"]["processed"]
     assert processed["draft"]["80"] is not None and processed["target"]["80"] is not None
     assert "processed_note" not in rec
+    # at temperature 0.8 < 1 every softmax is sharper than the raw one: lower entropies, lower percentiles
+    tempered, raw = rec["entropy_percentiles"]["tempered"], rec["entropy_percentiles"]["raw"]
+    for model in ("draft", "target"):
+        assert 0 <= tempered[model]["80"] < raw[model]["80"]
 
 
 @pytest.mark.parametrize(

@@ -313,6 +313,22 @@ def test_easd_fires_on_the_chosen_entropies_at_their_thresholds():
     processed_high = _step([0], [uniform], [uniform] * 2, q_logits=[peaked], p_logits=[peaked] * 2)
     assert rule("raw").fires(raw_high, 0) and not rule("processed").fires(raw_high, 0)
     assert rule("processed").fires(processed_high, 0) and not rule("raw").fires(processed_high, 0)
+    # tempered: softmax(z / T) over the whole vocabulary. z = [ln 3, 0, 0, 0]: H(softmax(z)) = H(.5, 1/6 ×3)
+    # = 1.2425 nats; at T = 0.5, softmax(2z) = (.75, 1/12 ×3), H = 0.8676. τ = 1 between them: raw fires,
+    # tempered at T = 0.5 does not, tempered at T = 1 is raw
+    z = np.array([math.log(3), 0.0, 0.0, 0.0])
+    mid = _step([0], [one_hot], [one_hot] * 2, q_logits=[z], p_logits=[z] * 2)
+    tempered = EASDRule(
+        tau_q=1.0, tau_p=1.0, top_n=2, overlap=1.0, beta=1.0, entropy_source="tempered", temperature=0.5
+    )
+    assert tempered.entropy_at(mid, 0, target=True) == pytest.approx(
+        -(0.75 * math.log(0.75) + 0.25 * math.log(1 / 12))
+    )
+    assert rule("raw").fires(mid, 0) and not tempered.fires(mid, 0)
+    at_one = EASDRule(tau_q=1.0, tau_p=1.0, top_n=2, overlap=1.0, beta=1.0, entropy_source="tempered")
+    assert at_one.fires(mid, 0) and at_one.entropy_at(mid, 0, target=False) == rule("raw").entropy_at(
+        mid, 0, target=False
+    )
     # entropy exactly at a threshold fires (H ≥ τ): two equal logits, H = −2 · ½ ln ½ = ln 2 exactly
     two = _step([0], [[0.5, 0.5]], [[0.5, 0.5]] * 2, q_logits=[[0.0, 0.0]], p_logits=[[0.0, 0.0]] * 2)
     ln2 = math.log(2)
@@ -877,3 +893,12 @@ def test_easd_penalty_order_is_a_parameter_that_keeps_old_run_ids():
     )
     with pytest.raises(ConfigError, match="penalty_order must be one of accepted, first"):
         build_method("easd", {**base, "penalty_order": "before"})
+
+
+def test_easd_tempered_entropies_need_a_sampling_temperature():
+    base = {"tau_q": 1.0, "tau_p": 1.0, "draft_model": "d", "entropy_source": "tempered"}
+    assert build_method("easd", {**base, "temperature": 0.8}).params.entropy_source == "tempered"
+    with pytest.raises(ConfigError, match="entropy_source=tempered needs temperature > 0"):
+        build_method("easd", {**base, "temperature": 0})
+    with pytest.raises(ConfigError, match="entropy_source must be one of raw, tempered, processed"):
+        build_method("easd", {**base, "entropy_source": "full"})

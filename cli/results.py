@@ -195,7 +195,8 @@ def sync(run_id: str, store_url: str | None, verify: bool, force: bool, db: str 
     "--paired",
     is_flag=True,
     help="Compare any two runs on the same problems (not only SRD vs its rejection-sampling ablation): "
-    "wins / ties / losses, exact McNemar p and the paired 95% bootstrap CI of the difference.",
+    "wins / ties / losses, exact McNemar p (over problems: with several seeds, each problem by the sign of "
+    "its mean difference) and the paired 95% bootstrap CI of the difference.",
 )
 @click.option(
     "--metric",

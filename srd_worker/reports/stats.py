@@ -120,7 +120,12 @@ class Paired:
     mean_a: float | None
     mean_b: float | None
     diff: Interval  # mean(A - B) with its paired bootstrap interval
-    mcnemar_p: float | None  # None unless every value is 0/1
+    # exact McNemar p over the problems (None unless every value is 0/1): with one seed over the cells;
+    # with several, the sign test of each problem's mean difference over its seeds (``problem_wins`` /
+    # ``problem_losses``), since one problem's seeds are not independent pairs
+    mcnemar_p: float | None
+    problem_wins: int = 0  # problems whose mean A - B over their paired seeds is > 0
+    problem_losses: int = 0  # ... < 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -129,7 +134,10 @@ class Paired:
 def paired(
     a: Any, b: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0, tol: float = 1e-12
 ) -> Paired:
-    """Wins / ties / losses, exact McNemar p (0/1 data) and the paired bootstrap CI of mean(A - B)."""
+    """Wins / ties / losses over the cells, the exact McNemar p (0/1 data) over the problems, and the
+    paired bootstrap CI of mean(A - B). The test counts a problem once: with several seeds, by the sign
+    of its mean difference (cells of one problem are correlated; counted as independent pairs, k identical
+    seeds would shrink p as if there were k times as many problems)."""
     ma, mb = as_matrix(a), as_matrix(b)
     if ma.shape != mb.shape:
         raise ValueError(f"A is {ma.shape[0]}×{ma.shape[1]} and B {mb.shape[0]}×{mb.shape[1]}: not paired")
@@ -139,6 +147,9 @@ def paired(
     losses = int(np.sum(db > da + tol))
     binary = bool(np.all(np.isin(da, (0.0, 1.0))) and np.all(np.isin(db, (0.0, 1.0))))
     diff = np.where(both, ma - mb, np.nan)
+    rows = np.any(both, axis=1)
+    per_problem = np.nanmean(diff[rows], axis=1) if rows.any() else np.zeros(0)
+    problem_wins, problem_losses = int(np.sum(per_problem > tol)), int(np.sum(per_problem < -tol))
     return Paired(
         pairs=int(both.sum()),
         problems=int(np.any(both, axis=1).sum()),
@@ -149,5 +160,7 @@ def paired(
         mean_a=float(da.mean()) if da.size else None,
         mean_b=float(db.mean()) if db.size else None,
         diff=bootstrap_ci(diff, level=level, n_boot=n_boot, seed=seed),
-        mcnemar_p=mcnemar_exact(wins, losses) if binary and da.size else None,
+        mcnemar_p=mcnemar_exact(problem_wins, problem_losses) if binary and da.size else None,
+        problem_wins=problem_wins,
+        problem_losses=problem_losses,
     )

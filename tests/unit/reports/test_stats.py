@@ -33,6 +33,21 @@ def test_paired_counts_and_mcnemar():
         paired([[1, 0]], [1, 0])
 
 
+def test_mcnemar_counts_a_problem_once_whatever_its_seeds():
+    # 4 wins / 0 losses over 4 problems (p = 2/16): copied over 3 seeds the p-value stays, where 12
+    # independent cells would give 2/4096; the cell counts still say 12 / 3 / 0
+    a, b = [1, 1, 1, 1, 0], [0, 0, 0, 0, 0]
+    one, three = paired(a, b), paired([[x] * 3 for x in a], [[x] * 3 for x in b])
+    assert one.mcnemar_p == three.mcnemar_p == pytest.approx(0.125)
+    assert (three.wins, three.ties, three.losses) == (12, 3, 0)
+    assert (three.problem_wins, three.problem_losses) == (4, 0)
+    # seeds that disagree: a problem counts by the sign of its mean difference over the seeds both have
+    nan = float("nan")
+    mixed = paired([[1, 0], [1, 1], [0, 0], [1, nan]], [[0, 1], [0, 0], [0, 1], [0, 0]])
+    assert (mixed.problem_wins, mixed.problem_losses) == (2, 1)  # 0 (tie), +1, −0.5, +1 (one seed)
+    assert mixed.mcnemar_p == pytest.approx(mcnemar_exact(2, 1))
+
+
 def test_matrix_and_degenerate_cases():
     assert as_matrix([1, None, 0]).shape == (3, 1) and math.isnan(as_matrix([1, None])[1, 0])
     assert as_matrix([[1, 0], [0, 0]]).shape == (2, 2)

@@ -75,6 +75,12 @@ class _DuplicateKey(ValueError):
         self.key = key
 
 
+def _long_number(exc: ValueError) -> str:
+    """The message for the one ValueError ``json`` raises besides a syntax error: an integer literal longer
+    than Python converts (``sys.get_int_max_str_digits``, 4300 digits by default)."""
+    return f"a number too long to read ({str(exc).split(';')[0]}): write it as a string"
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``json.loads``' ``object_pairs_hook``: an object whose key repeats is refused (JSON leaves its meaning
     open; Python's json would keep the last value silently)."""
@@ -246,6 +252,8 @@ def iter_jsonl(
                 raise DatasetError(
                     f"key {exc.key!r} appears twice in one JSON object", path=where, line=lineno
                 ) from None
+            except ValueError as exc:  # after JSONDecodeError, its subclass: an integer too long to convert
+                raise DatasetError(_long_number(exc), path=where, line=lineno) from None
             if not isinstance(row, dict):
                 raise DatasetError(
                     f"row is a JSON {_json_type(row)}, expected a JSON object", path=where, line=lineno
@@ -384,6 +392,8 @@ def iter_json_array(
                 raise DatasetRowError(
                     f"key {exc.key!r} appears twice in one JSON object", path=where, row=n
                 ) from None
+            except ValueError as exc:  # after JSONDecodeError, its subclass: an integer too long to convert
+                raise DatasetRowError(_long_number(exc), path=where, row=n) from None
 
     def syntax(message: str, n: int) -> DatasetError:
         return (
@@ -560,6 +570,14 @@ def iter_parquet(
         batches = parquet.iter_batches(batch_size=batch_rows)
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise unreadable(exc) from exc
+    names = parquet.schema_arrow.names
+    for i, name in enumerate(names):  # a row dict would keep one of them silently (CSV refuses it too)
+        if name in names[:i]:
+            parquet.close()
+            raise DatasetError(
+                f"column name {name!r} is used twice (columns {names.index(name) + 1} and {i + 1})",
+                path=where,
+            )
     with parquet:
         while True:
             try:

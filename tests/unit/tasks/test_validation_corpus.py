@@ -58,6 +58,16 @@ def _parquet(rows: list[dict[str, Any]], schema: Any = None) -> bytes:
     return sink.getvalue()
 
 
+def _parquet_table(names: list[str], columns: list[list[Any]]) -> bytes:
+    """A Parquet file from columns by position (names may repeat, which from_pylist cannot write)."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_arrays([pa.array(c) for c in columns], names=names), sink)
+    return sink.getvalue()
+
+
 def _binary_schema() -> Any:
     pa = pytest.importorskip("pyarrow")
     return pa.schema([("prompt", pa.binary())])
@@ -102,6 +112,18 @@ CASES: dict[str, Case] = {
         ".jsonl",
         lambda: _jsonl({"instruction": "Hi"}, {"instruction": " "}),
         "{path}, line 2, field 'instruction': is empty",
+    ),
+    "jsonl_number_too_long": Case(
+        ".jsonl",
+        lambda: _jsonl({"instruction": "Hi"}) + b'{"instruction": "Hi", "n": ' + b"9" * 5000 + b"}\n",
+        "{path}, line 2: a number too long to read (Exceeds the limit (4300 digits) for integer string "
+        "conversion: value has 5000 digits): write it as a string",
+    ),
+    "json_number_too_long": Case(
+        ".json",
+        lambda: b'[{"instruction": "Hi", "n": ' + b"9" * 5000 + b"}]",
+        "{path}, row 1: a number too long to read (Exceeds the limit (4300 digits) for integer string "
+        "conversion: value has 5000 digits): write it as a string",
     ),
     "jsonl_over_size_limit": Case(
         ".jsonl",
@@ -199,6 +221,12 @@ CASES: dict[str, Case] = {
         lambda: _parquet([{"text": "a"}, {"text": "b"}]),
         "{path}, row 1, field 'question': missing required field",
         fields={"prompt": "question"},
+    ),
+    "parquet_duplicate_column": Case(
+        ".parquet",
+        lambda: _parquet_table(["prompt", "answer", "prompt"], [["a"], ["b"], ["c"]]),
+        "{path}: column name 'prompt' is used twice (columns 1 and 3)",
+        task="generic",
     ),
     "parquet_null_value": Case(
         ".parquet",

@@ -176,7 +176,7 @@ def load_sweep(path: str | Path) -> Sweep:
     """Read and validate a sweep YAML file."""
     import yaml
 
-    from srd_worker.tasks.task_file import yaml_problem
+    from srd_worker.tasks.task_file import strict_yaml_loader, yaml_problem
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -188,7 +188,8 @@ def load_sweep(path: str | Path) -> Sweep:
             f"sweep file {path}, line {bad_line}: not valid UTF-8 (byte 0x{exc.object[exc.start]:02x})"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        # a key written twice is refused (safe_load would keep the last one silently)
+        data = yaml.load(text, Loader=strict_yaml_loader(f"sweep file {path}"))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         line, problem = yaml_problem(exc)
         where = f"sweep file {path}" + ("" if line is None else f", line {line}")
@@ -222,6 +223,7 @@ def prepare_sweep(
         if (Path(base_dir) / task).is_file():
             task = str(Path(base_dir) / task)
     prepared: list[Any] = []
+    seen: dict[str, int] = {}  # run id → the first point that is it
     try:
         for i, run in enumerate(sweep.runs):
             try:
@@ -247,6 +249,13 @@ def prepare_sweep(
                 raise ConfigError(
                     f"sweep run {i} ({run.method}, {run.params}, seed {run.seed}): {exc}"
                 ) from None
+            rid = prepared[-1].spec.run_id()
+            if rid in seen:  # one run twice would be counted, enqueued and reported twice
+                raise ConfigError(
+                    f"sweep runs {seen[rid]} and {i} are the same run ({run.method}, {run.params}, seed "
+                    f"{run.seed}: {rid}): list each configuration once"
+                )
+            seen[rid] = i
     except BaseException:
         close_prepared(prepared)
         raise

@@ -125,6 +125,12 @@ class _Seq(list[Any]):
     lines: list[int]
 
 
+def strict_yaml_loader(path: str) -> type:
+    """A ``yaml.SafeLoader`` that refuses a key written twice in one mapping and a key that is not text
+    (``TaskFileError`` naming ``path``, the line and the key), and keeps every key's and item's line."""
+    return _loader(path)
+
+
 def _loader(path: str) -> type:
     import yaml
 

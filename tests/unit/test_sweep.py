@@ -93,3 +93,22 @@ def test_prepare_gives_a_deterministic_sweep_id_and_validates_every_point(tmp_pa
     path.write_text(path.read_text().replace("max_new_tokens: 16", "max_new_tokenz: 16"))
     with pytest.raises(ConfigError, match="sweep run 0 .*max_new_tokenz"):
         prepare_sweep(load_sweep(path), base_dir=tmp_path)
+
+
+def test_a_key_written_twice_and_a_run_listed_twice_are_refused(tmp_path):
+    path = tmp_path / "sweep.yaml"
+    path.write_text("dataset: d.jsonl\nlimit: 2\nlimit: 3\nmethods:\n  - method: sampling\n")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)  # safe_load kept the last value silently
+    assert str(info.value) == f"sweep file {path}, line 3, key 'limit': duplicate key (first on line 2)"
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n")
+    for methods in (
+        "  - method: best_of_n\n    n: [2, 2]\n",  # one value twice
+        "  - method: best_of_n\n    n: 2\n  - method: best_of_n\n    n: 2\n",  # the same entry twice
+    ):
+        path.write_text(
+            "dataset: d.jsonl\nmodel: tiny-random-llama\nreward: arithmetic\nmethods:\n" + methods
+        )
+        with pytest.raises(ConfigError, match=r"sweep runs 0 and 1 are the same run \(best_of_n, .*run-"):
+            prepare_sweep(load_sweep(path), base_dir=tmp_path)

@@ -260,6 +260,7 @@ def _probe_folder(path: Path, what: str) -> None:
         raise ModelLoadError(f"{what} '{path}' is a file, not a model folder")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{what} folder '{path}' holds no config.json: not a Hugging Face model folder")
+    _probe_config(path / "config.json", what)
     weights = sorted({p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)})
     if not weights:
         raise ModelLoadError(
@@ -273,6 +274,56 @@ def _probe_folder(path: Path, what: str) -> None:
             f"{what} folder '{path}' holds no tokenizer ({', '.join(TOKENIZER_FILES)}): save the tokenizer "
             "beside the model (tokenizer.save_pretrained)"
         )
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        if (path / name).is_file():
+            _read_json(path / name, what, "tokenizer file")
+    if (path / "chat_template.jinja").is_file():
+        _probe_template(path / "chat_template.jinja", what)
+
+
+def _read_json(file: Path, what: str, role: str) -> Any:
+    import json
+
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{what} {role} '{file}' is not readable JSON ({exc})") from None
+
+
+def _probe_config(file: Path, what: str) -> None:
+    """config.json: a JSON object whose ``model_type`` (when given) transformers knows, where transformers
+    is installed (a client install checks only the JSON)."""
+    config = _read_json(file, what, "config")
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{what} config '{file}' is a JSON {type(config).__name__}, not an object")
+    model_type = config.get("model_type")
+    if model_type is None:
+        return
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:  # the client install: the workers check it when they load the model
+        return
+    if model_type not in CONFIG_MAPPING_NAMES:
+        raise ModelLoadError(
+            f"{what} config '{file}' names model_type {model_type!r}, which the installed transformers does "
+            "not know"
+        )
+
+
+def _probe_template(file: Path, what: str) -> None:
+    """chat_template.jinja must compile (the tokenizer renders every prompt with it), in transformers' own
+    environment (its extra tags included); skipped where transformers is not installed."""
+    try:
+        import jinja2
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:  # the client install: the workers check it when they load the model
+        return
+    try:
+        _compile_jinja_template(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, jinja2.TemplateError) as exc:
+        line = getattr(exc, "lineno", None)
+        where = f", line {line}" if line else ""
+        raise ModelLoadError(f"{what} chat template '{file}'{where} does not compile: {exc}") from None
 
 
 def _probe_safetensors(file: Path, what: str) -> None:

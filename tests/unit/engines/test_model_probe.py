@@ -53,6 +53,40 @@ def test_bad_model_folders_are_named(tmp_path, shape, says):
         probe_model(str(folder))
 
 
+@pytest.mark.parametrize(
+    "file, text, says",
+    [
+        ("config.json", "[1]", "model config '.*config.json' is a JSON list, not an object"),
+        ("config.json", "{", "model config '.*config.json' is not readable JSON"),
+        (
+            "config.json",
+            '{"model_type": "no-such-type"}',
+            "names model_type 'no-such-type', which the installed transformers does not know",
+        ),
+        ("tokenizer.json", "garbage", "model tokenizer file '.*tokenizer.json' is not readable JSON"),
+        (
+            "chat_template.jinja",
+            "{% for %}",
+            "model chat template '.*chat_template.jinja', line 1 does not compile",
+        ),
+    ],
+)
+def test_a_config_tokenizer_or_chat_template_that_cannot_load_is_named(tmp_path, file, text, says):
+    folder = _folder(tmp_path)
+    (folder / file).write_text(text)
+    with pytest.raises(ModelLoadError, match=says):
+        probe_model(str(folder))
+
+
+def test_transformers_own_template_tags_compile(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+    )
+    probe_model(str(folder))
+
+
 def test_a_good_folder_and_built_in_names_pass(tmp_path):
     probe_model(str(_folder(tmp_path)))
     probe_model("tiny-random-llama")

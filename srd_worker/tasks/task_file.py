@@ -95,6 +95,7 @@ CHAT_MODES: tuple[str, ...] = ("model", "none")
 PLACEHOLDER_RE = re.compile(r"\{\{\s*([^{}]+?)\s*\}\}")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _DOTTED_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_FILTER_RE = re.compile(r"\|\s*[A-Za-z_]\w*\s*(?:\(.*\))?$")  # "country | upper", "x | default('y')"
 #: Names a task file may not take: the built-in tasks and the --task keywords.
 RESERVED: frozenset[str] = frozenset(
     {"auto", "generic", "gsm8k", "math500", "gpqa", "hotpotqa", "alpaca_eval", "openai_batch"}
@@ -262,6 +263,19 @@ def definition_from(data: Mapping[str, Any], where: str, *, base: Path | None = 
     # "{{ q }": meant as a placeholder, it would reach the model as text
     if "{{" in PLACEHOLDER_RE.sub("", prompt):
         raise r.error("'{{' opens no placeholder (write {{ NAME }}, NAME a column of the dataset)", "prompt")
+    if "{%" in prompt:
+        raise r.error(
+            "'{%' starts a Jinja statement, which srdq does not run: a prompt fills {{ NAME }} placeholders "
+            "only (the model's chat template, or chat_template here, is where Jinja goes)",
+            "prompt",
+        )
+    for name_ in names:
+        if _FILTER_RE.search(name_):
+            raise r.error(
+                f"placeholder '{{{{ {name_} }}}}' applies a Jinja filter, which srdq does not run: write "
+                "{{ NAME }}, NAME a column of the dataset",
+                "prompt",
+            )
     if not names:
         raise r.error(
             "has no {{ NAME }} placeholder: nothing from the dataset would reach the model", "prompt"

@@ -119,6 +119,7 @@ def db_url(db: str | None) -> str:
     if not db:
         return get_settings().database_url
     if "://" in db:
+        _check_sqlite_file(db, db)
         return db
     path = Path(db)
     if path.is_dir():
@@ -127,7 +128,28 @@ def db_url(db: str | None) -> str:
         raise click.ClickException(
             f"--db {db}: no such database file (give a SQLAlchemy URL or a SQLite file)"
         )
-    return sqlite_url(path)
+    url = sqlite_url(path)
+    _check_sqlite_file(url, db)
+    return url
+
+
+def _check_sqlite_file(url: str, given: str) -> None:
+    """A SQLite URL must name an existing, non-empty file: SQLite would create a missing one (and write a
+    header into an empty one) before the commands that read a store find no tables in it."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return  # the engine names what is wrong with the URL
+    if not parsed.drivername.startswith("sqlite") or parsed.database in (None, "", ":memory:"):
+        return
+    file = Path(parsed.database)
+    if not file.is_file():
+        raise click.ClickException(f"--db {given}: no such database file ({file})")
+    if file.stat().st_size == 0:
+        raise click.ClickException(f"--db {given}: {file} is empty, not a srdq store")
 
 
 def _local_store_hint() -> str | None:

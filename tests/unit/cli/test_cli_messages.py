@@ -83,3 +83,21 @@ def test_a_run_stopped_by_a_bug_keeps_its_traceback(tmp_path, monkeypatch, datas
     result = _run_that_stops(tmp_path, monkeypatch, datasets_dir, ZeroDivisionError("a bug"))
     assert isinstance(result.exception, ZeroDivisionError)  # raised on: the traceback reaches the user
     assert "run the same command again to resume" in " ".join(result.output.split())
+
+
+def test_a_missing_or_empty_sqlite_store_is_named_and_never_created(tmp_path) -> None:
+    missing, empty = tmp_path / "nope.db", tmp_path / "empty.db"
+    empty.touch()
+    for args, says in (
+        (
+            ["report", "run-x", "--out", str(tmp_path / "r"), "--db", f"sqlite:///{missing}"],
+            "no such database file",
+        ),
+        (["status", "run-x", "--db", f"sqlite:///{missing}"], "no such database file"),
+        (["status", "run-x", "--db", str(empty)], "is empty, not a srdq store"),
+        (["export", "run-x", "--out", str(tmp_path / "e.jsonl"), "--db", f"sqlite:///{empty}"], "is empty"),
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 1 and says in result.output, (args, result.output)
+    assert not missing.exists() and empty.stat().st_size == 0  # SQLite created or wrote nothing
+    assert not (tmp_path / "r").exists() and not (tmp_path / "e.jsonl").exists()

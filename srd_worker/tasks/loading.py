@@ -628,7 +628,12 @@ def _arrow_files(where: str) -> list[Path]:
             "is a directory, not a dataset file or a Hugging Face save_to_disk folder (no state.json)",
             path=where,
         ) from exc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except KeyError as exc:
+        raise DatasetError(
+            f"state.json of a save_to_disk folder lacks {exc.args[0]!r}: not written by datasets' save_to_disk",
+            path=where,
+        ) from exc
+    except (OSError, ValueError, TypeError) as exc:
         raise DatasetError(f"unreadable state.json of a save_to_disk folder: {exc}", path=where) from exc
     for name in names:
         if not isinstance(name, str) or Path(name).name != name or not (folder / name).is_file():

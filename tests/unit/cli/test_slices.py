@@ -98,6 +98,15 @@ def test_a_folder_holds_one_slice(tmp_path: Path) -> None:
             refuse_other_slice(run_dir, "run-0123456789ab", other)
 
 
+def test_merge_names_a_file_or_a_missing_folder_given_as_a_slice(tmp_path: Path) -> None:
+    file = tmp_path / "gsm8k.jsonl"
+    file.write_text("{}\n")
+    for given, says in ((file, "a file, not a slice's --out folder"), (tmp_path / "nope", "no such folder")):
+        res = CliRunner().invoke(cli, ["merge", str(given), "--out", str(tmp_path / "merged")])
+        assert res.exit_code == 1 and says in res.output, res.output
+    assert not (tmp_path / "merged").exists()
+
+
 @pytest.mark.parametrize(
     ("options", "expected"),
     [

@@ -96,6 +96,9 @@ def test_save_to_disk_errors_name_folder_and_row(tmp_path: Path) -> None:
     (folder / "data-00000-of-00001.arrow").write_bytes(b"garbage")
     with pytest.raises(DatasetError, match=r"unreadable Arrow file data-00000-of-00001\.arrow"):
         load_items(folder, "gsm8k")
+    (folder / "state.json").write_text("{}", encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"state.json of a save_to_disk folder lacks '_data_files'"):
+        load_items(folder, "gsm8k")
 
 
 def _hub_cache(root: Path, repo: str, files: dict[str, bytes]) -> Path:

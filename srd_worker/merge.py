@@ -108,7 +108,9 @@ def _markers(folder: Path, run_id: str | None) -> dict[str, Any]:
     """The one slice marker in ``folder`` (of ``run_id`` when given); ``ConfigError`` otherwise."""
     if not folder.is_dir():
         what = "a file, not" if folder.exists() else "no such folder:"
-        raise ConfigError(f"{folder}: {what} a slice's --out folder (srdq run --num-shards K --shard-index I)")
+        raise ConfigError(
+            f"{folder}: {what} a slice's --out folder (srdq run --num-shards K --shard-index I)"
+        )
     if not (folder / "srdq.db").is_file():
         raise ConfigError(f"{folder}: not a `srdq run` output folder (no srdq.db)")
     markers = {}

@@ -198,8 +198,22 @@ def _method_params(n: int | None, max_new_tokens: int | None, overrides: tuple[s
         params["n"] = n
     if max_new_tokens is not None:
         params["max_new_tokens"] = max_new_tokens
-    params.update(parse_overrides(overrides))
+    overrides_ = parse_overrides(overrides)
+    for key, value in params.items():  # --n / --max-new-tokens and a --set of the same key that disagree
+        given = overrides_.get(key)
+        if given is not None and not _same_int(given, value):
+            raise click.UsageError(
+                f"--{key.replace('_', '-')} {value} and --set {key}={given} disagree: give {key} once"
+            )
+    params.update(overrides_)
     return params
+
+
+def _same_int(text: str, value: int) -> bool:
+    try:
+        return int(text) == value
+    except ValueError:
+        return False  # not an integer: the two disagree (the method's Params would refuse it anyway)
 
 
 def _fields(pairs: tuple[str, ...]) -> dict[str, str]:

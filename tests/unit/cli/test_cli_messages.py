@@ -101,3 +101,25 @@ def test_a_missing_or_empty_sqlite_store_is_named_and_never_created(tmp_path) ->
         assert result.exit_code == 1 and says in result.output, (args, result.output)
     assert not missing.exists() and empty.stat().st_size == 0  # SQLite created or wrote nothing
     assert not (tmp_path / "r").exists() and not (tmp_path / "e.jsonl").exists()
+
+
+def test_a_dedicated_option_and_a_set_of_the_same_key_must_agree(tmp_path) -> None:
+    from srdq_cli.main import _method_params
+
+    assert _method_params(2, 64, ("n=2", "temperature=0.5")) == {
+        "n": "2",
+        "max_new_tokens": 64,
+        "temperature": "0.5",
+    }
+    assert _method_params(None, None, ("n=3",)) == {"n": "3"}
+    args = ["run", "gsm8k", "--method", "best_of_n", "--reward", "arithmetic", "--out", str(tmp_path / "o")]
+    for extra, says in (
+        (["--n", "2", "--set", "n=3"], "--n 2 and --set n=3 disagree: give n once"),
+        (
+            ["--max-new-tokens", "8", "--set", "max_new_tokens=x"],
+            "--max-new-tokens 8 and --set max_new_tokens=x",
+        ),
+    ):
+        result = CliRunner().invoke(cli, args + extra)
+        assert result.exit_code == 2 and says in result.output, result.output
+    assert not (tmp_path / "o").exists()

@@ -95,6 +95,7 @@ class GenericTask:
         grade_timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         self.fields = {**DEFAULT_FIELDS, **check_fields(fields or {})}
+        self._default_prompt = "prompt" not in (fields or {})  # the column is DEFAULT_FIELDS' guess
         self.max_row_bytes = max_row_bytes
         self.grade_timeout_s = grade_timeout_s
 
@@ -119,6 +120,14 @@ class GenericTask:
             self.fields.get("answer"),
             self.fields.get("id"),
         )
+        if self._default_prompt and prompt_col not in row:
+            columns = ", ".join(map(str, list(row)[:8])) + (", ..." if len(row) > 8 else "")
+            raise rows.error(
+                f"missing required field (the prompt column when no --field prompt=COLUMN names one; "
+                f"this row's columns: {columns})",
+                at,
+                prompt_col,
+            )
         rows.require(at, row, (prompt_col,))
         gold = ""
         if answer_col is not None:

@@ -148,8 +148,15 @@ def test_generic_errors_name_file_line_field(tmp_path: Path) -> None:
     with pytest.raises(DatasetError) as info:
         load_items(path, fields=MAPPING)
     assert str(info.value) == f"{path}, line 3, field 'solution': has an empty \\boxed{{}} or '####' answer"
-    with pytest.raises(DatasetError, match=r"mine\.jsonl, line 1, field 'prompt': missing required field"):
+    with pytest.raises(DatasetError) as info:
         load_items(path, "generic")
+    # no --field prompt=: the default column, named as such, with the row's own columns to choose from
+    assert str(info.value) == (
+        f"{path}, line 1, field 'prompt': missing required field (the prompt column when no --field "
+        "prompt=COLUMN names one; this row's columns: qid, text, solution, extra)"
+    )
+    with pytest.raises(DatasetError, match=r"line 1, field 'prompt': missing required field \(the prompt"):
+        load_items(path, fields={"answer": "solution"})
     with pytest.raises(DatasetError, match=r"mine\.jsonl, line 1, field 'nope': missing required field"):
         load_items(path, fields={"prompt": "text", "id": "nope"})
 

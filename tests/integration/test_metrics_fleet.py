@@ -110,10 +110,18 @@ def test_scraped_counters_equal_the_records(env, datasets_dir, tmp_path):
     assert total(scrapes, "srdq_component_calls_total", run_id=run_id, component="scorer") > 0
     rounds = total(scrapes, "srdq_rounds_total", run_id=run_id)
     assert total(scrapes, "srdq_checkpoint_seconds_count", run_id=run_id) == rounds > 0
-    # each process that ran a shard built its engine once and timed it
+    # each process that leased a shard builds its engine once and times it. On a loaded machine a process
+    # may still be loading when another has finished the run (its lease then lapses and the reaper hands
+    # the shard on): wait for its load to be counted, then compare
     workers = {got["worker"] for s in scrapes for got, v in s.get("srdq_shards_leased_total", []) if v > 0}
-    loads = total(scrapes, "srdq_engine_load_seconds_count", engine="transformers")
-    assert loads == len(workers) >= 1
+
+    def loads() -> float:
+        return total(
+            [scrape(port) for port in ports], "srdq_engine_load_seconds_count", engine="transformers"
+        )
+
+    wait_for(lambda: loads() >= len(workers), 180, "every leasing process's engine load")
+    assert loads() == len(workers) >= 1
     # labels: run, worker (host:pid, the lease owner), component; never a URL or credential
     for scraped in scrapes:
         for name, samples in scraped.items():

@@ -205,10 +205,26 @@ def detect_task(path: str | Path, *, max_row_bytes: int = DEFAULT_MAX_ROW_BYTES)
     if "instruction" in row and not row.get("input"):
         return "alpaca_eval"
     fields = ", ".join(sorted(row)) or "none"
+    near = ""
+    if "question" in row and "answer" in row:  # GSM8K's fields, without its answer format
+        near = (
+            f" (its 'answer' is {_json_kind(answer)} without GSM8K's final '#### N' line: --task gsm8k wants "
+            "that; --field prompt=question --field answer=answer takes it as the gold answer as it is)"
+        )
     raise ConfigError(
-        f"cannot tell which task {path} is for from its first row (fields: {fields}); "
+        f"cannot tell which task {path} is for from its first row (fields: {fields}){near}; "
         f"pass --task with one of: {_choices()}, or --field prompt=COLUMN [--field answer=COLUMN]"
     )
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, bool) or value is None:
+        return f"JSON {json.dumps(value)}"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"a JSON {'array' if isinstance(value, list) else 'object'}"
 
 
 def load_items(

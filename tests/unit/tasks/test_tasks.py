@@ -252,6 +252,19 @@ def test_detect_task_unknown_layout(tmp_path: Path) -> None:
     path.write_text('\n{"question": "Who?", "answer": "Ada"}\n', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"hotpot\.jsonl.*fields: answer, question.*--task"):
         detect_task(path)
+    # GSM8K's field names without its '#### N' answer: said so, with the --field way to use the file
+    for answer, kind in (
+        ('"Ada"', "text"),
+        ("5", "a number"),
+        ("null", "JSON null"),
+        ("[1]", "a JSON array"),
+    ):
+        path.write_text(f'{{"question": "Who?", "answer": {answer}}}\n', encoding="utf-8")
+        with pytest.raises(ConfigError) as info:
+            detect_task(path)
+        assert f"(its 'answer' is {kind} without GSM8K's final '#### N' line" in str(info.value)
+        assert "--field prompt=question --field answer=answer" in str(info.value)
+    path.write_text('\n{"question": "Who?", "answer": "Ada"}\n', encoding="utf-8")
     # An explicit task still validates the rows against that task.
     with pytest.raises(DatasetError, match=r"hotpot\.jsonl, line 2, field 'answer': has no final '####"):
         load_items(path, "gsm8k")

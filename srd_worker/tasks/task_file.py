@@ -345,7 +345,7 @@ def _grader(r: _Reader, answer: str | None) -> str:
             f"grader {grader!r} needs a gold answer: add `answer: COLUMN` (or grader: none)", "grader"
         )
     if _DOTTED_RE.match(grader):
-        _import_callable(grader, r, "grader")
+        _import_callable(grader, r, "grader", arity=3)
     return grader
 
 
@@ -366,7 +366,7 @@ def _extractor(r: _Reader, grader: str) -> str | dict[str, str]:
     if name in EXTRACTORS:
         return name
     if _DOTTED_RE.match(name):
-        _import_callable(name, r, "extractor")
+        _import_callable(name, r, "extractor", arity=1)
         return name
     raise r.error(
         f"unknown extractor {name!r}; choose one of: {', '.join(EXTRACTORS)}, {{regex: PATTERN}}, "
@@ -375,9 +375,16 @@ def _extractor(r: _Reader, grader: str) -> str | dict[str, str]:
     )
 
 
-def _import_callable(dotted: str, r: _Reader | None, key: str) -> Any:
-    """The function ``module:function`` names; an error naming the key when it cannot be imported."""
+#: How srdq calls a task file's own functions: an extractor as fn(response), a grader as
+#: fn(answer, gold, response).
+_CALLS = {1: "fn(response)", 3: "fn(answer, gold, response)"}
+
+
+def _import_callable(dotted: str, r: _Reader | None, key: str, *, arity: int | None = None) -> Any:
+    """The function ``module:function`` names; an error naming the key when it cannot be imported, is not
+    callable, or (``arity``) cannot take that many positional arguments (checked where Python can tell)."""
     import importlib
+    import inspect
 
     module, _, attr = dotted.partition(":")
     try:
@@ -391,6 +398,19 @@ def _import_callable(dotted: str, r: _Reader | None, key: str) -> Any:
         raise (
             r.error(f"{dotted!r} is not callable", key) if r else ConfigError(f"{dotted!r} is not callable")
         )
+    if arity is not None:
+        try:
+            signature = inspect.signature(fn)
+        except (TypeError, ValueError):  # a builtin without a signature: Python cannot tell
+            signature = None
+        if signature is not None:
+            try:
+                signature.bind(*range(arity))
+            except TypeError as exc:
+                message = (
+                    f"{dotted!r} cannot be called as {_CALLS.get(arity, f'fn with {arity} arguments')}: {exc}"
+                )
+                raise r.error(message, key) if r else ConfigError(f"task {key}: {message}") from None
     return fn
 
 

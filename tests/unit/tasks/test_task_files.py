@@ -181,6 +181,18 @@ def test_dotted_path_grader_and_extractor(tmp_path: Path, monkeypatch: pytest.Mo
             "cannot import",
         ),
         ('name: t\nprompt: "{{ q }}"\nstop: [1, ""]\n', 3, "stop", "non-empty strings"),
+        (
+            'name: t\nprompt: "{{ q }}"\nextractor: os:getcwd\n',
+            3,
+            "extractor",
+            "'os:getcwd' cannot be called as fn(response): too many positional arguments",
+        ),
+        (
+            'name: t\nprompt: "{{ q }}"\nanswer: a\ngrader: os.path:basename\n',
+            4,
+            "grader",
+            "'os.path:basename' cannot be called as fn(answer, gold, response)",
+        ),
         ("prompt: '{{ q }}'\n", 1, "name", "missing required key"),
     ],
 )

@@ -242,7 +242,8 @@ def probe_model(name: str, *, what: str = "model", allow_remote: bool = False) -
         return
     path = Path(name)
     if path.exists():
-        _probe_folder(path, what)
+        # vLLM runs architectures of its own: only what transformers loads must be a type it knows
+        _probe_folder(path, what, known_type=not allow_remote)
         return
     if name.startswith(("/", ".", "~")) or os.sep + os.sep in name:
         raise ModelLoadError(f"{what} folder '{name}' does not exist")
@@ -255,12 +256,12 @@ def probe_model(name: str, *, what: str = "model", allow_remote: bool = False) -
     )
 
 
-def _probe_folder(path: Path, what: str) -> None:
+def _probe_folder(path: Path, what: str, *, known_type: bool = True) -> None:
     if not path.is_dir():
         raise ModelLoadError(f"{what} '{path}' is a file, not a model folder")
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{what} folder '{path}' holds no config.json: not a Hugging Face model folder")
-    _probe_config(path / "config.json", what)
+    _probe_config(path / "config.json", what, known_type=known_type)
     weights = sorted({p for pattern in WEIGHT_PATTERNS for p in path.glob(pattern)})
     if not weights:
         raise ModelLoadError(
@@ -290,14 +291,14 @@ def _read_json(file: Path, what: str, role: str) -> Any:
         raise ModelLoadError(f"{what} {role} '{file}' is not readable JSON ({exc})") from None
 
 
-def _probe_config(file: Path, what: str) -> None:
-    """config.json: a JSON object whose ``model_type`` (when given) transformers knows, where transformers
-    is installed (a client install checks only the JSON)."""
+def _probe_config(file: Path, what: str, *, known_type: bool = True) -> None:
+    """config.json: a JSON object whose ``model_type`` (when given, and ``known_type``) transformers knows,
+    where transformers is installed (a client install checks only the JSON)."""
     config = _read_json(file, what, "config")
     if not isinstance(config, dict):
         raise ModelLoadError(f"{what} config '{file}' is a JSON {type(config).__name__}, not an object")
     model_type = config.get("model_type")
-    if model_type is None:
+    if model_type is None or not known_type:
         return
     try:
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES

@@ -78,6 +78,14 @@ def test_a_config_tokenizer_or_chat_template_that_cannot_load_is_named(tmp_path,
         probe_model(str(folder))
 
 
+def test_a_model_type_only_vllm_may_know_passes_where_vllm_runs_it(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "config.json").write_text('{"model_type": "no-such-type"}')
+    probe_model(str(folder), allow_remote=True)  # the vllm engine: vLLM has architectures of its own
+    with pytest.raises(ModelLoadError, match="does not know"):
+        probe_model(str(folder))
+
+
 def test_transformers_own_template_tags_compile(tmp_path):
     folder = _folder(tmp_path)
     (folder / "config.json").write_text('{"model_type": "llama"}')

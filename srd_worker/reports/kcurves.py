@@ -22,7 +22,9 @@ candidates:
   normalisation; ties to the answer seen first in index order; candidates without an answer do not
   vote; nobody answered → the subset's lowest-index candidate), as ``self_consistency`` answers.
 - ``weighted_majority@k``: the same vote with each candidate weighted by its reward (sum of rewards per
-  answer; ties to the answer seen first).
+  answer; ties to the answer seen first). Only for rewards that are never negative (a PRM's or a judge's
+  probabilities): with negative rewards (the ``logprob`` reward, an RM's logits) one more vote would lower
+  an answer's sum, so the curve leaves it out (None).
 
 The two votes are averaged over ALL C(n, k) subsets when C(n, k) <= ``EXACT_SUBSETS`` (exact), else over
 ``SAMPLED_SUBSETS`` random subsets drawn by ``numpy.random.default_rng([seed, k])`` (reproducible; the
@@ -68,6 +70,11 @@ def _reward(value: Any) -> float:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return -math.inf
     return float(value)
+
+
+def _negative(value: Any) -> bool:
+    """A reward below 0 (an unscorable NaN is not: it weighs 0 in a vote)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value)) and float(value) < 0
 
 
 def _correct(cand: dict[str, Any]) -> float:
@@ -162,13 +169,15 @@ def k_curve(
     n = min(len(c) for c in problems)
     ks = list(range(1, n + 1)) if ks is None else [k for k in ks if 1 <= k <= n]
     scored = all(c.get("reward") is not None for cands in problems for c in cands)
+    # a weighted vote needs weights >= 0: a negative reward would make an extra vote count against its answer
+    weighable = scored and not any(_negative(c.get("reward")) for cands in problems for c in cands[:n])
     out = []
     for k in ks:
         sub = [c[:n] for c in problems]
         pk = [pass_at_k(n, sum(1 for x in c if x.get("correct")), k) for c in sub]
         maj = [vote_at_k(c, k, seed=seed) for c in sub]
         bok = [best_of_k(c, k) for c in sub] if scored else []
-        wmaj = [vote_at_k(c, k, weighted=True, seed=seed) for c in sub] if scored else []
+        wmaj = [vote_at_k(c, k, weighted=True, seed=seed) for c in sub] if weighable else []
 
         def mean(values: list[float]) -> float | None:
             return sum(values) / len(values) if values else None

@@ -205,6 +205,19 @@ def test_k_curve_by_hand_with_weighted_majority():
     assert curve[1].to_dict()["ci"]["best_of"] == curve[1].ci["best_of"]
 
 
+def test_weighted_majority_is_left_out_for_negative_rewards():
+    # the logprob reward (mean token logprob) and RM logits are negative: two votes of -1 would sum below
+    # one vote of -1.5 and the lone answer would win, so the curve gives no weighted majority
+    w = [cand("a", True, -1.0), cand("a", True, -1.0), cand("b", False, -1.5)]
+    assert vote_index(w, range(3), weighted=True) == 2  # what the sum would pick
+    curve = k_curve([{"candidates": w}, {"candidates": [cand("c", True, 0.3)] * 3}])
+    assert all(p.weighted_majority is None and "weighted_majority" not in p.ci for p in curve)
+    assert all(p.best_of is not None and p.majority is not None for p in curve)  # the rest stays
+    nan = float("nan")  # an unscorable candidate (NaN) weighs 0 and does not stop the curve
+    ok = k_curve([{"candidates": [cand("a", True, 0.2), cand("b", False, nan)]}])
+    assert ok[0].weighted_majority is not None
+
+
 def test_k_curve_passes_its_seed_to_the_votes_and_the_intervals(monkeypatch):
     from srd_worker.reports.stats import bootstrap_ci
 

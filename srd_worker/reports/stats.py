@@ -152,7 +152,7 @@ def paired(
     problem_wins, problem_losses = int(np.sum(per_problem > tol)), int(np.sum(per_problem < -tol))
     return Paired(
         pairs=int(both.sum()),
-        problems=int(np.any(both, axis=1).sum()),
+        problems=int(rows.sum()),
         seeds=int(ma.shape[1]),
         wins=wins,
         ties=int(both.sum()) - wins - losses,

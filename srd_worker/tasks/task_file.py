@@ -129,10 +129,6 @@ class _Seq(list[Any]):
 def strict_yaml_loader(path: str) -> type:
     """A ``yaml.SafeLoader`` that refuses a key written twice in one mapping and a key that is not text
     (``TaskFileError`` naming ``path``, the line and the key), and keeps every key's and item's line."""
-    return _loader(path)
-
-
-def _loader(path: str) -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
@@ -232,7 +228,7 @@ def parse_task_file(path: str | Path) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.load(text, Loader=_loader(where))  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=strict_yaml_loader(where))  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         line, problem = yaml_problem(exc)
         raise TaskFileError(f"malformed YAML: {problem}", path=where, line=line) from exc

@@ -154,7 +154,7 @@ class Engine(Protocol):
 @runtime_checkable
 class PolicyGradients(Protocol):
     """Differentiable access to the policy model, what an engine declaring ``CAP_GRADIENTS`` offers as
-    ``engine.gradients`` (gradient-based decoding, ALGORITHMS.md §8; the transformers implementation is
+    ``engine.gradients`` (gradient-based decoding, ALGORITHMS.md §9; the transformers implementation is
     ``engines/gradients.py``). Tensors are torch tensors on the model's device; the weights stay frozen
     (gradients flow only to the soft inputs). A soft segment is an ``[L, V]`` matrix of (straight-through)
     one-hot rows over the policy's vocabulary, embedded as ``soft @ W_in``."""

@@ -4,7 +4,7 @@ Used by gradient-based decoding (∇-Reasoner, ALGORITHMS.md §9) and by rewards
 policy itself (the LM judge's soft score). The operations:
 
 - ``teacher_forced_logits(prefix, tokens)``: one no-grad forward over ``prefix + tokens`` giving the
-  logits that predict each of ``tokens`` (the rollout's per-position ``Z`` of §8.1);
+  logits that predict each of ``tokens`` (the rollout's per-position ``Z`` of §9.1);
 - ``soft_logits(segments)``: one forward with ``inputs_embeds`` built from token ids and soft one-hot
   matrices (``soft @ W_in``, the soft matrix cast to the embedding's dtype); gradients flow to the soft
   matrices only: the weights are never updated and their gradients are never accumulated (callers take

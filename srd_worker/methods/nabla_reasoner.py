@@ -1,4 +1,4 @@
-"""∇-Reasoner: decoding by test-time gradient descent on token logits (DTO; ALGORITHMS.md §8).
+"""∇-Reasoner: decoding by test-time gradient descent on token logits (DTO; ALGORITHMS.md §9).
 
 One response per problem, built token by token around a full rollout ("ahead" tokens). Each loop
 iteration (one runner round per item):
@@ -75,7 +75,12 @@ class NablaReasonerParams(MethodParams):
     nll_coeff: float = param(0.001, "c_nll: weight of the log-likelihood in the DTO loss")
     max_iters: int = param(20, "DTO optimiser iterations per selected token")
     lr: float = param(0.01, "Adam learning rate of the DTO (weight decay 0, no warm-up)")
-    min_lr_ratio: float = param(0.1, "the cosine schedule ends at min_lr_ratio * lr")
+    min_lr_ratio: float = param(0.1, "the cosine schedule's floor, min_lr_ratio * lr")
+    lr_schedule: str = param(
+        "clip",
+        "clip: lr * max(min_lr_ratio, cosine), the reference code's schedule; rescale: lr * (min_lr_ratio + "
+        "(1 - min_lr_ratio) * cosine), transformers' cosine-with-min-lr (srdq before 2026-12-07)",
+    )
     grad_caching: bool = param(
         True, "reuse the last full gradient as a linear surrogate until the argmax token changes"
     )
@@ -113,6 +118,10 @@ class NablaReasonerParams(MethodParams):
         _require(self.max_iters >= 1, f"max_iters must be >= 1, got {self.max_iters}")
         _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _require(0 <= self.min_lr_ratio <= 1, f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        _require(
+            self.lr_schedule in LR_SCHEDULES,
+            f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}",
+        )
         _require(self.st_temperature > 0, f"st_temperature must be > 0, got {self.st_temperature}")
         _require(self.nll_coeff >= 0, f"nll_coeff must be >= 0, got {self.nll_coeff}")
         _require(
@@ -125,7 +134,7 @@ class NablaReasonerParams(MethodParams):
         )
 
 
-#: The §8.6 counters (ALGORITHMS.md), all in the result's extras. Pass counts are logical (a teacher-
+#: The §9.5 counters (ALGORITHMS.md; the spec's §8.6), all in the result's extras. Pass counts are logical (a teacher-
 #: forced prefill served from the in-memory cache still counts), so a resumed run reports the same.
 COUNTERS = (
     "num_llm_calls",  # reference definition: rollout tokens + 4 per full DTO step + 2 per acceptance check
@@ -167,14 +176,20 @@ class _Plan(TypedDict, total=False):
     budget: int
 
 
+LR_SCHEDULES = ("clip", "rescale")
+
+
 def _new_stats() -> dict[str, int]:
     return {k: 0 for k in COUNTERS}
 
 
-def cosine_factor(step: int, total: int, min_ratio: float) -> float:
-    """The learning-rate multiplier after ``step`` of ``total`` steps: cosine from 1 to ``min_ratio``."""
+def cosine_factor(step: int, total: int, min_ratio: float, schedule: str = "clip") -> float:
+    """The learning-rate multiplier after ``step`` of ``total`` steps: the half cosine ``c`` from 1 to 0,
+    floored at ``min_ratio`` (``clip``: ``max(min_ratio, c)``, the reference code) or squeezed into
+    [``min_ratio``, 1] (``rescale``: ``min_ratio + (1 − min_ratio)·c``)."""
     progress = min(step, total) / max(total, 1)
-    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    c = 0.5 * (1 + math.cos(math.pi * progress))
+    return max(min_ratio, c) if schedule == "clip" else min_ratio + (1 - min_ratio) * c
 
 
 def straight_through(z: Any, tau: float, hard: bool) -> Any:
@@ -200,7 +215,7 @@ class DTOResult:
 
 class DTOProblem:
     """The DTO loss of one item at one point of the loop: policy log-likelihood and reward of the soft
-    ahead tokens after ``prefix_ids`` (prompt + committed tokens). ALGORITHMS.md §8.2."""
+    ahead tokens after ``prefix_ids`` (prompt + committed tokens). ALGORITHMS.md §9.1."""
 
     def __init__(
         self,
@@ -262,7 +277,7 @@ class DTOProblem:
     def optimise(self, z: Any) -> DTOResult:
         """Adam on position 0 of ``z`` (``[L, V]`` logits, or ``[L, d]`` hidden states with
         ``embedder=latents``), the others fixed, for ``max_iters`` iterations with the cosine schedule and
-        gradient caching (ALGORITHMS.md §8.2)."""
+        gradient caching (ALGORITHMS.md §9.1)."""
         import torch
 
         p = self.p
@@ -270,7 +285,7 @@ class DTOProblem:
         rest = z[1:].detach().float()
         opt = torch.optim.Adam([z0], lr=p.lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda step: cosine_factor(step, p.max_iters, p.min_lr_ratio)
+            opt, lambda step: cosine_factor(step, p.max_iters, p.min_lr_ratio, p.lr_schedule)
         )
         cached = None
         current = int(self.to_logits(z0.detach().unsqueeze(0))[0].argmax())

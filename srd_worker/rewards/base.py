@@ -40,7 +40,7 @@ def accepts_finished(reward: object) -> bool:
 
 @runtime_checkable
 class DifferentiableReward(Protocol):
-    """A reward whose score is differentiable w.r.t. soft response tokens (∇-Reasoner, ALGORITHMS.md §8).
+    """A reward whose score is differentiable w.r.t. soft response tokens (∇-Reasoner, ALGORITHMS.md §9).
 
     ``soft_score(question, prefix, soft, policy_vocab)`` is the reward of the response ``prefix`` (text)
     followed by the soft tokens ``soft`` (a torch ``[L, V]`` matrix of straight-through one-hot rows over

@@ -165,7 +165,7 @@ def pad_id_of(tokenizer: Any) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Differentiable scores (rewards/base.py DifferentiableReward; ALGORITHMS.md §8)
+# Differentiable scores (rewards/base.py DifferentiableReward; ALGORITHMS.md §9)
 
 #: Stands in for the soft tokens while a template is rendered; the text is split around it.
 SOFT_MARK = "<<srdq-soft-tokens>>"

@@ -214,7 +214,7 @@ class HFProcessReward(SoftScoring):
         stay text, and one step token follows the soft tokens, where the score is read. This is the
         layout ``score(..., finished=True)`` uses for a one-step response; for a response of several steps
         ``score`` replaces each separator by a step token instead, so the soft score is an approximation
-        of the PRM's judgement of the whole response as its last step (documented in ALGORITHMS.md §8)."""
+        of the PRM's judgement of the whole response as its last step (documented in ALGORITHMS.md §9.4)."""
         prefix = cut_at_stop(prefix, self.stop)
         if self.style == "qwen":
             text = rm_chat_text(

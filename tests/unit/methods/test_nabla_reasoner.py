@@ -122,6 +122,59 @@ def test_straight_through_is_one_hot_forward_with_softmax_gradient():
     assert torch.allclose(g, expected, atol=1e-6)
 
 
+def test_cosine_schedule_is_clipped_at_the_floor_as_in_the_reference_code():
+    """``lr_schedule=clip`` (the default): max(min_ratio, ½(1 + cos(πk/T))), worked by hand at T = 20:
+    k = 10 is the half-way 0.5, k = 15 is ½(1 − √2/2) = 0.1464, from k = 16 (0.0955 unclipped) the floor
+    0.1; ``rescale`` squeezes the cosine into [0.1, 1] instead (k = 10: 0.1 + 0.9·0.5 = 0.55)."""
+    import math
+
+    from srd_worker.methods.nabla_reasoner import cosine_factor
+
+    clip = [cosine_factor(k, 20, 0.1) for k in range(21)]
+    assert clip[0] == 1.0
+    assert math.isclose(clip[10], 0.5)
+    assert math.isclose(clip[15], 0.5 * (1 - math.sqrt(2) / 2))
+    assert clip[16:] == [0.1] * 5
+    rescale = [cosine_factor(k, 20, 0.1, "rescale") for k in range(21)]
+    assert rescale[0] == 1.0 and math.isclose(rescale[10], 0.55) and math.isclose(rescale[20], 0.1)
+    assert math.isclose(rescale[16], 0.1 + 0.9 * 0.5 * (1 + math.cos(0.8 * math.pi)))
+    # the 20 steps' factors: Σ ½(1 + cos(πk/20)) = 10.5 (the cosines cancel in pairs but for k = 0), and
+    # the clip lifts k = 16…19 from Σ ½(1 + cos(πk/20)) to 0.4
+    lifted = 0.4 - sum(0.5 * (1 + math.cos(math.pi * k / 20)) for k in range(16, 20))
+    assert math.isclose(sum(clip[:20]), 10.5 + lifted) and math.isclose(lifted, 0.2194, abs_tol=1e-4)
+
+
+@pytest.mark.parametrize("schedule", ["clip", "rescale"])
+def test_the_dto_optimiser_steps_by_the_chosen_schedule(tiny_engine, reward, monkeypatch, schedule):
+    """Every DTO step's learning rate is ``lr·cosine_factor(k, max_iters, min_lr_ratio, lr_schedule)``:
+    read off the optimiser before each step."""
+    import torch
+
+    from srd_worker.methods import nabla_reasoner as nr
+
+    rates: list[float] = []
+    real_step = torch.optim.Adam.step
+
+    def step(self, *args, **kwargs):
+        rates.append(self.param_groups[0]["lr"])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    problem, z = _problem(tiny_engine, reward, max_iters=6, lr=0.2, lr_schedule=schedule)
+    problem.optimise(z)
+    expected = [0.2 * nr.cosine_factor(k, 6, 0.1, schedule) for k in range(6)]
+    assert rates == pytest.approx(expected)
+    assert (rates[-1] == pytest.approx(0.2 * 0.1)) == (schedule == "clip")
+
+
+def test_unknown_lr_schedule_is_refused():
+    from srd_worker.errors import ConfigError
+    from srd_worker.methods.nabla_reasoner import NablaReasonerParams
+
+    with pytest.raises(ConfigError, match="lr_schedule must be one of clip, rescale"):
+        NablaReasonerParams.from_dict({"lr_schedule": "linear"}).validate()
+
+
 def test_dto_loss_decreases_over_iterations(tiny_engine, reward):
     """The relaxed loss L(softmax(Z)) (no straight-through, a full gradient every step) decreases: the
     gradients through the policy and the reward model point downhill."""

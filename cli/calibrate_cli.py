@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import click
-from srdq_cli.common import friendly_errors
+from srdq_cli.common import friendly_errors, require_extra
 
 
 @click.command("calibrate")
@@ -76,6 +76,7 @@ def calibrate_command(
     Example: srdq calibrate srd_worker/testbed/artifacts/data/calibration.jsonl --model testbed
     --draft-model testbed-draft --limit 200 --out calib.json
     """
+    require_extra("worker", "srdq calibrate")  # before anything is read or written: it runs two models
     from srd_worker.datasets import resolve_dataset
     from srd_worker.engines.registry import build_engine
     from srd_worker.engines.speculative import check_draft_model

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import click
+from srdq_cli.common import require_extra
 
 
 @click.group("testbed")
@@ -51,6 +52,7 @@ def build_command(out_dir: Path | None, seed: int, init_from: Path | None) -> No
     import shutil
     import tempfile
 
+    require_extra("worker", "srdq testbed build")  # it trains with torch
     from srd_worker.testbed.train import ARTIFACTS_DIR, BuildConfig, build
 
     config = None

@@ -106,7 +106,7 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
     ``ConfigError`` with the install line otherwise."""
     from pathlib import Path
 
-    from srd_worker.engines.loading import probe_model
+    from srd_worker.engines.loading import TINY_MODEL, probe_model, refuse_tiny_args
     from srd_worker.extras import require_vllm
     from srd_worker.rewards.registry import (
         JUDGE_KINDS,
@@ -122,6 +122,8 @@ def probe_sources(spec: Any, *, settings: Settings | None = None, everything: bo
 
     if spec.engine != "openai":
         probe(spec.model, "model", spec.engine == "vllm")
+    if spec.engine == "transformers" and spec.model == TINY_MODEL:
+        refuse_tiny_args(spec.engine_args or {})
     if everything and spec.engine == "vllm":
         require_vllm("the 'vllm' engine", "run with --engine transformers")
     reward = spec.reward

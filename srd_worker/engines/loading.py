@@ -22,6 +22,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,18 @@ def quiet_transformers() -> None:
 TOKENIZER_KWARGS = ("revision", "subfolder", "trust_remote_code")
 
 
+def refuse_tiny_args(engine_args: Iterable[str]) -> None:
+    """Refuse transformers engine arguments that the built-in ``tiny-random-llama`` cannot take (it is
+    built in memory, from no files): all but ``attn_implementation`` and the engine's own ``dtype`` and
+    ``max_batch_size``. ``ModelLoadError``; ``probe_sources`` calls it before anything is written."""
+    extra = sorted(set(engine_args) - {"attn_implementation", "dtype", "max_batch_size"})
+    if extra:
+        raise ModelLoadError(
+            f"engine argument(s) {', '.join(extra)} do not apply to the built-in '{TINY_MODEL}' (it is "
+            "built in memory, from no files); only attn_implementation, dtype and max_batch_size do"
+        )
+
+
 def load_model(
     name: str,
     *,
@@ -187,12 +200,8 @@ def load_model(
 
     if name == TINY_MODEL:
         model, tokenizer = build_tiny_llama()
+        refuse_tiny_args(load_kwargs)
         attn = load_kwargs.pop("attn_implementation", None)
-        if load_kwargs:
-            raise ModelLoadError(
-                f"engine argument(s) {', '.join(sorted(load_kwargs))} do not apply to the built-in "
-                f"'{TINY_MODEL}' (it is built in memory, from no files); only attn_implementation does"
-            )
         if attn is not None:
             model.set_attn_implementation(attn)
         return model.to(device=device, dtype=_torch_dtype(dtype)), tokenizer
@@ -215,7 +224,7 @@ def load_model(
     model.eval()
     with torch.no_grad():
         # transformers' @wraps(nn.Module.to) leaves the stubs' .to unbound (self not filled in)
-        model.to(device)  # type: ignore[arg-type]
+        model.to(device)  # type: ignore[arg-type]  # transformers' wrapper hides .to's signature
     return model, tokenizer
 
 

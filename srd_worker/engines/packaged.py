@@ -342,7 +342,7 @@ def export_gguf(gguf: Path, out: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # transformers' @wraps(nn.Module.to) leaves the stubs' .to unbound (self not filled in)
-    model = model.to(torch.bfloat16)  # type: ignore[arg-type]
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]  # transformers' wrapper hides .to's signature
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
 

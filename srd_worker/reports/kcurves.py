@@ -23,7 +23,7 @@ candidates:
   vote; nobody answered → the subset's lowest-index candidate), as ``self_consistency`` answers.
 - ``weighted_majority@k``: the same vote with each candidate weighted by its reward (sum of rewards per
   answer; ties to the answer seen first). Only for rewards that are never negative (a PRM's or a judge's
-  probabilities): with negative rewards (the ``logprob`` reward, an RM's logits) one more vote would lower
+  probabilities, the ``logprob`` reward): with negative rewards (an RM's logits) one more vote would lower
   an answer's sum, so the curve leaves it out (None).
 
 The two votes are averaged over ALL C(n, k) subsets when C(n, k) <= ``EXACT_SUBSETS`` (exact), else over

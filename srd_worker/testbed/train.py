@@ -545,7 +545,7 @@ def build(
     rm.eval()
     _save(rm, tokenizer, out / "rm")
     # transformers' @wraps(nn.Module.to) leaves the stubs' .to unbound (self not filled in)
-    rm.to(torch.bfloat16).to(torch.float32)  # type: ignore[arg-type]
+    rm.to(torch.bfloat16).to(torch.float32)  # type: ignore[arg-type]  # transformers' wrapper hides .to's signature
     rm_eval: dict[str, Any] = {"samples": len(responses), "sample_accuracy": round(sample_acc, 4)}
     with torch.inference_mode():
         for kind, pairs in held.items():

@@ -197,6 +197,22 @@ def test_cli_refuses_an_unknown_key_in_one_line_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+def test_cli_refuses_a_file_argument_for_the_tiny_model_before_writing_anything(tmp_path):
+    """``revision`` is a valid transformers argument, but the built-in tiny model has no files: refused at
+    the check of the model's sources, before ``srdq.db`` exists (it used to be refused at load time)."""
+    from srdq_cli.main import cli
+
+    out = tmp_path / "out"
+    res = CliRunner().invoke(
+        cli,
+        ["run", "gsm8k", "--method", "sampling", "--model", "tiny-random-llama", "--limit", "1", "--out", str(out),
+         "--engine-arg", "revision=main", "--engine-arg", "dtype=float32"],
+    )  # fmt: skip
+    assert res.exit_code == 1
+    assert "engine argument(s) revision do not apply to the built-in 'tiny-random-llama'" in res.output
+    assert not out.exists()
+
+
 def test_cli_refuses_a_bad_value_and_engine_args_with_a_sweep(tmp_path):
     from srdq_cli.main import cli
 

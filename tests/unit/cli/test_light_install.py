@@ -99,7 +99,21 @@ def test_the_client_install_has_no_torch_and_reads_an_existing_run(tmp_path: Pat
     assert run_id in text and "Plots skipped" in text and "pip install 'srdq[plots]'" in text
     assert not list((work / "rep").glob("*.png"))
 
-    for cmd in (["run", "gsm8k", "--method", "sampling", "--out", str(work / "never")], ["worker"]):
+    for cmd in (
+        ["run", "gsm8k", "--method", "sampling", "--out", str(work / "never")],
+        ["worker"],
+        ["testbed", "build", "--out", str(work / "never")],
+        [
+            "calibrate",
+            "gsm8k",
+            "--model",
+            "testbed",
+            "--draft-model",
+            "testbed-draft",
+            "--out",
+            str(work / "never"),
+        ],
+    ):
         refused = _client(venv, *cmd, cwd=work)
         assert refused.returncode == 1, refused.stderr
         assert "pip install 'srdq[worker]'" in refused.stderr and "torch" in refused.stderr

@@ -159,7 +159,7 @@ def run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
             help="Reward model: arithmetic, lm_judge (the policy judging itself), logprob (the policy's "
             "mean-token-logprob confidence), none; or another model: judge:MODEL, judge-step:MODEL (an LLM "
             "judge of the partial solution / of its newest step), hf-orm:MODEL, "
-            "hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL; hf-orm:testbed-rm is the CPU testbed's learned "
+            "hf-prm:MODEL[:qwen|skywork], vllm-rm:MODEL, openai-rm:MODEL (on the server at SRDQ_RM_BASE_URL); hf-orm:testbed-rm is the CPU testbed's learned "
             "reward model.",
         ),
         click.option(

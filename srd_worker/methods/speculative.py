@@ -260,7 +260,7 @@ class EASD(SpeculativeSampling[EASDParams]):
 
 
 def load_memory(path: str) -> dict[str, int]:
-    """A correction memory file (``srdq calibrate --method csd``): JSON ``{"pairs": {"d,t": count}}``."""
+    """A correction memory file (``srdq calibrate``'s output): JSON ``{"pairs": {"d,t": count}}``."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         pairs = data["pairs"]
@@ -280,7 +280,7 @@ class CSDParams(SpeculativeParams):
     lambda_count: int = param(6, "frequency threshold λ: a (draft, target) pair is rescued once seen λ times")
     tau: float = param(0.01, "gate ratio τ: rescue only if z(draft) − z(target) ≥ ln τ (target raw logits)")
     memory: str | None = param(
-        None, "offline correction memory (JSON from srdq calibrate --method csd); none = empty"
+        None, "offline correction memory (the JSON file srdq calibrate writes); none = empty"
     )
     update_before_test: bool = param(True, "count the current mismatch before testing λ (false: after)")
 

@@ -186,8 +186,8 @@ def main() -> None:
         "",
         "Per problem, means. LM fwd / bwd: policy passes outside autoregressive sampling (∇-Reasoner's "
         "teacher-forced rollout prefills, grad-norm probes and full DTO steps); every sampled token is one "
-        "more policy step, counted in gen tokens. RM fwd / bwd: reward-model passes (Best-of-N scores 8 "
-        "candidates; self-consistency none). Self-consistency(8) is the majority vote over Best-of-8's own "
+        "more policy step, counted in gen tokens. RM fwd / bwd: reward-model passes (Best-of-N scores its 8 "
+        "candidates, a text identical to one already scored read from the score cache; self-consistency none). Self-consistency(8) is the majority vote over Best-of-8's own "
         "candidates (srdq seeds drafts per candidate, so a self_consistency run with n=8 draws the same "
         "tokens; ALGORITHMS.md §0.6), so its tokens and time are Best-of-8's without the reward. §8.6 LLM calls: the ∇-Reasoner paper's count (rollout tokens "
         "+ 4 per full DTO step + 2 per acceptance check); for the baselines the generated tokens, as the "

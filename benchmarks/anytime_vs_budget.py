@@ -12,7 +12,7 @@ resumes or re-reads the runs already there). The big run's anytime curve (``repo
 problem's current best answer after round r, a finished problem keeping its own) is cut at the round r*
 whose mean generated tokens come closest to the small run's, and the two are compared per problem and
 seed (where even round 1 of the big run spends more than the small run in all, r* = 1 and the ratio of
-tokens says so): accuracy with its two-stage bootstrap interval (problems, then seeds), the paired difference
+tokens says so): accuracy with its bootstrap interval (over problems, each with its seeds), the paired difference
 (cut − small run) with its interval, wins / ties / losses and McNemar's p, and the tokens both spent; and the first round at which the curve's accuracy reaches the
 small run's, with the tokens spent by then over the small run's.
 Writes a section of docs/PERFORMANCE.md and a plot (the curve with the small runs as separate points).
@@ -263,8 +263,8 @@ def main() -> None:
             f"`benchmarks/anytime_vs_budget.py {' '.join(sys.argv[1:])}` ({platform.machine()}, "
             f"{wall / 60:.0f} min wall in all). Sample: the first {args.items} `{args.dataset}` problems × "
             f"seeds {', '.join(map(str, seeds))}, policy `{args.model}` on `{args.engine}`, reward "
-            f"`{args.reward}`, max_new_tokens {args.max_new_tokens}. Intervals: 95% two-stage bootstrap "
-            "(problems, then seeds); the difference is paired by problem and seed.",
+            f"`{args.reward}`, max_new_tokens {args.max_new_tokens}. Intervals: 95% bootstrap over problems "
+            "(each with all its seeds); the difference is paired by problem and seed.",
             "",
             table(rows),
             "",

@@ -14,7 +14,7 @@ seeded candidates give sampling, Best-of-k, self-consistency = majority@k and pa
 ``kcurves``), and ``rejection_sampling`` (rank variant, θ = SRD's θ_high), ``speculative_rejection`` and
 ``srd`` at every N (with ``--pool-from``, Best-of-N is another grid's, re-scored by this reward:
 ``rescored_pool``). The tables are those of ``benchmarks/testbed.py`` (accuracy and mean generated tokens
-with two-stage bootstrap intervals over problems then seeds; SRD's routing statistics with ρ̂ and the
+with bootstrap intervals over problems (each with its seeds); SRD's routing statistics with ρ̂ and the
 gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N and self-consistency − Best-of-N
 paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
 (an interval from a bootstrap over problems); with ``--search-n``, beam search and DVTS paired against
@@ -162,16 +162,47 @@ def auroc(scores: list[float], labels: list[bool]) -> float | None:
     return (r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
-def problem_groups(runs: list) -> list[list[tuple[float, bool]]]:
-    """(reward, right) of the graded candidates of every problem of ``runs`` (one list per problem-seed)."""
+class Group(list):  # type: ignore[type-arg]  # a list of (score, right) pairs with its problem's key
+    """One problem-seed's (score, right) pairs; ``key`` names the problem (its item id), so the intervals
+    resample problems with all their seeds together (``clusters``)."""
+
+    def __init__(self, pairs: Any = (), key: Any = None) -> None:
+        super().__init__(pairs)
+        self.key = key
+
+
+def clusters(groups: list) -> list[list[int]]:
+    """The indices of ``groups`` by problem (a ``Group``'s ``key``; any other list is a problem of its
+    own), in first-seen order: the units a bootstrap over problems resamples."""
+    out: dict[Any, list[int]] = {}
+    for i, g in enumerate(groups):
+        key = getattr(g, "key", None)
+        out.setdefault(("problem", key) if key is not None else ("group", i), []).append(i)
+    return list(out.values())
+
+
+def by_problem(groups: list, values: list[float | None]) -> list[list[float | None]]:
+    """``values`` (one per group) as a problems × seeds matrix for ``stats.bootstrap_ci``: a row per
+    problem (``clusters``), None where a problem has fewer groups or a group no value."""
+    rows = [[values[i] for i in c] for c in clusters(groups)]
+    width = max((len(r) for r in rows), default=0)
+    return [r + [None] * (width - len(r)) for r in rows]
+
+
+def problem_groups(runs: list) -> list[Group]:
+    """(reward, right) of the graded candidates of every problem of ``runs`` (one ``Group`` per
+    problem-seed, keyed by the item id)."""
     groups = []
     for run in runs:
         for rec in run.records:
-            g = [
-                (float(c["reward"]), bool(c["correct"]))
-                for c in rec.get("candidates") or []
-                if c.get("reward") is not None and c.get("correct") is not None
-            ]
+            g = Group(
+                (
+                    (float(c["reward"]), bool(c["correct"]))
+                    for c in rec.get("candidates") or []
+                    if c.get("reward") is not None and c.get("correct") is not None
+                ),
+                key=rec.get("item_id"),
+            )
             if g:
                 groups.append(g)
     return groups
@@ -201,18 +232,25 @@ def within_problem_order(groups: list[list[tuple[float, bool]]]) -> Any:
     AUROC also compares candidates across problems."""
     from srd_worker.reports.stats import bootstrap_ci
 
-    return bootstrap_ci([o for o in (right_above_wrong(g) for g in groups) if o is not None])
+    return bootstrap_ci(
+        [
+            row
+            for row in by_problem(groups, [right_above_wrong(g) for g in groups])
+            if any(v is not None for v in row)
+        ]
+    )
 
 
 def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:
     """AUROC of (score, right) pairs grouped by problem, with a 95% percentile interval from resampling
-    problems (a problem's candidates stay together: they share a question)."""
+    problems (a problem's candidates stay together, those of all its seeds: they share a question)."""
     flat = [c for g in groups for c in g]
     point = auroc([s for s, _ in flat], [y for _, y in flat])
+    units = [[c for i in unit for c in groups[i]] for unit in clusters(groups)]
     rng = random.Random(seed)
     draws = []
     for _ in range(resamples if point is not None else 0):
-        sample = [c for _ in groups for c in groups[rng.randrange(len(groups))]]
+        sample = [c for _ in units for c in units[rng.randrange(len(units))]]
         a = auroc([s for s, _ in sample], [y for _, y in sample])
         if a is not None:
             draws.append(a)
@@ -225,7 +263,7 @@ def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 100
         "high": high,
         "responses": len(flat),
         "correct": sum(y for _, y in flat),
-        "problems": len(groups),
+        "problems": len(units),
     }
 
 
@@ -235,9 +273,10 @@ def order_text(above: dict) -> str:
     if above["mean"] is None:
         return ""
     ci = f" [{100 * above['low']:.1f}, {100 * above['high']:.1f}]" if above["low"] is not None else ""
+    seeds = f", over {above['seeds']} seeds" if above.get("seeds", 1) > 1 else ""
     return (
         f"; a right candidate above a wrong one of the same problem in **{100 * above['mean']:.1f}%**{ci} of "
-        f"pairs (chance 50%; the {above['problems']} problem-seeds with both)"
+        f"pairs (chance 50%; the {above['problems']} problems with both{seeds})"
     )
 
 
@@ -785,7 +824,7 @@ def main() -> None:
         a = roc["auroc"]
         roc_line = (
             f"Reward AUROC, correct vs wrong finished responses (Best-of-{pool}'s candidates: "
-            f"{roc['responses']} responses of {roc['problems']} problem-seeds, {roc['correct']} correct): "
+            f"{roc['responses']} responses of {roc['problems']} problems, {roc['correct']} correct): "
             + (
                 "n/a"
                 if a is None

@@ -38,7 +38,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
 from benchmarks.real_text import (  # noqa: E402
+    Group,
     _ints,
+    by_problem,
     groups_auroc,
     reward_auroc,
     within_problem_order,
@@ -301,7 +303,10 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
     from srd_worker.reports.stats import bootstrap_ci
 
     router = RankRouter(*thetas)
-    tied, kept, dropped, keep_all, drop_all = [], [], [], [], []
+    tied: list[float | None] = []
+    kept: list[float | None] = []
+    dropped: list[float | None] = []
+    keep_all, drop_all = [], []
     for g in groups:
         scores = [s for s, _ in g]
         pairs = [(a, b) for i, a in enumerate(scores) for b in scores[i + 1 :]]
@@ -310,15 +315,18 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
         keep_all.append(tiers.count(KEEP) / len(tiers))
         drop_all.append(tiers.count(DISCARD) / len(tiers))
         right_tiers = [t for t, (_, y) in zip(tiers, g, strict=True) if y]
-        if right_tiers:
-            kept.append(right_tiers.count(KEEP) / len(right_tiers))
-            dropped.append(right_tiers.count(DISCARD) / len(right_tiers))
+        kept.append(right_tiers.count(KEEP) / len(right_tiers) if right_tiers else None)
+        dropped.append(right_tiers.count(DISCARD) / len(right_tiers) if right_tiers else None)
+
+    def ci(values: list[float | None]) -> Any:  # over problems, a problem's seeds together
+        return bootstrap_ci([row for row in by_problem(groups, values) if any(v is not None for v in row)])
+
     return {
         "auroc": groups_auroc(groups),
         "above": within_problem_order(groups),
-        "tied": bootstrap_ci([t for t in tied if t is not None]),
-        "kept": bootstrap_ci(kept),
-        "dropped": bootstrap_ci(dropped),
+        "tied": ci(tied),
+        "kept": ci(kept),
+        "dropped": ci(dropped),
         "keep_share": sum(keep_all) / len(keep_all) if keep_all else None,
         "drop_share": sum(drop_all) / len(drop_all) if drop_all else None,
     }
@@ -326,12 +334,12 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
 
 def early_groups(
     cut: list[dict], prefix_scores: dict[str, dict[int, float]], final: dict[str, dict[int, float]]
-) -> list[list[tuple[float, bool]]]:
+) -> list[Group]:
     """(score, finally right) per candidate of each cut record: its prefix's score where it was cut, its
     final score (``final``) where it had finished before the cut; graded candidates only."""
     groups = []
     for rec in cut:
-        g = []
+        g = Group(key=rec["item_id"])
         for c in rec["candidates"]:
             if c.get("correct") is None:
                 continue
@@ -616,10 +624,10 @@ def main() -> None:
             f"`{run.spec.get('model')}`, {run.spec.get('dataset')}), the first {args.items} problems × "
             f"{len(seeded)} seed{'s' if len(seeded) > 1 else ''} ({n_cands} responses, seed"
             f"{'s' if len(seeded) > 1 else ''} {seed_list}), re-scored by each reward; Best-of-k is exact over "
-            "the k-subsets of each problem's candidates, intervals are bootstraps over problems (AUROC's "
-            "over problem-seeds), differences are paired by problem over the seeds (wins / ties / losses "
-            "count problem-seeds). *Right above wrong*: per problem-seed with right and wrong candidates, the "
-            "share of (right, wrong) pairs the reward orders rightly (ties half), averaged: the order within "
+            "the k-subsets of each problem's candidates, intervals are bootstraps over problems (a "
+            "problem with all its seeds), differences are paired by problem over the seeds (wins / ties / "
+            "losses count problem-seeds). *Right above wrong*: per problem-seed with right and wrong "
+            "candidates, the share of (right, wrong) pairs the reward orders rightly (ties half), averaged: the order within "
             "a problem, which is all Best-of-N uses (the AUROC also asks scores to compare across problems). "
             "Scoring time on the shared 2-core machine.",
             "",

@@ -11,7 +11,7 @@ The testbed's responses are short (about 30 generated tokens), so the paper's L_
 responses) hardly binds; ``l_max`` 8 mimics the paper's ratio. Every reward runs one sweep
 (``srd_worker.testbed.experiment.run_grid``, the ``srdq run --sweep`` runner) into --work; run ids are
 deterministic, so an interrupted benchmark resumes. Per configuration: accuracy and mean generated tokens
-with 95% intervals (two-stage bootstrap over problems, then seeds), refinements, ρ̂ (``reports.routing_row``),
+with 95% intervals (bootstrap over problems, each with its seeds), refinements, ρ̂ (``reports.routing_row``),
 editor tokens per refinement (the regenerated suffix: editor ``out_tokens`` from each record's
 ``ledger.components`` over the run's refinements) and the mean kept prefix j* per refinement (editor
 ``in_tokens`` per refinement minus the problem's prompt length: the editor is fed prompt + τ[:j*]), the

@@ -11,7 +11,7 @@ Every reward runs one sweep (``srd_worker.testbed.experiment.run_grid``: the ``s
 into --work: ``best_of_n`` at the largest N (sampling, Best-of-k and self-consistency = majority@k for every
 k ≤ N come from its seeded candidates, ``kcurves``), and ``rejection_sampling`` (rank variant, θ = 0.5 =
 SRD's θ_high), ``speculative_rejection`` and ``srd`` at every N. ``--rm-items`` runs the learned-RM grid on
-the first N problems only (cost). Intervals: two-stage bootstrap over problems, then seeds
+the first N problems only (cost). Intervals: bootstrap over problems, each with its seeds
 (``stats.bootstrap_ci``); paired differences: ``reports.paired_seed_groups`` (McNemar for accuracy).
 Run ids are deterministic: an interrupted benchmark resumes. The engine runs with ``batch_invariant`` off
 (one padded batch per round), as ``make demo``. Writes docs/testbed_<arithmetic|rm>.png and the
@@ -134,7 +134,7 @@ def _f(v: float | None, digits: int = 3) -> str:
 def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     """Coupled SRD vs rejection sampling (runs of one configuration over seeds), as table cells: ``compare()``
     per seed (the coupling needs the same seed), pooled; Δ_n's interval over problems and seeds from the
-    per-(problem, seed) differences of R_max (two-stage bootstrap). Only the seeds both methods have are
+    per-(problem, seed) differences of R_max (bootstrap over problems). Only the seeds both methods have are
     paired (``--partial`` analyses a grid whose rejection sampling lacks a seed SRD has); none: ValueError."""
     from srd_worker.reports.coupled import compare
     from srd_worker.reports.stats import bootstrap_ci

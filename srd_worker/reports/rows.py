@@ -19,7 +19,7 @@ What a report holds, per ALGORITHMS.md §0.3 and §1.10 and the SRD paper's layo
 
 Definitions (``score_records``, shared with ``srdq run``'s summary.json): accuracy = correct / graded,
 over items that did not fail (failed items are counted in ``failed``, not as wrong answers); mean reward
-over items that did not fail and have one; token and time means over the items that have a compute ledger (a problem whose
+over items that did not fail and have a finite one; token and time means over the items that have a compute ledger (a problem whose
 prompt did not fit the context has none). Wall time = the run's last status change minus its creation.
 Time per component comes from each record's ``timing`` (absent in ``results.jsonl``: shown as n/a).
 
@@ -30,6 +30,7 @@ assembles them; the Markdown tables live in ``report_tables.py`` and the figures
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -164,7 +165,7 @@ def score_records(records: Sequence[dict[str, Any]]) -> Scores:
     ok = [r for r in records if _ok(r)]
     graded = [r for r in ok if r.get("correct") is not None]
     correct = sum(1 for r in graded if r["correct"])
-    rewards = [float(r["reward"]) for r in ok if isinstance(r.get("reward"), int | float)]
+    rewards = [v for r in ok if (v := reward_value(r)) is not None]
     gen = [float(led.get("gen_tokens", 0)) for r in records if (led := _ledger(r)) is not None]
     return Scores(
         done=len(ok),
@@ -232,8 +233,10 @@ def tokens_value(record: dict[str, Any]) -> float | None:
 
 
 def reward_value(record: dict[str, Any]) -> float | None:
+    """The reward of an item that did not fail, None when it has no finite one (a NaN reward is none)."""
     value = record.get("reward")
-    return float(value) if _ok(record) and isinstance(value, int | float) else None
+    ok = _ok(record) and isinstance(value, int | float) and math.isfinite(value)
+    return float(value) if ok else None
 
 
 def config_key(spec: dict[str, Any]) -> str:

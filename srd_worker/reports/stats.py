@@ -4,20 +4,25 @@ and the paired comparison of two methods on the same problems and seeds.
 Data layout: a ``problems × seeds`` matrix of per-(problem, seed) values (1/0 correctness, a reward, a
 token count), one column per run seed, NaN where a cell is missing (an item failed or has no grade).
 
-Bootstrap scheme (``bootstrap_ci``): a two-stage (hierarchical) nonparametric bootstrap. Each of ``B``
-replicates draws P problems with replacement, then, for every drawn problem, S of its seed columns with
-replacement; the replicate's statistic is the mean of every drawn cell (missing cells ignored). The
-interval is the percentile interval of the replicates (2.5% and 97.5% for 95%). Resampling problems
-accounts for which problems were chosen, resampling seeds within a problem for the sampling noise of
-the decoder; with one seed the second stage does nothing and it is the ordinary bootstrap over problems.
-Replicates are drawn from ``numpy.random.default_rng(seed)``: the same data give the same interval.
+Bootstrap scheme (``bootstrap_ci``): the cluster bootstrap over problems. Each of ``B`` replicates draws P
+problems with replacement, each with ALL its seed cells; the replicate's statistic is the mean of every
+drawn cell (missing cells ignored). The interval is the percentile interval of the replicates (2.5% and
+97.5% for 95%). A problem's seeds are its nested replicates: the spread of its seed mean already carries
+the decoder's sampling noise, so the variance of the replicate mean estimates (σ_b² + σ_w²/S)/P, the
+variance of the estimate (σ_b² between problems, σ_w² between seeds of a problem). Drawing the seed
+columns again within each drawn problem (the two-stage bootstrap srdq used before 2026-12-07) counts σ_w²
+a second time, (σ_b² + σ_w²·(2S − 1)/S²)/P: at S = 2 the within-problem part 1.5 times too large, so its
+intervals were too wide, most for paired differences, whose between-problem part is small (Davison and
+Hinkley 1997, §3.8). With one seed it is the ordinary bootstrap over problems; a single problem with
+several seeds draws its seed cells with replacement (its only randomness). Replicates are drawn from
+``numpy.random.default_rng(seed)``: the same data give the same interval.
 
 Paired comparison (``paired``): cells present in both matrices are pairs; a win is a > b, a tie equal, a
 loss a < b. For 0/1 correctness, the exact McNemar test is the two-sided binomial test of the b
 discordant pairs won by A among the b + c discordant pairs (p = min(1, 2·P[X <= min(b, c)]), X ~
 Binomial(b + c, 1/2); p = 1 when there is no discordant pair). The CI of the mean difference is the same
-two-stage bootstrap applied to the paired differences (problems and seeds resampled together for both
-methods, so the pairing is kept).
+bootstrap applied to the paired differences (problems resampled together for both methods, so the
+pairing is kept).
 """
 
 from __future__ import annotations
@@ -67,13 +72,15 @@ def as_matrix(values: Any) -> np.ndarray:
 
 
 def _replicates(m: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
-    """The two-stage bootstrap means of ``m`` (problems with at least one value only)."""
+    """The cluster bootstrap means of ``m`` (problems with at least one value only; one such problem: its
+    seed cells drawn with replacement)."""
     m = m[~np.all(np.isnan(m), axis=1)]
     p, s = m.shape
     rng = np.random.default_rng(seed)
-    rows = rng.integers(p, size=(n_boot, p))
-    cols = rng.integers(s, size=(n_boot, p, s))
-    cells = m[rows[:, :, None], cols]
+    if p >= 2:
+        cells = m[rng.integers(p, size=(n_boot, p))]  # (n_boot, p, s): each drawn problem with its seeds
+    else:
+        cells = m[0][rng.integers(s, size=(n_boot, 1, s))]
     present = ~np.isnan(cells)
     counts = present.sum(axis=(1, 2))
     sums = np.where(present, cells, 0.0).sum(axis=(1, 2))
@@ -82,7 +89,7 @@ def _replicates(m: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
 
 
 def bootstrap_ci(values: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """The mean of every present cell and its two-stage bootstrap percentile interval (module doc)."""
+    """The mean of every present cell and its cluster bootstrap percentile interval (module doc)."""
     m = as_matrix(values)
     kept = m[~np.all(np.isnan(m), axis=1)] if m.size else m
     problems, seeds = int(kept.shape[0]), int(m.shape[1]) if m.size else 0

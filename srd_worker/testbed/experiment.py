@@ -6,7 +6,7 @@
   ids are deterministic, so a rerun only re-reports finished points.
 - ``kcurve_rows``: sampling, Best-of-k and self-consistency (majority@k) for every k ≤ n from the
   candidates of ``best_of_n`` runs at n (``kcurves``: the first k of n seeded candidates ARE a run at k), per
-  problem, pooled over seeds with the two-stage bootstrap of ``stats.bootstrap_ci``. Tokens at k are k
+  problem, pooled over seeds with the bootstrap over problems of ``stats.bootstrap_ci``. Tokens at k are k
   times the problem's mean tokens per candidate (the expected cost of a k-subset).
 - ``run_rows``: one row per configuration of the other runs (``reports.pool_seeds``).
 """
@@ -95,7 +95,8 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = Fa
     seeds = _by_seed(bon_runs)
     order = sorted(seeds)
     items = [i for i in seeds[order[0]] if all(i in seeds[s] for s in order)]
-    n = min(len(usable(seeds[s][i]) or []) for s in order for i in items)
+    # the pool size every usable record has (a failed item has none: its cells are None below)
+    n = min((len(u) for s in order for i in items if (u := usable(seeds[s][i]))), default=0)
     ids = [r.run_id for r in bon_runs]
     rows = []
     for k in ks:

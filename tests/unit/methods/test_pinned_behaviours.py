@@ -1,6 +1,6 @@
 """Pinned behaviours, each checked against hand-worked expectations so that the named mutation fails.
 
-1. Two-stage bootstrap (``stats.bootstrap_ci``): every resampled problem draws its OWN seed columns.
+1. Cluster bootstrap (``stats.bootstrap_ci``): a resampled problem keeps ALL its seed cells together.
 2. ∇-Reasoner (``NablaReasoner._decide``, ALGORITHMS.md §9.2): a proposal replaces the current rollout
    only if its reward is strictly higher; on a tie (or NaN) the current rollout stays.
 3. SRD's initial routing (``SRDLoop._initial_route``, §1.5/§1.7): the refinement queue is in rank order
@@ -24,44 +24,35 @@ import pytest
 from srd_worker.methods.pool import new_trajectory
 from srd_worker.methods.registry import build_method
 from srd_worker.methods.routing import DISCARD, KEEP
-from srd_worker.reports.stats import bootstrap_ci
+from srd_worker.reports.stats import Interval, bootstrap_ci
 
 pytestmark = pytest.mark.unit
 
 JUST_BELOW_HALF = math.nextafter(0.5, -math.inf)
 
 
-# ------------------------------------------------------------------------------ 1. two-stage bootstrap
+# ------------------------------------------------------------------------------ 1. cluster bootstrap
 
 
-def test_bootstrap_draws_seed_columns_independently_per_problem():
-    # 50 identical problems, each with seeds [0, 1]: the problem stage changes nothing, so a replicate
-    # mean is the mean of the 50 x 2 drawn cells. Drawn independently per problem those are 100 fair
-    # coin flips: mean ~ Binomial(100, 1/2) / 100, whose 2.5% / 97.5% quantiles are 0.40 / 0.60
-    # (P[X <= 39] = 0.018, P[X <= 40] = 0.028). One set of seed indices shared by every problem would
-    # make the mean one of 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4: the interval [0, 1].
+def test_bootstrap_keeps_each_problems_seeds_together():
+    # 50 identical problems, each with seeds [0, 1]: every problem's mean is 0.5, and a replicate draws
+    # problems with all their seed cells, so every replicate mean is 0.5. The two-stage bootstrap (seed
+    # columns drawn again per problem) made replicates of 100 coin flips: an interval about [0.40, 0.60].
     values = [[0.0, 1.0]] * 50
     for seed in (0, 1):
-        ci = bootstrap_ci(values, seed=seed)
-        assert ci.mean == 0.5
-        assert ci.low == pytest.approx(0.40, abs=0.02), ci
-        assert ci.high == pytest.approx(0.60, abs=0.02), ci
-        assert 0.15 < ci.high - ci.low < 0.25
+        assert bootstrap_ci(values, seed=seed) == Interval(0.5, 0.5, 0.5, 50, 2)
 
 
-def test_bootstrap_seed_stage_sees_each_problems_own_spread():
-    # 25 problems of seeds [0.5, 0.5] (no seed spread) and 25 of seeds [0, 1]. A drawn row of the first
-    # kind adds 1 to the replicate's sum of 100 cells; one of the second kind adds a Binomial(2, 1/2)
-    # count (mean 1, variance 1/2) when its columns are drawn for it alone. With shared columns every
-    # second-kind row of a replicate would add the SAME count (0, 1 or 2 with probability 1/4, 1/2, 1/4),
-    # so the replicate mean would be ~0.25, ~0.5 or ~0.75: an interval about [0.2, 0.8].
-    values = [[0.5, 0.5]] * 25 + [[0.0, 1.0]] * 25
+def test_bootstrap_spread_is_that_of_the_problem_means():
+    # 50 problems [1, 0] (mean 0.5) and 50 problems [1, 1] (mean 1): a replicate mean is 0.5 + 0.5·X/100,
+    # X ~ Binomial(100, 1/2) the drawn [1, 1] problems, whose 2.5% / 97.5% quantiles are 40 / 60
+    # (P[X <= 39] = 0.018, P[X <= 40] = 0.028): the interval [0.70, 0.80]. Drawing the seed columns again
+    # would add the [1, 0] problems' coin flips (sd 0.025 more in quadrature): about [0.68, 0.82].
+    values = [[1.0, 0.0]] * 50 + [[1.0, 1.0]] * 50
     ci = bootstrap_ci(values, seed=0)
-    # sd of the replicate mean: problem-1 seeds contribute var 25·2·(1/4)/100² = 1.25e-3 (sd 0.035); the
-    # problem stage contributes nothing (every problem's mean is 0.5): width ≈ 4·0.035 = 0.14
-    assert ci.mean == 0.5
-    assert 0.09 < ci.high - ci.low < 0.19, ci
-    assert ci.low > 0.38 and ci.high < 0.62, ci
+    assert ci.mean == 0.75
+    assert ci.low == pytest.approx(0.70, abs=0.006), ci
+    assert ci.high == pytest.approx(0.80, abs=0.006), ci
 
 
 def test_bootstrap_needs_two_problems_or_two_seeds():

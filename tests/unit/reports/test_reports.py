@@ -134,6 +134,14 @@ def srd_run() -> RunRecords:
     )
 
 
+def test_a_nan_reward_is_no_reward_in_the_mean_and_its_interval() -> None:
+    from srd_worker.reports.rows import reward_value, score_records
+
+    records = [{"item_id": "a", "reward": 1.0}, {"item_id": "b", "reward": float("nan")}]
+    assert score_records(records).mean_reward == 1.0  # was nan, while the interval skipped it
+    assert [reward_value(r) for r in records] == [1.0, None]
+
+
 def test_summary_counts_failed_and_pending_items_apart() -> None:
     s = summarise(bon_run())
     assert (s.items, s.done, s.failed, s.pending) == (4, 2, 1, 1)

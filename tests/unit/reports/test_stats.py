@@ -132,25 +132,22 @@ def test_interval_text_needs_both_ends():
     assert Interval(0.5, 0.4, 0.6, 2, 1).text(digits=2) == "0.50 [0.40, 0.60]"
 
 
-# ---- independent references: a loop-by-loop two-stage bootstrap and the binomial test from its pmf -------
+# ---- independent references: a loop-by-loop cluster bootstrap and the binomial test from its pmf ---------
 def _reference_interval(matrix, *, level, n_boot, seed):
-    """The module doc's scheme written out cell by cell: the same seeded draws (problems first, then
-    each drawn problem's seed columns), a replicate's mean over its present cells, replicates with no
-    present cell dropped, and numpy's own quantile of the rest."""
+    """The module doc's scheme written out cell by cell: the same seeded draws (problems, each with all
+    its seed cells; a single problem's seed cells instead), a replicate's mean over its present cells,
+    replicates with no present cell dropped, and numpy's own quantile of the rest."""
     m = np.array([[np.nan if v is None else float(v) for v in row] for row in matrix], dtype=float)
     m = m[[not np.all(np.isnan(row)) for row in m]]
     p, s = m.shape
     rng = np.random.default_rng(seed)
-    rows = rng.integers(p, size=(n_boot, p))
-    cols = rng.integers(s, size=(n_boot, p, s))
+    if p >= 2:
+        drawn = [[list(m[i]) for i in rng.integers(p, size=p)] for _ in range(n_boot)]
+    else:
+        drawn = [[[m[0][j] for j in draw[0]]] for draw in rng.integers(s, size=(n_boot, 1, s))]
     reps = []
-    for r in range(n_boot):
-        present = [
-            m[rows[r, j], cols[r, j, t]]
-            for j in range(p)
-            for t in range(s)
-            if not math.isnan(m[rows[r, j], cols[r, j, t]])
-        ]
+    for replicate in drawn:
+        present = [v for row in replicate for v in row if not math.isnan(v)]
         if present:
             reps.append(sum(present) / len(present))
     alpha = (1 - level) / 2
@@ -168,13 +165,19 @@ def test_bootstrap_matches_a_cell_by_cell_reference_with_missing_cells():
     got = bootstrap_ci(data, level=0.8, n_boot=300, seed=11)
     mean = (1.0 + 0.0 + 0.5 + 1.0 + 1.0 + 0.0 + 0.25) / 7
     assert got == Interval(pytest.approx(mean), pytest.approx(low), pytest.approx(high), 4, 2, 0.8)
-    # a sparse matrix (each problem one present cell of three): replicates with one present cell, and
-    # with none (dropped), are common, so counting the present cells is what the interval rests on
+    # a sparse matrix (each problem one present cell of three): a replicate's mean is over its present
+    # cells only, never over its drawn cells with the missing ones counted as 0
     sparse = [[1.0, None, None], [None, 0.0, None], [None, None, 0.5]]
     low, high, kept = _reference_interval(sparse, level=0.8, n_boot=400, seed=5)
-    assert kept < 400
+    assert kept == 400 and (low, high) != (0.0, 1.0 / 3)
     got = bootstrap_ci(sparse, level=0.8, n_boot=400, seed=5)
     assert got == Interval(pytest.approx(0.5), pytest.approx(low), pytest.approx(high), 3, 3, 0.8)
+    # one problem with a missing seed: its seed cells are drawn, and replicates with none present dropped
+    one = [[1.0, None, 0.0]]
+    low, high, kept = _reference_interval(one, level=0.8, n_boot=300, seed=3)
+    assert kept < 300
+    got = bootstrap_ci(one, level=0.8, n_boot=300, seed=3)
+    assert got == Interval(pytest.approx(0.5), pytest.approx(low), pytest.approx(high), 1, 3, 0.8)
     # the default seed is 0 (reports, the coupled comparison and the testbed call it without one)
     low0, high0, _ = _reference_interval(data, level=0.95, n_boot=2000, seed=0)
     default = bootstrap_ci(data)

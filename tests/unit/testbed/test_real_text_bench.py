@@ -21,13 +21,18 @@ def test_auroc_by_hand():
 
 
 def test_reward_auroc_pools_candidates_and_bootstraps_problems():
-    def rec(pairs):
+    def rec(pairs, item):
         return {
+            "item_id": item,
             "candidates": [{"reward": r, "correct": c} for r, c in pairs]
-            + [{"reward": None, "correct": True}]
+            + [{"reward": None, "correct": True}],
         }
 
-    runs = [SimpleNamespace(records=[rec([(0.9, True), (0.1, False)]), rec([(0.8, True), (0.2, False)])])]
+    runs = [
+        SimpleNamespace(
+            records=[rec([(0.9, True), (0.1, False)], "a"), rec([(0.8, True), (0.2, False)], "b")]
+        )
+    ]
     out = reward_auroc(runs, resamples=200)
     assert out["auroc"] == 1.0 and (out["low"], out["high"]) == (1.0, 1.0)
     assert (out["responses"], out["correct"], out["problems"]) == (4, 2, 2)  # unscored candidates left out
@@ -56,7 +61,7 @@ def test_within_problem_order_can_disagree_with_the_pooled_auroc():
     assert out["above"]["mean"] == 1.0 and out["above"]["problems"] == 2
     assert right_above_wrong([(0.4, True), (0.4, False), (0.2, False)]) == pytest.approx(0.75)  # tie half
     text = order_text(out["above"])
-    assert "**100.0%**" in text and "the 2 problem-seeds with both" in text
+    assert "**100.0%**" in text and "the 2 problems with both)" in text
     flipped = reward_auroc([SimpleNamespace(records=[rec([(0.1, True), (0.9, False)])])])
     assert flipped["above"]["mean"] == 0.0 and flipped["above"]["low"] is None  # one problem: no interval
     assert "**0.0%** of pairs" in order_text(flipped["above"])
@@ -572,3 +577,25 @@ def test_searches_with_a_reward_of_their_own_run_into_the_grids_store_and_sectio
     assert again.returncode == 0, again.stderr[-3000:]
     searched = [line for line in again.stdout.splitlines() if line.startswith("| beam_search | 4 | 2 × 1")]
     assert len(searched) == 2  # paired against Best-of-N and SRD, and what its final candidates hold
+
+
+def test_intervals_resample_problems_with_all_their_seeds():
+    """Two seeds of the same problems are one unit each: the same 40 problems run under a second,
+    identical seed give the same AUROC interval as one seed (a bootstrap over problem-seeds would see 80
+    units and narrow it), and the within-problem order counts problems, over 2 seeds."""
+
+    def rec(item, pairs):
+        return {"item_id": item, "candidates": [{"reward": r, "correct": c} for r, c in pairs]}
+
+    records = [
+        rec(f"p{i}", [(0.1 * (i % 7), True), (0.1 * (i % 5), False), (0.05 * (i % 3), i % 2 == 0)])
+        for i in range(40)
+    ]
+    one = reward_auroc([SimpleNamespace(records=records)], resamples=300)
+    two = reward_auroc([SimpleNamespace(records=records), SimpleNamespace(records=records)], resamples=300)
+    assert one["auroc"] == two["auroc"] and one["problems"] == two["problems"] == 40
+    assert (two["low"], two["high"]) == pytest.approx((one["low"], one["high"]), abs=0.02)
+    assert one["high"] - one["low"] > 0.1  # a real interval, not a point
+    assert two["above"]["problems"] == 40 and two["above"]["seeds"] == 2
+    assert (two["above"]["low"], two["above"]["high"]) == (one["above"]["low"], one["above"]["high"])
+    assert "problems with both, over 2 seeds)" in order_text(two["above"])

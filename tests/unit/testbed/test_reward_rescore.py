@@ -150,7 +150,7 @@ def test_seeds_pool_into_problem_seeds_and_other_configurations_are_refused(tmp_
     out = compare(runs, "logprob", [4])
     paired = out["rewards"]["arithmetic"]["paired_4"]
     assert (paired.problems, paired.seeds, paired.wins, paired.losses) == (3, 2, 6, 0)
-    assert out["rewards"]["arithmetic"]["auroc"]["problems"] == 6  # problem-seeds
+    assert out["rewards"]["arithmetic"]["auroc"]["problems"] == 3  # problems (each with its 2 seeds)
     assert sorted(p.parent.name for p in tmp_path.glob("*/s.jsonl")) == ["run-s0", "run-s1"]
 
     check_seeded(seeded)  # one configuration, two seeds

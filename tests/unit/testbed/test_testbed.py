@@ -227,6 +227,29 @@ def test_kcurve_rows_oracle_is_pass_at_k_per_problem():
     assert not any(r.method == "pass@k" for r in kcurve_rows([run], [1, 2]))
 
 
+def test_kcurve_rows_leave_a_failed_item_out_instead_of_every_k():
+    # a: right candidate rewarded 1, wrong 0; b: the reverse; c failed (no candidates). Sampling is 1/2 on
+    # a and on b, Best-of-2 right on a only, pass@2 right on both; c's cells are None. The failed item
+    # used to make the pool size 0, so every k was skipped and the table had no rows.
+    from types import SimpleNamespace
+
+    from srd_worker.testbed.experiment import kcurve_rows
+
+    def cand(correct: bool, reward: float) -> dict:
+        return {"correct": correct, "reward": reward, "answer": "1" if correct else "2", "n_tokens": 10}
+
+    records = [
+        {"item_id": "a", "candidates": [cand(True, 1.0), cand(False, 0.0)]},
+        {"item_id": "b", "candidates": [cand(False, 1.0), cand(True, 0.0)]},
+        {"item_id": "c", "error": "boom", "candidates": None},
+    ]
+    run = SimpleNamespace(spec={"seed": 0}, run_id="r0", records=records)
+    rows = {(r.method, r.n): r for r in kcurve_rows([run], [1, 2], oracle=True)}
+    assert rows[("sampling", 1)].values == {"a": {0: 0.5}, "b": {0: 0.5}, "c": {0: None}}
+    assert rows[("best_of_n", 2)].values == {"a": {0: 1.0}, "b": {0: 0.0}, "c": {0: None}}
+    assert rows[("pass@k", 2)].values == {"a": {0: 1.0}, "b": {0: 1.0}, "c": {0: None}}
+
+
 def test_paired_values_pair_the_same_seed_not_the_same_column() -> None:
     # A method run on seed 1 only against one run on seeds 0 and 1 (a --partial grid): the pairing is over
     # seed 1's cells. Pairing by column position paired A's seed 1 with B's seed 0 (here: 2 wins, where

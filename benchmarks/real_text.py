@@ -31,6 +31,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -162,7 +163,7 @@ def auroc(scores: list[float], labels: list[bool]) -> float | None:
     return (r_pos - len(pos) * (len(pos) + 1) / 2) / (len(pos) * len(neg))
 
 
-class Group(list):  # type: ignore[type-arg]  # a list of (score, right) pairs with its problem's key
+class Group(list[tuple[float, bool]]):
     """One problem-seed's (score, right) pairs; ``key`` names the problem (its item id), so the intervals
     resample problems with all their seeds together (``clusters``)."""
 
@@ -171,7 +172,7 @@ class Group(list):  # type: ignore[type-arg]  # a list of (score, right) pairs w
         self.key = key
 
 
-def clusters(groups: list) -> list[list[int]]:
+def clusters(groups: Sequence[list[tuple[float, bool]]]) -> list[list[int]]:
     """The indices of ``groups`` by problem (a ``Group``'s ``key``; any other list is a problem of its
     own), in first-seen order: the units a bootstrap over problems resamples."""
     out: dict[Any, list[int]] = {}
@@ -181,7 +182,9 @@ def clusters(groups: list) -> list[list[int]]:
     return list(out.values())
 
 
-def by_problem(groups: list, values: list[float | None]) -> list[list[float | None]]:
+def by_problem(
+    groups: Sequence[list[tuple[float, bool]]], values: list[float | None]
+) -> list[list[float | None]]:
     """``values`` (one per group) as a problems × seeds matrix for ``stats.bootstrap_ci``: a row per
     problem (``clusters``), None where a problem has fewer groups or a group no value."""
     rows = [[values[i] for i in c] for c in clusters(groups)]
@@ -226,7 +229,7 @@ def right_above_wrong(group: list[tuple[float, bool]]) -> float | None:
     return sum((r > w) + 0.5 * (r == w) for r in right for w in wrong) / (len(right) * len(wrong))
 
 
-def within_problem_order(groups: list[list[tuple[float, bool]]]) -> Any:
+def within_problem_order(groups: Sequence[list[tuple[float, bool]]]) -> Any:
     """``right_above_wrong`` averaged over the problems with right and wrong candidates, with its bootstrap
     interval over problems (a ``reports.stats.Interval``; ``problems`` counts those problems). Chance is 0.5: what Best-of-N and a rank router act on, where the pooled
     AUROC also compares candidates across problems."""
@@ -241,7 +244,7 @@ def within_problem_order(groups: list[list[tuple[float, bool]]]) -> Any:
     )
 
 
-def groups_auroc(groups: list[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:
+def groups_auroc(groups: Sequence[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:
     """AUROC of (score, right) pairs grouped by problem, with a 95% percentile interval from resampling
     problems (a problem's candidates stay together, those of all its seeds: they share a question)."""
     flat = [c for g in groups for c in g]

@@ -235,8 +235,9 @@ def tokens_value(record: dict[str, Any]) -> float | None:
 def reward_value(record: dict[str, Any]) -> float | None:
     """The reward of an item that did not fail, None when it has no finite one (a NaN reward is none)."""
     value = record.get("reward")
-    ok = _ok(record) and isinstance(value, int | float) and math.isfinite(value)
-    return float(value) if ok else None
+    if not _ok(record) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def config_key(spec: dict[str, Any]) -> str:

@@ -166,6 +166,11 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
 
     refs = sum(c.refinements for c in cs)
     improved = sum((c.refinements_improved or 0) * c.refinements for c in cs)
+
+    def per_refinement(attr: str) -> float | None:  # a mean over every refinement of every seed
+        vals = [(getattr(c, attr), c.refinements) for c in cs if getattr(c, attr) is not None]
+        return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals and refs else None
+
     return {
         "items": str(sum(c.items for c in cs)),
         "rmax_srd": _f(wmean("mean_rmax_srd")),
@@ -173,7 +178,28 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
         "delta": f"{_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}]",
         "wtl": f"{sum(c.wins for c in cs)} / {sum(c.ties for c in cs)} / {sum(c.losses for c in cs)}",
         "improved": _f(improved / refs if refs else None),
+        "before_after": f"{_f(per_refinement('reward_before_refine'))} → {_f(per_refinement('reward_after_refine'))}",
     }
+
+
+def discordant(a: dict, b: dict, p: Any) -> str:
+    """The wins / ties / losses cell of A against B (``Row.values`` layouts, ``p`` their ``paired_values``):
+    counts when both are 0/1; when B is a k-curve's expectation over k-subsets (Best-of-k from a larger
+    pool: 0.97 is not a loss), the expected discordant counts Σ a·(1 − b) / Σ (1 − a)·b instead."""
+    if p.mcnemar_p is not None:
+        return f"{p.wins} / {p.ties} / {p.losses}"
+    cells = [
+        (a[i][s], b[i][s])
+        for i in a
+        if i in b
+        for s in a[i]
+        if s in b[i] and a[i][s] is not None and b[i][s] is not None
+    ]
+    if not cells:
+        return "n/a"
+    only_a = sum(x * (1 - y) for x, y in cells)
+    only_b = sum((1 - x) * y for x, y in cells)
+    return f"{only_a:.1f} only A / {only_b:.1f} only B (expected)"
 
 
 def refined_answers(runs: list) -> str:
@@ -279,8 +305,9 @@ def analyse(
                "| measured tokens RS / SRD | measured accuracy SRD − RS | answers from a refinement (right) |",
                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     coupled = ["| N | items × seeds | mean R_max SRD | mean R_max RS | Δ_n [95% CI] | wins / ties / losses "
-               "| refinements improved |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses | McNemar p "
+               "| refinements improved | reward before → after a refinement |",
+               "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    paired = ["| N | SRD − Best-of-N accuracy [95% CI] | wins / ties / losses (or expected discordant) | McNemar p "
               "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] "
               "| SRD − Best-of-k at ≤ SRD's tokens [95% CI] | SRD − Speculative Rejection [95% CI] |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -299,7 +326,7 @@ def analyse(
             c = coupled_cells(srd, rs)
             coupled.append(
                 f"| {n} | {c['items']} | {c['rmax_srd']} | {c['rmax_rs']} | {c['delta']} | {c['wtl']} "
-                f"| {c['improved']} |"
+                f"| {c['improved']} | {c['before_after']} |"
             )
         bo = tok[("best_of_n", n)]
         ratio = t_srd / bo.tokens.mean if t_srd and bo.tokens.mean else None
@@ -311,18 +338,22 @@ def analyse(
         # self-consistency and Best-of-N at the same k come from the same candidates: a paired difference
         sc = paired_values(tok[("self_consistency", n)].values or {}, bo.values or {}).diff
         # compute-matched: the largest Best-of-k of the k-curve that generated no more tokens than SRD
+        # (k = 1 is the k-curve's sampling row)
         cheaper = [
             r
             for r in rows
-            if r.method == "best_of_n" and t_srd and r.tokens.mean is not None and r.tokens.mean <= t_srd
+            if r.method in ("best_of_n", "sampling")
+            and t_srd
+            and r.tokens.mean is not None
+            and r.tokens.mean <= t_srd
         ]
         matched = "n/a (every Best-of-k costs more)"
         if cheaper:
             k_row = max(cheaper, key=lambda r: r.n)
             p_k = paired_values(srd_correct, k_row.values or {})
-            matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({p_k.wins} / {p_k.ties} / {p_k.losses})"
+            matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({discordant(srd_correct, k_row.values or {}, p_k)})"
         paired.append(
-            f"| {n} | {_pts(d)}{paired_on} | {p_bon.wins} / {p_bon.ties} / {p_bon.losses} | {_f(p_bon.mcnemar_p, 3)} "
+            f"| {n} | {_pts(d)}{paired_on} | {discordant(srd_correct, bo.values or {}, p_bon)} | {_f(p_bon.mcnemar_p, 3)} "
             f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} | {vs_sr} |"
         )
     return {

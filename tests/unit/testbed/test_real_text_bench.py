@@ -264,6 +264,47 @@ def test_the_coupled_table_pairs_only_the_seeds_both_methods_have():
         coupled_cells(srd[1:], rs)
 
 
+def test_the_coupled_table_gives_the_reward_before_and_after_a_refinement():
+    """ALGORITHMS §1.10's mean reward before → after refinement, weighted by refinements over every seed:
+    seed 0 has 1 refinement 0.2 → 0.6, seed 1 has 3 refinements averaging 0.4 → 0.5: (0.2 + 3·0.4) / 4 =
+    0.35 before, (0.6 + 3·0.5) / 4 = 0.525 after."""
+    from benchmarks.testbed import coupled_cells
+
+    def run(method, seed, extra):
+        return SimpleNamespace(
+            spec={"method": method, "n": 4, "seed": seed}, records=[{"item_id": "p0", "extra": extra}]
+        )
+
+    srd = [
+        run(
+            "srd",
+            0,
+            {"R_max": 0.6, "refinements": 1, "reward_before_refine": 0.2, "reward_after_refine": 0.6},
+        ),
+        run(
+            "srd",
+            1,
+            {"R_max": 0.5, "refinements": 3, "reward_before_refine": 0.4, "reward_after_refine": 0.5},
+        ),
+    ]
+    rs = [run("rejection_sampling", 0, {"R_max": 0.6}), run("rejection_sampling", 1, {"R_max": 0.5})]
+    assert coupled_cells(srd, rs)["before_after"] == "0.350 → 0.525"
+    assert coupled_cells(srd[:1], rs[:1])["before_after"] == "0.200 → 0.600"
+
+
+def test_wins_against_a_k_curve_expectation_are_expected_discordant_counts():
+    """Best-of-k from a larger pool is an expectation over k-subsets (0.9 is not a 0): A right where B is
+    0.9 counts 0.1 towards "only A", not a whole win; 0/1 on both sides keeps the counts."""
+    from benchmarks.testbed import discordant
+    from srd_worker.testbed.experiment import paired_values
+
+    a = {"x": {0: 1.0}, "y": {0: 0.0}, "z": {0: 1.0}}
+    b = {"x": {0: 0.9}, "y": {0: 0.5}, "z": {0: 1.0}}
+    assert discordant(a, b, paired_values(a, b)) == "0.1 only A / 0.5 only B (expected)"
+    binary = {"x": {0: 0.0}, "y": {0: 0.0}, "z": {0: 1.0}}
+    assert discordant(a, binary, paired_values(a, binary)) == "1 / 2 / 0"
+
+
 def test_beam_search_and_dvts_join_the_grid_only_when_asked():
     """--search-n 8 adds step-level beam search and DVTS at N = 8 (M = 4, the reward scoring each step), and
     the sweep validates; without it the grid, and so every run id, is the one earlier sessions ran."""

@@ -182,6 +182,20 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
     }
 
 
+def compute_matched(rows: list, tokens: float | None) -> Any:
+    """The k-curve row of the largest Best-of-k that generated no more tokens per problem than ``tokens``
+    (k = 1 is the k-curve's ``sampling`` row); None when every one costs more or ``tokens`` is unknown."""
+    cheaper = [
+        r
+        for r in rows
+        if r.method in ("best_of_n", "sampling")
+        and tokens
+        and r.tokens.mean is not None
+        and r.tokens.mean <= tokens
+    ]
+    return max(cheaper, key=lambda r: r.n) if cheaper else None
+
+
 def discordant(a: dict, b: dict, p: Any) -> str:
     """The wins / ties / losses cell of A against B (``Row.values`` layouts, ``p`` their ``paired_values``):
     counts when both are 0/1; when B is a k-curve's expectation over k-subsets (Best-of-k from a larger
@@ -337,19 +351,9 @@ def analyse(
         d = p_bon.diff
         # self-consistency and Best-of-N at the same k come from the same candidates: a paired difference
         sc = paired_values(tok[("self_consistency", n)].values or {}, bo.values or {}).diff
-        # compute-matched: the largest Best-of-k of the k-curve that generated no more tokens than SRD
-        # (k = 1 is the k-curve's sampling row)
-        cheaper = [
-            r
-            for r in rows
-            if r.method in ("best_of_n", "sampling")
-            and t_srd
-            and r.tokens.mean is not None
-            and r.tokens.mean <= t_srd
-        ]
         matched = "n/a (every Best-of-k costs more)"
-        if cheaper:
-            k_row = max(cheaper, key=lambda r: r.n)
+        k_row = compute_matched(rows, t_srd)
+        if k_row is not None:
             p_k = paired_values(srd_correct, k_row.values or {})
             matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({discordant(srd_correct, k_row.values or {}, p_k)})"
         paired.append(

@@ -292,6 +292,27 @@ def test_the_coupled_table_gives_the_reward_before_and_after_a_refinement():
     assert coupled_cells(srd[:1], rs[:1])["before_after"] == "0.200 → 0.600"
 
 
+def test_compute_matched_best_of_k_includes_one_sample():
+    """SRD's compute-matched Best-of-k is the largest k of the k-curve at no more tokens than SRD; one
+    sample (the k-curve's sampling row, k = 1) counts, so an SRD cheaper than Best-of-2 is paired with it
+    instead of "every Best-of-k costs more"; adaptive methods' rows never count."""
+    from benchmarks.testbed import compute_matched
+
+    def row(method, n, tokens):
+        return SimpleNamespace(method=method, n=n, tokens=SimpleNamespace(mean=tokens))
+
+    rows = [
+        row("sampling", 1, 300.0),
+        row("best_of_n", 2, 600.0),
+        row("best_of_n", 4, 1200.0),
+        row("srd", 4, 800.0),
+    ]
+    assert compute_matched(rows, 900.0).n == 2
+    assert compute_matched(rows, 1200.0).n == 4
+    assert compute_matched(rows, 500.0).method == "sampling"
+    assert compute_matched(rows, 200.0) is None and compute_matched(rows, None) is None
+
+
 def test_wins_against_a_k_curve_expectation_are_expected_discordant_counts():
     """Best-of-k from a larger pool is an expectation over k-subsets (0.9 is not a 0): A right where B is
     0.9 counts 0.1 towards "only A", not a whole win; 0/1 on both sides keeps the counts."""

@@ -235,13 +235,7 @@ def within_problem_order(groups: Sequence[list[tuple[float, bool]]]) -> Any:
     AUROC also compares candidates across problems."""
     from srd_worker.reports.stats import bootstrap_ci
 
-    return bootstrap_ci(
-        [
-            row
-            for row in by_problem(groups, [right_above_wrong(g) for g in groups])
-            if any(v is not None for v in row)
-        ]
-    )
+    return bootstrap_ci(by_problem(groups, [right_above_wrong(g) for g in groups]))  # all-None rows: left out
 
 
 def groups_auroc(groups: Sequence[list[tuple[float, bool]]], *, resamples: int = 1000, seed: int = 0) -> dict:

@@ -319,7 +319,7 @@ def early_stats(groups: list[list[tuple[float, bool]]], thetas: tuple[float, flo
         dropped.append(right_tiers.count(DISCARD) / len(right_tiers) if right_tiers else None)
 
     def ci(values: list[float | None]) -> Any:  # over problems, a problem's seeds together
-        return bootstrap_ci([row for row in by_problem(groups, values) if any(v is not None for v in row)])
+        return bootstrap_ci(by_problem(groups, values))
 
     return {
         "auroc": groups_auroc(groups),

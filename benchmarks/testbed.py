@@ -160,16 +160,12 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
             )
     ci = bootstrap_ci(list(diff.values()))
 
-    def wmean(attr: str) -> float | None:
-        vals = [(getattr(c, attr), c.items) for c in cs if getattr(c, attr) is not None]
-        return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals else None
-
-    refs = sum(c.refinements for c in cs)
-    improved = sum((c.refinements_improved or 0) * c.refinements for c in cs)
-
-    def per_refinement(attr: str) -> float | None:  # a mean over every refinement of every seed
-        vals = [(getattr(c, attr), c.refinements) for c in cs if getattr(c, attr) is not None]
-        return sum(v * w for v, w in vals) / sum(w for _, w in vals) if vals and refs else None
+    def wmean(
+        attr: str, weight: str = "items"
+    ) -> float | None:  # over the seeds, weighted per item or per refinement
+        vals = [(getattr(c, attr), getattr(c, weight)) for c in cs if getattr(c, attr) is not None]
+        total = sum(w for _, w in vals)
+        return sum(v * w for v, w in vals) / total if total else None
 
     return {
         "items": str(sum(c.items for c in cs)),
@@ -177,8 +173,9 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
         "rmax_rs": _f(wmean("mean_rmax_rs")),
         "delta": f"{_f(ci.mean)} [{_f(ci.low)}, {_f(ci.high)}]",
         "wtl": f"{sum(c.wins for c in cs)} / {sum(c.ties for c in cs)} / {sum(c.losses for c in cs)}",
-        "improved": _f(improved / refs if refs else None),
-        "before_after": f"{_f(per_refinement('reward_before_refine'))} → {_f(per_refinement('reward_after_refine'))}",
+        "improved": _f(wmean("refinements_improved", "refinements")),
+        "before_after": f"{_f(wmean('reward_before_refine', 'refinements'))} → "
+        f"{_f(wmean('reward_after_refine', 'refinements'))}",
     }
 
 
@@ -196,24 +193,15 @@ def compute_matched(rows: list, tokens: float | None) -> Any:
     return max(cheaper, key=lambda r: r.n) if cheaper else None
 
 
-def discordant(a: dict, b: dict, p: Any) -> str:
-    """The wins / ties / losses cell of A against B (``Row.values`` layouts, ``p`` their ``paired_values``):
-    counts when both are 0/1; when B is a k-curve's expectation over k-subsets (Best-of-k from a larger
-    pool: 0.97 is not a loss), the expected discordant counts Σ a·(1 − b) / Σ (1 − a)·b instead."""
+def discordant(p: Any) -> str:
+    """The wins / ties / losses cell of a ``paired_values`` comparison: counts when both sides are 0/1;
+    when B is a k-curve's expectation over k-subsets (Best-of-k from a larger pool: 0.97 is not a loss),
+    the expected discordant counts Σ a·(1 − b) / Σ (1 − a)·b instead (``Paired.only_a`` / ``only_b``)."""
     if p.mcnemar_p is not None:
         return f"{p.wins} / {p.ties} / {p.losses}"
-    cells = [
-        (a[i][s], b[i][s])
-        for i in a
-        if i in b
-        for s in a[i]
-        if s in b[i] and a[i][s] is not None and b[i][s] is not None
-    ]
-    if not cells:
+    if not p.pairs:
         return "n/a"
-    only_a = sum(x * (1 - y) for x, y in cells)
-    only_b = sum((1 - x) * y for x, y in cells)
-    return f"{only_a:.1f} only A / {only_b:.1f} only B (expected)"
+    return f"{p.only_a:.1f} only A / {p.only_b:.1f} only B (expected)"
 
 
 def refined_answers(runs: list) -> str:
@@ -355,9 +343,9 @@ def analyse(
         k_row = compute_matched(rows, t_srd)
         if k_row is not None:
             p_k = paired_values(srd_correct, k_row.values or {})
-            matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({discordant(srd_correct, k_row.values or {}, p_k)})"
+            matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({discordant(p_k)})"
         paired.append(
-            f"| {n} | {_pts(d)}{paired_on} | {discordant(srd_correct, bo.values or {}, p_bon)} | {_f(p_bon.mcnemar_p, 3)} "
+            f"| {n} | {_pts(d)}{paired_on} | {discordant(p_bon)} | {_f(p_bon.mcnemar_p, 3)} "
             f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} | {vs_sr} |"
         )
     return {

@@ -133,6 +133,10 @@ class Paired:
     mcnemar_p: float | None
     problem_wins: int = 0  # problems whose mean A - B over their paired seeds is > 0
     problem_losses: int = 0  # ... < 0
+    # Σ a·(1 − b) and Σ (1 − a)·b over the pairs: for values in [0, 1] (B a k-curve's expectation over
+    # k-subsets, say) the expected number of pairs only A, only B gets right; the discordant counts for 0/1
+    only_a: float = 0.0
+    only_b: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,4 +174,6 @@ def paired(
         mcnemar_p=mcnemar_exact(problem_wins, problem_losses) if binary and da.size else None,
         problem_wins=problem_wins,
         problem_losses=problem_losses,
+        only_a=float(np.sum(da * (1 - db))),
+        only_b=float(np.sum((1 - da) * db)),
     )

@@ -321,9 +321,9 @@ def test_wins_against_a_k_curve_expectation_are_expected_discordant_counts():
 
     a = {"x": {0: 1.0}, "y": {0: 0.0}, "z": {0: 1.0}}
     b = {"x": {0: 0.9}, "y": {0: 0.5}, "z": {0: 1.0}}
-    assert discordant(a, b, paired_values(a, b)) == "0.1 only A / 0.5 only B (expected)"
+    assert discordant(paired_values(a, b)) == "0.1 only A / 0.5 only B (expected)"
     binary = {"x": {0: 0.0}, "y": {0: 0.0}, "z": {0: 1.0}}
-    assert discordant(a, binary, paired_values(a, binary)) == "1 / 2 / 0"
+    assert discordant(paired_values(a, binary)) == "1 / 2 / 0"
 
 
 def test_beam_search_and_dvts_join_the_grid_only_when_asked():

@@ -20,13 +20,15 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from srd_worker.engines.base import Engine
 from srd_worker.isolation import Isolation, IsolationLog
 from srd_worker.methods.base import Method, ScoreCache, StepContext
+from srd_worker.methods.votes import answer_classes
 from srd_worker.rewards.base import RewardModel
-from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response
+from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response, same_answer_of, vote_candidates
 
 log = logging.getLogger("srdq.runner")
 
@@ -99,7 +101,8 @@ def candidate_records(
     method: Method, task: Task, item: Item, candidates: Sequence[dict[str, Any]]
 ) -> list[dict[str, Any]] | None:
     """The record's ``candidates``: each candidate of the method's result with its extracted ``answer``
-    (``task.extract_answer``) and ``correct`` (``task.grade``; None when ungraded), kept as the method's
+    (``task.extract_answer``), ``correct`` (``task.grade``; None when ungraded) and ``vote`` (its answer's
+    class among the candidates, ``tasks.base.vote_candidates``), kept as the method's
     ``keep_candidates`` parameter says: ``full`` keeps the text, ``answers`` drops it, ``none`` keeps
     nothing (the field is null); ``auto`` is full for up to 64 candidates, else answers."""
     mode_of = getattr(method.params, "candidates_mode", None)
@@ -113,6 +116,7 @@ def candidate_records(
         if mode != "full":
             entry.pop("text", None)
         out.append(entry)
+    vote_candidates(task, out)
     return out
 
 
@@ -393,6 +397,7 @@ def run_shards(
         extract_answer=task.extract_answer,
         stop=getattr(task, "stop", ()),
         score_cache=score_cache,
+        answer_classes=partial(answer_classes, same=same_answer_of(task)),
     )
     crash_after = int(os.environ.get(CRASH_ENV, "0") or 0)
     isolation = Isolation()  # one failing item becomes an error row (srd_worker/isolation.py)

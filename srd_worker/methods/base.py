@@ -30,6 +30,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from srd_worker.engines.base import CAP_SAMPLING, Engine, Generation, GenerationRequest, SamplingParams
 from srd_worker.errors import ConfigError
+from srd_worker.methods.votes import whitespace_classes
 from srd_worker.rewards.base import RewardModel, accepts_finished
 
 COMPONENTS = ("drafter", "scorer", "editor", "router")
@@ -262,6 +263,7 @@ class StepContext:
         extract_answer: Callable[[str], str | None] | None = None,
         stop: Sequence[str] = (),
         score_cache: ScoreCache | None = None,
+        answer_classes: Callable[[Sequence[str | None]], list[int | None]] | None = None,
     ) -> None:
         self.engine = engine
         #: the task's stop strings, added to every request's own (``generate``)
@@ -270,6 +272,9 @@ class StepContext:
         self.score_cache = score_cache
         self.run_seed = run_seed
         self.extract_answer = extract_answer or (lambda text: None)
+        #: the vote class of each answer (``tasks.base.answer_classes`` with the task's equivalence;
+        #: without a task, whitespace-normalised strings): majority votes count classes, not strings
+        self.answer_classes = answer_classes or whitespace_classes
         self._reward_takes_finished = reward is not None and accepts_finished(reward)
 
     def seed(self, state: ItemState, candidate: int, kind: str, *, by_round: bool = True) -> int:

@@ -1,9 +1,10 @@
 """Self-consistency (Wang et al., 2023): draft n candidates and answer by majority vote over their
 extracted final answers. No reward model.
 
-Votes compare the extracted answer strings after whitespace normalisation (equivalent forms such as
-``0.5`` and ``\\frac12`` count as different answers: left out for now). Ties go to the answer seen first
-in candidate order; candidates without an answer do not vote; if none has one, candidate 0 answers.
+Votes count answer classes (``votes.answer_classes`` with the task's equivalence, ``ctx.answer_classes``):
+for the math tasks, math-verify's, so ``0.5`` and ``\\frac12`` vote together; a task without one compares
+whitespace-normalised strings. Ties go to the class seen first in candidate order, and the class's first
+candidate answers; candidates without an answer do not vote; if none has one, candidate 0 answers.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from srd_worker.methods.pool import (
     new_candidate,
     pool_entries,
 )
+from srd_worker.methods.votes import majority as vote
+from srd_worker.methods.votes import whitespace_classes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,23 +35,14 @@ class SelfConsistencyParams(PoolParams):
 
 
 def majority(answers: Sequence[str | None]) -> int | None:
-    """Index of the first candidate holding the most common answer (None if nobody answered)."""
-    counts: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for i, a in enumerate(answers):
-        if a is None:
-            continue
-        key = " ".join(a.split())
-        counts[key] = counts.get(key, 0) + 1
-        first.setdefault(key, i)
-    if not counts:
-        return None
-    best = max(counts, key=lambda k: (counts[k], -first[k]))
-    return first[best]
+    """Index of the first candidate holding the most common answer, answers compared as
+    whitespace-normalised strings (None if nobody answered); ``votes.majority`` over given classes."""
+    return vote(whitespace_classes(answers))
 
 
 class VoteState(PoolState, total=False):
     answers: list[str | None]  # extracted final answers, set once every candidate has finished
+    classes: list[int | None]  # their vote classes (ctx.answer_classes), set with them
 
 
 class SelfConsistency(Method[VoteState, SelfConsistencyParams]):
@@ -68,25 +62,24 @@ class SelfConsistency(Method[VoteState, SelfConsistencyParams]):
             s["round"] += 1
             if all(is_finished(c) for c in s["candidates"]):
                 s["answers"] = [ctx.extract_answer(c["text"]) for c in s["candidates"]]
+                s["classes"] = ctx.answer_classes(s["answers"])
                 s["done"] = True
         return states
 
     def result(self, state: VoteState) -> dict[str, Any]:
         answers = state["answers"]
-        chosen = majority(answers)
+        # a checkpoint written before classes were kept votes on strings, as it did then
+        classes = state.get("classes") or whitespace_classes(answers)
+        chosen = vote(classes)
         chosen = 0 if chosen is None else chosen
         cand = state["candidates"][chosen]
-        votes = sum(
-            1
-            for a in answers
-            if a is not None and " ".join(a.split()) == " ".join((answers[chosen] or "").split())
-        )
+        votes = sum(1 for c in classes if c is not None and c == classes[chosen])
         return {
             "response": cand["text"],
             "reward": None,
             "finish_reason": cand["finish"],
             "chosen": chosen,
-            "votes": votes if answers[chosen] is not None else 0,
+            "votes": votes,
             "answers": answers,
             "candidates": pool_entries(state["candidates"]),
         }

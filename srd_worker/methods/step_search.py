@@ -16,8 +16,8 @@ ends on the delimiter is the PRM's score of that last step, so ``S`` holds exact
 no reward in srdq returns the step scores of a text at once, so they are gathered step by step.
 
 The answer: ``best`` (highest aggregated score in the pool; ties: earliest step, then lowest id) or
-``weighted_majority`` (the extracted answer whose pool candidates have the largest summed score; its
-best-scored candidate answers). How each method expands and keeps beams: ``beam_search.py``, ``dvts.py``.
+``weighted_majority`` (the answer class, ``votes.answer_classes`` with the task's equivalence, whose pool
+candidates have the largest summed score; its best-scored candidate answers). How each method expands and keeps beams: ``beam_search.py``, ``dvts.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from srd_worker.methods.pool import (
     new_trajectory,
     score_positions,
 )
+from srd_worker.methods.votes import majority
 
 AGGREGATIONS = ("last", "min", "prod")
 ANSWER_RULES = ("best", "weighted_majority")
@@ -236,22 +237,15 @@ def rank_key(beam: Beam, slot: int) -> tuple[float, int]:
 # The answer
 
 
-def weighted_majority(pool: Sequence[ArchiveEntry], answers: Sequence[str | None]) -> int | None:
-    """Pool index of the answer: the extracted answer (whitespace-normalised) with the largest sum of
-    scores (NaN adds nothing; ties: the answer seen first), answered by its best-scored candidate
-    (``best_completed`` among them). None when no candidate has an answer."""
-    totals: dict[str, float] = {}
-    for entry, answer in zip(pool, answers, strict=True):
-        if answer is None:
-            continue
-        key = " ".join(answer.split())
-        r = entry["reward"]
-        totals[key] = totals.get(key, 0.0) + (0.0 if r is None or math.isnan(r) else r)
-    if not totals:
+def weighted_majority(pool: Sequence[ArchiveEntry], classes: Sequence[int | None]) -> int | None:
+    """Pool index of the answer: the answer class (``ctx.answer_classes`` of the extracted answers) with
+    the largest sum of scores (NaN adds nothing; ties: the class seen first), answered by its
+    best-scored candidate (``best_completed`` among them). None when no candidate has an answer."""
+    scores = [math.nan if e["reward"] is None else float(e["reward"]) for e in pool]
+    first = majority(classes, scores)
+    if first is None:
         return None
-    order = list(totals)
-    top = max(order, key=lambda k: (totals[k], -order.index(k)))
-    members = [i for i, a in enumerate(answers) if a is not None and " ".join(a.split()) == top]
+    members = [i for i, c in enumerate(classes) if c is not None and c == classes[first]]
     best = best_completed([pool[i] for i in members])
     return next(i for i in members if pool[i] is best)
 
@@ -264,7 +258,7 @@ def choose(
     answers: list[str | None] | None = None
     if p.answer == "weighted_majority":
         answers = [ctx.extract_answer(e["text"]) for e in pool]
-        chosen = weighted_majority(pool, answers)  # None when nobody answered: best score
+        chosen = weighted_majority(pool, ctx.answer_classes(answers))  # None: nobody answered
     if chosen is None and pool:
         best = best_completed(pool)
         chosen = next(i for i, e in enumerate(pool) if e is best)

@@ -18,7 +18,8 @@ candidates:
   ``best_of_n``). Exact in closed form: with the candidates ordered by (reward desc, index asc), the one
   at position p is chosen iff it is in the subset and none before it is: C(n-1-p, k-1) / C(n, k).
   Unscored candidates (reward None) rank last.
-- ``majority@k``: correctness of the majority answer of the subset (answers compared after whitespace
+- ``majority@k``: correctness of the majority answer of the subset (answers compared by their ``vote``
+  class, the task's equivalence over the whole pool, or for records without it after whitespace
   normalisation; ties to the answer seen first in index order; candidates without an answer do not
   vote; nobody answered → the subset's lowest-index candidate), as ``self_consistency`` answers.
 - ``weighted_majority@k``: the same vote with each candidate weighted by its reward (sum of rewards per
@@ -37,12 +38,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from srd_worker.methods.votes import answer_key, majority
 from srd_worker.reports.stats import bootstrap_ci
 
 #: Methods whose candidates are independent seeded draws (a subset of k is a run at n=k).
@@ -62,8 +64,10 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _key(answer: str | None) -> str | None:
-    return None if answer is None else " ".join(answer.split())
+def _key(cand: dict[str, Any]) -> Hashable | None:
+    """A candidate's vote class: the record's ``vote`` (the task's answer equivalence,
+    ``tasks.base.vote_candidates``), or for a record from before srdq kept it, its answer's string."""
+    return cand["vote"] if "vote" in cand else answer_key(cand.get("answer"))
 
 
 def _reward(value: Any) -> float:
@@ -91,19 +95,9 @@ def vote_index(cands: Sequence[dict[str, Any]], subset: Sequence[int], *, weight
     answer with the most votes (weighted: the largest reward sum); ties → the answer seen first; nobody
     answered → the lowest index."""
     order = sorted(subset)
-    score: dict[str, float] = {}
-    first: dict[str, int] = {}
-    for i in order:
-        key = _key(cands[i].get("answer"))
-        if key is None:
-            continue
-        w = _reward(cands[i].get("reward")) if weighted else 1.0
-        score[key] = score.get(key, 0.0) + (w if math.isfinite(w) else 0.0)
-        first.setdefault(key, i)
-    if not score:
-        return order[0]
-    best = max(score, key=lambda a: (score[a], -first[a]))
-    return first[best]
+    weights = [_reward(cands[i].get("reward")) for i in order] if weighted else None
+    chosen = majority([_key(cands[i]) for i in order], weights)
+    return order[0 if chosen is None else chosen]
 
 
 def best_of_k(cands: Sequence[dict[str, Any]], k: int) -> float:

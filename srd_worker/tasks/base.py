@@ -9,6 +9,7 @@ grade must be on the ``Item`` (``question``, ``gold``, ``meta``): workers rebuil
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -58,6 +59,31 @@ class Task(Protocol):
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         """Extra per-item scores beyond ``grade`` (HotpotQA: em, f1, precision, recall); often empty."""
         ...
+
+
+@runtime_checkable
+class SameAnswer(Protocol):
+    """Optional task member: whether two extracted answers are the same answer (the task's grader
+    applied to them, e.g. math-verify's ``0.5`` = ``\\frac12``). Votes (``methods.votes.answer_classes``)
+    use it; a task without it compares answers as whitespace-normalised strings."""
+
+    def same_answer(self, answer: str, other: str) -> bool: ...
+
+
+def same_answer_of(task: object) -> Callable[[str, str], bool] | None:
+    """The task's ``same_answer`` (``SameAnswer``), or None for a task without one."""
+    return task.same_answer if isinstance(task, SameAnswer) else None
+
+
+def vote_candidates(task: object, candidates: list[dict[str, Any]]) -> None:
+    """Set each candidate record's ``vote``: its answer's class among the record's candidates
+    (``methods.votes.answer_classes`` with ``same_answer_of(task)``), which majority votes over the
+    candidates (``reports.kcurves``) count."""
+    from srd_worker.methods.votes import answer_classes
+
+    classes = answer_classes([c.get("answer") for c in candidates], same_answer_of(task))
+    for cand, cls in zip(candidates, classes, strict=True):
+        cand["vote"] = cls
 
 
 def grade_response(task: Task, item: Item, response: str, record: dict[str, Any]) -> None:

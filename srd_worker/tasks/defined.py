@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import ConfigError
+from srd_worker.methods.votes import answer_key
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import (
     GRADER_VERSION as MATH_GRADER_VERSION,
@@ -225,6 +226,14 @@ class DefinedTask:
         if pred is None:
             return False
         return bool(_BUILTIN_GRADERS[grader](pred, item.gold))
+
+    def same_answer(self, answer: str, other: str) -> bool:
+        """Votes: a built-in grader compares the two answers as it compares an answer with the gold;
+        a custom grader (which sees whole responses) and ``none`` compare strings only."""
+        grader = self.definition["grader"]
+        if self._custom_grader is not None or grader == "none":
+            return answer_key(answer) == answer_key(other)
+        return bool(_BUILTIN_GRADERS[grader](answer, other))
 
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         if self.definition["grader"] != "normalized":

@@ -159,5 +159,11 @@ class GenericTask:
             gold = item.gold
         return math_equal(pred, gold, timeout_s=self.grade_timeout_s)
 
+    def same_answer(self, answer: str, other: str) -> bool:
+        """Votes: math-verify equivalence, as ``grade`` compares an answer with the gold."""
+        if _NUMBER_RE.match(other):
+            answer, other = strip_number_commas(answer), strip_number_commas(other)
+        return math_equal(answer, other, timeout_s=self.grade_timeout_s)
+
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         return {}

@@ -131,6 +131,10 @@ class HotpotQATask(RowTask):
         pred = self.extract_answer(response)
         return pred is not None and exact_match(pred, item.gold)
 
+    def same_answer(self, answer: str, other: str) -> bool:
+        """Votes: the official normalisation (case, punctuation, articles), as ``grade`` compares."""
+        return exact_match(answer, other)
+
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         """``em``, ``f1``, ``precision``, ``recall`` of the response's answer (all 0 if it has none)."""
         pred = self.extract_answer(response)

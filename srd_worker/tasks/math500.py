@@ -71,5 +71,9 @@ class Math500Task:
             return False
         return math_equal(pred, item.gold, timeout_s=self.grade_timeout_s)
 
+    def same_answer(self, answer: str, other: str) -> bool:
+        """Votes: math-verify equivalence, as ``grade`` compares an answer with the gold."""
+        return math_equal(answer, other, timeout_s=self.grade_timeout_s)
+
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         return {}

@@ -8,7 +8,8 @@ and ``grader_version`` are updated in one transaction. A result that failed in g
 now loses its error (and traceback); one whose grading fails now gets the new error, as the runner would
 record it. Results without a response (the item failed before grading: prompt too long, generation
 error) are left as they are. A record's ``candidates`` are graded again too (``answer`` and ``correct``
-from each candidate's text; candidates stored without text keep their old grade). Regrading twice with
+from each candidate's text; candidates stored without text keep their old grade), and their ``vote``
+classes are set again (a record from before srdq kept them gets them). Regrading twice with
 the same grader changes nothing the second time.
 
 The store's schema is not changed: grader versions live in the result records. Left out: regrading a run
@@ -23,7 +24,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response
+from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response, vote_candidates
 
 
 @dataclass
@@ -55,9 +56,10 @@ class RegradeReport:
 def regrade_candidates(
     task: Task, item: Item, candidates: list[dict[str, Any]] | None
 ) -> list[dict[str, Any]] | None:
-    """The record's candidates with ``answer`` and ``correct`` graded again from their text. Candidates
-    stored without text (``keep_candidates=answers``) keep their old answer and grade: there is nothing to
-    grade them from."""
+    """The record's candidates with ``answer`` and ``correct`` graded again from their text, and every
+    candidate's ``vote`` class set again from the answers (``vote_candidates``). Candidates stored without
+    text (``keep_candidates=answers``) keep their old answer and grade: there is nothing to grade them
+    from."""
     if candidates is None:
         return None
     out = []
@@ -66,6 +68,7 @@ def regrade_candidates(
         if "text" in cand:
             entry["answer"], entry["correct"] = grade_candidate(task, item, cand.get("text") or "")
         out.append(entry)
+    vote_candidates(task, out)
     return out
 
 

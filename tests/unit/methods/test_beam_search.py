@@ -20,6 +20,7 @@ from srd_worker.errors import ConfigError
 from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
 from srd_worker.methods.step_search import unescape, weighted_majority
+from srd_worker.methods.votes import whitespace_classes
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
@@ -209,9 +210,13 @@ def test_weighted_majority_by_hand():
         {"id": 4, "text": "e", "reward": 2.0, "finish": "eos", "round": 3, "n_tokens": 1, "c": 0},
     ]
     # "8" sums 0.3 + 0.5 + 0.4 = 1.2 > "7" 0.9; its best-scored candidate is index 2; "e" has no answer
-    assert weighted_majority(pool, ["7", "8", " 8 ", "8", None]) == 2
-    assert weighted_majority(pool, ["7", "8", "9", "6", None]) == 0
+    assert weighted_majority(pool, whitespace_classes(["7", "8", " 8 ", "8", None])) == 2
+    assert weighted_majority(pool, whitespace_classes(["7", "8", "9", "6", None])) == 0
     assert weighted_majority(pool, [None] * 5) is None
+    # classes, not strings, vote: "16/2" and "8.0" in 8's class (as the task's math-verify puts them)
+    # make it 1.2 > 0.9; as strings each would stand alone and "7" would win
+    assert weighted_majority(pool, [0, 1, 1, 1, None]) == 2
+    assert weighted_majority(pool, whitespace_classes(["7", "8", "16/2", "8.0", None])) == 0
 
 
 def test_parameters_are_checked():

@@ -147,7 +147,8 @@ def test_regrade_rebuilds_generic_task_from_the_spec_fields(tmp_path: Path) -> N
 
 def test_regrade_grades_candidates_again(tmp_path: Path) -> None:
     """Each candidate with text gets its answer and grade from the current grader; one stored without
-    text (keep_candidates=answers) keeps what it had; the report counts the candidate grades changed."""
+    text (keep_candidates=answers) keeps what it had; the report counts the candidate grades changed;
+    every candidate gets its vote class (an old record had none)."""
     item = Item(id="c", question="q", gold="5")
     record = _record(item, 0, "so \\boxed{5}", False, answer="5")
     record["candidates"] = [
@@ -162,9 +163,9 @@ def test_regrade_grades_candidates_again(tmp_path: Path) -> None:
         assert "2 candidate grades changed" in report.summary_line()
         (row,) = _rows(engine, "run-c")
         assert row.record["candidates"] == [
-            {"text": "so \\boxed{5}", "answer": "5", "correct": True, "reward": 0.9},
-            {"text": "maybe \\boxed{7}", "answer": "7", "correct": False, "reward": 0.1},
-            {"answer": "5", "correct": False, "reward": 0.5},
+            {"text": "so \\boxed{5}", "answer": "5", "correct": True, "reward": 0.9, "vote": 0},
+            {"text": "maybe \\boxed{7}", "answer": "7", "correct": False, "reward": 0.1, "vote": 1},
+            {"answer": "5", "correct": False, "reward": 0.5, "vote": 0},
         ]
         assert regrade(engine, "run-c").candidates_changed == 0
     finally:

@@ -1,0 +1,146 @@
+"""Majority votes over answer classes: the pure rules, the math tasks' equivalence (real math-verify),
+and where the classes reach (self-consistency, the records' candidates, the k-curves, regrade)."""
+
+from __future__ import annotations
+
+import pytest
+
+from srd_worker.methods.registry import build_method
+from srd_worker.methods.votes import answer_classes, majority, whitespace_classes
+from srd_worker.reports.kcurves import vote_at_k
+from srd_worker.runner import run_shard
+from srd_worker.tasks.base import Item, same_answer_of, vote_candidates
+from srd_worker.tasks.gsm8k import GSM8KTask
+from srd_worker.tasks.hotpotqa import HotpotQATask
+from srd_worker.tasks.math500 import Math500Task
+from srd_worker.tasks.regrade import regrade_candidates
+from tests.doubles import MemoryStore
+
+
+def by_value(a: str, b: str) -> bool:
+    return float(a) == float(b)
+
+
+def test_classes_are_the_first_index_of_each_class():
+    assert whitespace_classes(["4", None, " 4", "5", "4  "]) == [0, None, 0, 3, 0]
+    assert whitespace_classes([" 1 2", "1  2", "12"]) == [0, 0, 2]
+    assert answer_classes(["2", "2.0", "3", "3.00", None, "2e0"], by_value) == [0, 0, 2, 2, None, 0]
+    assert answer_classes([None, None]) == [None, None]
+
+
+def test_an_answer_joins_the_first_class_whose_first_answer_it_equals():
+    # a non-transitive "same": b is near both a and c, which are not near each other
+    def near(x: str, y: str) -> bool:
+        return abs(float(x) - float(y)) <= 1
+
+    assert answer_classes(["0", "2", "1"], near) == [0, 1, 0]  # "1" joins "0"'s class, seen first
+    assert answer_classes(["2", "0", "1"], near) == [0, 1, 0]
+
+
+def test_a_same_answer_that_raises_means_different_and_each_string_is_compared_once():
+    calls = []
+
+    def same(a: str, b: str) -> bool:
+        calls.append((a, b))
+        if "x" in (a + b):
+            raise ValueError("unparsable")
+        return float(a) == float(b)
+
+    assert answer_classes(["1", "x", "1.0", "1.0", "x", "1"], same) == [0, 1, 0, 0, 1, 0]
+    assert calls == [("x", "1"), ("1.0", "1")]  # repeats reuse their string's class
+
+
+def test_majority_counts_classes_and_weights():
+    assert majority([0, 1, 1, None]) == 1
+    assert majority([0, 1, 0, 1]) == 0  # tie: the class seen first
+    assert majority([None, None]) is None
+    assert majority([0, 1, 1], [0.9, 0.3, 0.5]) == 0  # 0.9 > 0.8
+    assert majority([0, 1, 1], [0.9, 0.5, float("nan")]) == 0  # NaN adds nothing
+    assert majority([0, 1, 1], [0.9, 0.5, 0.5]) == 1
+
+
+@pytest.mark.parametrize(
+    "task,answers,classes",
+    [
+        (Math500Task(), ["0.5", "\\frac{1}{2}", "3", "1/2", "\\dfrac12"], [0, 0, 2, 0, 0]),
+        (Math500Task(), ["x^2+1", "1+x^2", "(1, 2)", "(2, 1)"], [0, 0, 2, 3]),
+        (GSM8KTask(), ["18", "18.00", "\\$18", "19"], [0, 0, 0, 3]),
+        (HotpotQATask(), ["The Beatles", "beatles", "Beatles!", "Queen"], [0, 0, 0, 3]),
+    ],
+)
+def test_the_tasks_equivalence_makes_the_classes(task, answers, classes):
+    assert answer_classes(answers, same_answer_of(task)) == classes
+
+
+def test_a_task_without_same_answer_compares_strings():
+    class Plain:
+        pass
+
+    assert same_answer_of(Plain()) is None
+    cands = [{"answer": "0.5"}, {"answer": "\\frac12"}, {"answer": " 0.5"}, {"answer": None}]
+    vote_candidates(Plain(), cands)
+    assert [c["vote"] for c in cands] == [0, 1, 0, None]
+
+
+def _sc_state(answers):
+    from srd_worker.methods.pool import new_candidate
+
+    cands = [new_candidate() for _ in answers]
+    for i, c in enumerate(cands):
+        c["text"], c["finish"] = f"response {i}", "eos"
+    return {"answers": list(answers), "candidates": cands}
+
+
+def test_self_consistency_votes_by_value_when_its_state_has_classes():
+    method = build_method("self_consistency", {"n": 5})
+    answers = ["3", "0.5", "\\frac{1}{2}", "1/2", "3"]
+    # as strings "3" has 2 votes and each form of a half 1; by value the half has 3
+    assert (method.result(_sc_state(answers))["chosen"], method.result(_sc_state(answers))["votes"]) == (0, 2)
+    state = {**_sc_state(answers), "classes": answer_classes(answers, same_answer_of(Math500Task()))}
+    rec = method.result(state)
+    assert (rec["chosen"], rec["votes"], rec["response"]) == (1, 3, "response 1")
+
+
+def test_majority_at_k_counts_the_records_vote_classes():
+    cands = [
+        {"answer": "3", "correct": False, "reward": 0.1},
+        {"answer": "0.5", "correct": True, "reward": 0.2},
+        {"answer": "\\frac12", "correct": True, "reward": 0.3},
+    ]
+    assert vote_at_k(cands, 3) == 0.0  # a record without votes: three one-vote strings, "3" first
+    vote_candidates(Math500Task(), cands)
+    assert [c["vote"] for c in cands] == [0, 1, 1]
+    assert vote_at_k(cands, 3) == 1.0
+    # k = 2: of the 3 pairs, {0.5, 1/2} votes right; {3, 0.5} and {3, 1/2} tie and "3" (first) wins
+    assert vote_at_k(cands, 2) == pytest.approx(1 / 3)
+
+
+def test_regrade_sets_the_votes_of_an_old_record():
+    item = Item("q", "half", "\\frac12")
+    old = [{"text": "so \\boxed{0.5}", "answer": "0.5", "correct": True}, {"text": "\\boxed{1/2}"}]
+    new = regrade_candidates(Math500Task(), item, old)
+    assert [(c["answer"], c["correct"], c["vote"]) for c in new] == [("0.5", True, 0), ("1/2", True, 0)]
+
+
+def test_a_runs_records_carry_the_tasks_vote_classes(tiny_engine):
+    task = GSM8KTask()
+    items = [Item(f"q{i}", q, "7") for i, q in enumerate(["What is 3 + 4?", "Compute 6 * 7."])]
+    out = run_shard(
+        items=items,
+        positions=[0, 1],
+        method=build_method("self_consistency", {"n": 4, "max_new_tokens": 12, "chunk_tokens": 12}),
+        task=task,
+        engine=tiny_engine,
+        reward=None,
+        run_seed=3,
+        store=(store := MemoryStore()),
+    )
+    assert out.finished
+    assert store.results
+    for rec in store.results:
+        answers = [c["answer"] for c in rec["candidates"]]
+        classes = answer_classes(answers, task.same_answer)
+        assert [c["vote"] for c in rec["candidates"]] == classes
+        chosen = rec["extra"]["chosen"]
+        assert chosen == (majority(classes) or 0)
+        assert rec["extra"]["votes"] == sum(c is not None and c == classes[chosen] for c in classes)

@@ -35,6 +35,8 @@ def test_an_answer_joins_the_first_class_whose_first_answer_it_equals():
 
     assert answer_classes(["0", "2", "1"], near) == [0, 1, 0]  # "1" joins "0"'s class, seen first
     assert answer_classes(["2", "0", "1"], near) == [0, 1, 0]
+    # only a class's first answer is compared: "2" is near "1" (in 0's class) but not near "0"
+    assert answer_classes(["0", "1", "2"], near) == [0, 0, 2]
 
 
 def test_a_same_answer_that_raises_means_different_and_each_string_is_compared_once():

@@ -41,6 +41,7 @@ from srd_worker.tasks.grading import (
     extract_boxed,
     last_number,
     math_equal,
+    same_answer,
     strip_number_commas,
 )
 from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
@@ -233,6 +234,10 @@ class DefinedTask:
         grader = self.definition["grader"]
         if self._custom_grader is not None or grader == "none":
             return answer_key(answer) == answer_key(other)
+        if grader == "math":  # plain numbers by value, with no grader subprocess (grading.same_answer)
+            if _NUMBER_RE.match(other):
+                answer, other = strip_number_commas(answer), strip_number_commas(other)
+            return same_answer(answer, other)
         return bool(_BUILTIN_GRADERS[grader](answer, other))
 
     def metrics(self, response: str, item: Item) -> dict[str, float]:

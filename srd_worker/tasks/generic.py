@@ -26,6 +26,7 @@ from srd_worker.tasks.grading import (
     extract_answer,
     extract_boxed,
     math_equal,
+    same_answer,
     strip_number_commas,
 )
 from srd_worker.tasks.grading import (
@@ -160,10 +161,11 @@ class GenericTask:
         return math_equal(pred, gold, timeout_s=self.grade_timeout_s)
 
     def same_answer(self, answer: str, other: str) -> bool:
-        """Votes: math-verify equivalence, as ``grade`` compares an answer with the gold."""
+        """Votes: ``grading.same_answer`` (plain numbers by value, else math-verify as ``grade``), numbers
+        read without thousands commas as ``grade`` reads them."""
         if _NUMBER_RE.match(other):
             answer, other = strip_number_commas(answer), strip_number_commas(other)
-        return math_equal(answer, other, timeout_s=self.grade_timeout_s)
+        return same_answer(answer, other, timeout_s=self.grade_timeout_s)
 
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         return {}

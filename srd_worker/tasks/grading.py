@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 import time
+from fractions import Fraction
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -57,6 +58,8 @@ _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 # A fraction as written in a response (``3/4``, ``-7/2``), not part of a longer chain such as a date
 # ``3/4/2020`` or a ratio ``1/2/3``.
 _FRACTION_RE = re.compile(r"(?<![\d/.,])-?\d+/\d+(?![\d/])")
+# A plain number answer: sign, digits with decimals, or a fraction (``-3``, ``18.00``, ``.5``, ``7/2``).
+_PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
@@ -323,6 +326,28 @@ def _after_fork_in_child() -> None:
 
 atexit.register(shutdown_graders)
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def plain_number(text: str) -> Fraction | None:
+    """The exact value of an answer that is a plain number (sign, decimals or a fraction ``a/b``; spaces
+    around it allowed), else None."""
+    m = _PLAIN_NUMBER_RE.fullmatch(text.strip())
+    if m is None:
+        return None
+    try:
+        return Fraction(m.group(0))
+    except ZeroDivisionError:
+        return None
+
+
+def same_answer(answer: str, other: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Whether two extracted answers are one answer, for votes: two plain numbers compare by exact value
+    here (``18`` = ``18.00``, ``0.5`` = ``1/2``), with no grader subprocess, so a vote over n numeric
+    answers costs no math-verify call; anything else is ``math_equal``."""
+    a, b = plain_number(answer), plain_number(other)
+    if a is not None and b is not None:
+        return a == b
+    return math_equal(answer, other, timeout_s=timeout_s)
 
 
 def math_equal(pred: str, gold: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:

@@ -18,7 +18,13 @@ from typing import Any
 
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.generic import gold_answer
-from srd_worker.tasks.grading import DEFAULT_TIMEOUT_S, GRADER_VERSION, extract_answer, math_equal
+from srd_worker.tasks.grading import (
+    DEFAULT_TIMEOUT_S,
+    GRADER_VERSION,
+    extract_answer,
+    math_equal,
+    same_answer,
+)
 from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.prompts import math_messages
 
@@ -72,8 +78,8 @@ class Math500Task:
         return math_equal(pred, item.gold, timeout_s=self.grade_timeout_s)
 
     def same_answer(self, answer: str, other: str) -> bool:
-        """Votes: math-verify equivalence, as ``grade`` compares an answer with the gold."""
-        return math_equal(answer, other, timeout_s=self.grade_timeout_s)
+        """Votes: ``grading.same_answer`` (plain numbers by value, else math-verify as ``grade``)."""
+        return same_answer(answer, other, timeout_s=self.grade_timeout_s)
 
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         return {}

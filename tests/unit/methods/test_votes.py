@@ -146,3 +146,28 @@ def test_a_runs_records_carry_the_tasks_vote_classes(tiny_engine):
         chosen = rec["extra"]["chosen"]
         assert chosen == (majority(classes) or 0)
         assert rec["extra"]["votes"] == sum(c is not None and c == classes[chosen] for c in classes)
+
+
+@pytest.mark.parametrize(
+    "a,b,same",
+    [("18", "18.00", True), ("0.5", "1/2", True), (" -3 ", "-3.0", True), (".5", "0.50", True),
+     ("+7", "7", True), ("1/3", "0.3333", False), ("12", "13", False), ("2/0", "2/0", True)],
+)  # fmt: skip
+def test_plain_numbers_vote_by_exact_value_without_the_grader(monkeypatch, a, b, same):
+    from srd_worker.tasks import grading
+
+    assert grading.same_answer(a, b) is same
+    if grading.plain_number(a) is not None and grading.plain_number(b) is not None:
+
+        def no_grader(*args, **kwargs):
+            raise AssertionError("math_equal called for two plain numbers")
+
+        monkeypatch.setattr(grading, "math_equal", no_grader)
+        assert grading.same_answer(a, b) is same
+
+
+def test_anything_but_two_plain_numbers_goes_to_math_verify():
+    from srd_worker.tasks import grading
+
+    assert grading.plain_number("\\frac{1}{2}") is None and grading.plain_number("x") is None
+    assert grading.same_answer("\\frac{1}{2}", "0.5") and not grading.same_answer("\\frac{1}{3}", "0.5")

@@ -22,7 +22,7 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
 
     ``task`` defaults to the run's own task, rebuilt from its stored spec (name and field mapping).
     """
-    from srd_worker.tasks.registry import get_task
+    from srd_worker.tasks.registry import task_of_spec
 
     with session_scope(engine) as session:
         spec = dict(crud.get_run(session=session, run_id=run_id).spec)
@@ -34,9 +34,7 @@ def regrade(engine: Engine, run_id: str, *, task: Task | None = None) -> Regrade
             for row in crud.list_items(session=session, run_id=run_id)
         }
         results = queries.results_by_position(session=session, run_id=run_id)
-    task = task or get_task(
-        spec["task"], fields=spec.get("fields") or {}, definition=spec.get("task_def") or None
-    )
+    task = task or task_of_spec(spec)
     report, updates = regrade_results(task, run_id, items, results)
     with session_scope(engine) as session:
         crud.update_result_records(session=session, records=updates)

@@ -140,6 +140,12 @@ def get_task(
     )
 
 
+def task_of_spec(spec: Mapping[str, Any]) -> Task:
+    """The task a stored run spec names, rebuilt as its workers rebuilt it (name, ``--field`` mapping,
+    a task file's ``task_def``)."""
+    return get_task(spec["task"], fields=spec.get("fields") or {}, definition=spec.get("task_def") or None)
+
+
 def _defined(definition: dict[str, Any], fields: Mapping[str, str] | None, max_row_bytes: int) -> Task:
     if fields:
         raise ConfigError(

@@ -171,3 +171,19 @@ def test_anything_but_two_plain_numbers_goes_to_math_verify():
 
     assert grading.plain_number("\\frac{1}{2}") is None and grading.plain_number("x") is None
     assert grading.same_answer("\\frac{1}{2}", "0.5") and not grading.same_answer("\\frac{1}{3}", "0.5")
+
+
+def test_a_report_gives_an_old_records_candidates_their_votes():
+    from srd_worker.reports.loading import add_votes
+
+    def old_records():
+        cands = [{"answer": "0.5"}, {"answer": "\\frac12"}, {"answer": "3"}]
+        return [{"candidates": cands}, {"candidates": None}, {"candidates": [{"answer": "1", "vote": 7}]}]
+
+    records = old_records()
+    add_votes({"task": "math500"}, records)
+    assert [c["vote"] for c in records[0]["candidates"]] == [0, 0, 2]  # by value, as the run's task says
+    assert records[1]["candidates"] is None and records[2]["candidates"] == [{"answer": "1", "vote": 7}]
+    records = old_records()
+    add_votes({"task": "a-plugin-task-no-longer-installed"}, records)
+    assert [c["vote"] for c in records[0]["candidates"]] == [0, 1, 2]  # strings, as before

@@ -24,6 +24,7 @@ normalisations of older MATH graders (math-verify does the normalisation).
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ import time
 from fractions import Fraction
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 from srd_worker.errors import ItemError
 
@@ -145,15 +147,24 @@ def _as_latex(answer: str) -> str:
     return "\\boxed{" + s + "}"
 
 
+@functools.lru_cache(maxsize=4096)
+def _parsed(answer: str) -> tuple[Any, ...]:
+    """math-verify's parse of a bare answer, cached per grader subprocess: a problem's gold, and a vote's
+    class representatives, are parsed once however many answers they are compared with (the parse is a
+    pure function of the text and costs more than the comparison)."""
+    from math_verify import parse  # imported lazily: only grader subprocesses need sympy
+
+    return tuple(parse(_as_latex(answer), parsing_timeout=None))
+
+
 def _verify(pred: str, gold: str) -> bool:
     """The math-verify comparison itself; runs inside a grader subprocess (no timeout of its own)."""
-    from math_verify import parse, verify  # imported lazily: only grader subprocesses need sympy
+    from math_verify import verify
 
-    gold_parsed = parse(_as_latex(gold), parsing_timeout=None)
-    pred_parsed = parse(_as_latex(pred), parsing_timeout=None)
+    gold_parsed, pred_parsed = _parsed(gold), _parsed(pred)
     if not gold_parsed or not pred_parsed:
         return False
-    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+    return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None))
 
 
 # --- out-of-process grading -------------------------------------------------------------------------------

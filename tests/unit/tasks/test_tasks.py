@@ -281,3 +281,31 @@ def test_load_items_auto_small_file(tmp_path: Path) -> None:
     assert task.name == "gsm8k"
     assert [(i.id, i.gold) for i in items] == [("a", "4"), ("b", "1234")]
     assert task.grade("so 1,234 apples", items[1])
+
+
+def test_the_parse_cache_changes_no_verdict():
+    """A grader subprocess parses each text once (``grading._parsed``); every verdict is the one a fresh
+    parse gives, in either argument order and after the other comparisons used the same parses."""
+    from srd_worker.tasks import grading
+
+    answers = [
+        "\\frac{3}{4}",
+        "0.75",
+        "3/4",
+        "(1,2)",
+        "(2,1)",
+        "\\{1,2\\}",
+        "\\{2,1\\}",
+        "x^2+1",
+        "1+x^2",
+        "7",
+    ]
+    pairs = [(a, b) for a in answers for b in answers if a != b]
+    grading._parsed.cache_clear()
+    cached = [grading._verify(a, b) for a, b in pairs]
+    fresh = []
+    for a, b in pairs:
+        grading._parsed.cache_clear()
+        fresh.append(grading._verify(a, b))
+    assert cached == fresh
+    assert cached[pairs.index(("0.75", "\\frac{3}{4}"))] and not cached[pairs.index(("(1,2)", "(2,1)"))]

@@ -480,6 +480,10 @@ def _print_summary(summary: Any) -> None:
     )
     out = _console()
     out.print(table)
+    for error, count in summary.errors.items():  # why items failed (the records have every error)
+        out.print(f"failed ({count} item{'s' if count != 1 else ''}): {error}", markup=False)
+    if (rest := summary.failed - sum(summary.errors.values())) > 0:
+        out.print(f"failed ({rest} more items): other errors, in the results' error field", markup=False)
     out.print(f"results: {summary.results_path}")
 
 

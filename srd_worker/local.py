@@ -29,9 +29,10 @@ import logging
 import os
 import platform
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,6 +72,8 @@ class Summary:
     mean_reward: float | None
     wall_seconds: float
     results_path: str
+    #: the failed items' errors (first line) with how many items each failed, most common first (at most 3)
+    errors: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +96,11 @@ class Summary:
             mean_reward=scores.mean_reward,
             wall_seconds=wall,
             results_path=str(path),
+            errors=dict(
+                Counter(
+                    (str(r["error"]).strip().splitlines() or [""])[0] for r in records if r.get("error")
+                ).most_common(3)
+            ),
         )
 
 

@@ -1,6 +1,12 @@
 """Best-of-N: draft n candidates, score each finished response with the reward model, answer with the
 highest-scoring one (ties go to the lowest candidate index).
 
+``answer=weighted_majority`` is weighted Best-of-N (search-and-learn's, as beam search and DVTS answer):
+the answer class (``votes.answer_classes`` with the task's equivalence) whose candidates' rewards sum
+highest, answered by its highest-scored candidate (ties: the lower index). Its weights are raw rewards,
+meant for rewards that are never negative (a judge's or PRM's probabilities, ``logprob``); an item whose
+candidates have a negative reward fails with an error naming the rule (use ``answer=best``).
+
 Follows the baseline as used by SRD and Speculative Rejection (ALGORITHMS.md §0.2, §0.5): the reward
 sees the question and the decoded response. Candidates are scored once, when every candidate of the
 item has finished, in one reward batch over all items finishing in that round.
@@ -12,6 +18,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
+from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
     WHOLE_BUDGET_HELP,
@@ -24,12 +31,26 @@ from srd_worker.methods.pool import (
     score_responses,
 )
 from srd_worker.methods.routing import rank_order
+from srd_worker.methods.votes import majority
+
+ANSWER_RULES = ("best", "weighted_majority")
 
 
 @dataclasses.dataclass(frozen=True)
 class BestOfNParams(PoolParams):
     whole_budget_allowed: ClassVar[bool] = True
     chunk_tokens: int = param(0, WHOLE_BUDGET_HELP)
+    answer: str = param(
+        "best",
+        "final answer: best (the highest reward) or weighted_majority (the answer whose candidates' "
+        "rewards sum highest, answered by its best-scored candidate; rewards must be >= 0)",
+        in_id_at_default=False,
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        if self.answer not in ANSWER_RULES:
+            raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}")
 
 
 def argmax_first(values: Sequence[float]) -> int:
@@ -38,31 +59,56 @@ def argmax_first(values: Sequence[float]) -> int:
     return rank_order(values)[0]
 
 
-class BestOfN(Method[PoolState, BestOfNParams]):
+class BestOfNState(PoolState, total=False):
+    classes: list[int | None]  # the candidates' answer classes (answer=weighted_majority), set when done
+
+
+def weighted_choice(classes: Sequence[int | None], rewards: Sequence[float], *, fallback: int) -> int:
+    """The highest-rewarded candidate of the answer class with the largest reward sum (NaN adds nothing;
+    ties: the class seen first, then the lower index); ``fallback`` when no candidate has an answer.
+    ``ValueError`` for a negative reward: a vote it weighs would count against its answer."""
+    negative = [r for r in rewards if r < 0]  # NaN < 0 is False
+    if negative:
+        raise ValueError(
+            f"answer=weighted_majority weighs votes by reward, which must be >= 0; this reward gave "
+            f"{min(negative):.4g} (use answer=best with a reward that can be negative)"
+        )
+    first = majority(classes, rewards)
+    if first is None:
+        return fallback
+    members = [i for i, c in enumerate(classes) if c == classes[first]]
+    return members[argmax_first([rewards[i] for i in members])]
+
+
+class BestOfN(Method[BestOfNState, BestOfNParams]):
     name = "best_of_n"
     Params = BestOfNParams
     summary = "draft n candidates, keep the one the reward model scores highest"
     needs_reward = True
 
-    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> PoolState:
+    def init_state(self, item_id: str, question: str, prompt_ids: Sequence[int]) -> BestOfNState:
         return {
             **new_state(item_id, question, prompt_ids),
             "candidates": [new_candidate() for _ in range(self.params.n)],
         }
 
-    def step(self, states: list[PoolState], ctx: StepContext) -> list[PoolState]:
+    def step(self, states: list[BestOfNState], ctx: StepContext) -> list[BestOfNState]:
         draft_round(states, ctx, self.params)
         ready = [s for s in states if all(is_finished(c) for c in s["candidates"])]
         score_responses(ctx, [(s, c) for s in ready for c in s["candidates"]])
         for s in ready:
+            if self.params.answer == "weighted_majority":
+                s["classes"] = ctx.answer_classes([ctx.extract_answer(c["text"]) for c in s["candidates"]])
             s["done"] = True
         for s in states:
             s["round"] += 1
         return states
 
-    def result(self, state: PoolState) -> dict[str, Any]:
-        rewards = [c["reward"] for c in state["candidates"]]
-        best = argmax_first(cast("list[float]", rewards))  # a done item's candidates are all scored (step)
+    def result(self, state: BestOfNState) -> dict[str, Any]:
+        rewards = cast("list[float]", [c["reward"] for c in state["candidates"]])  # all scored (step)
+        best = argmax_first(rewards)
+        if self.params.answer == "weighted_majority":
+            best = weighted_choice(state["classes"], rewards, fallback=best)
         cand = state["candidates"][best]
         return {
             "response": cand["text"],

@@ -123,3 +123,21 @@ def test_a_dedicated_option_and_a_set_of_the_same_key_must_agree(tmp_path) -> No
         result = CliRunner().invoke(cli, args + extra)
         assert result.exit_code == 2 and says in result.output, result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_run_whose_items_fail_says_why_under_its_summary(tmp_path, monkeypatch, datasets_dir) -> None:
+    """Weighted Best-of-N under a reward with negative scores (the testbed RM's logits) fails every item:
+    the summary names the error and how many items it failed, and summary.json keeps it."""
+    import json
+
+    monkeypatch.setenv("SRDQ_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["run", str(datasets_dir / "gsm8k_test.jsonl"), "--method", "best_of_n", "--n", "2"]
+    args += ["--model", "tiny-random-llama", "--reward", "hf-orm:testbed-rm", "--max-new-tokens", "8"]
+    args += ["--set", "answer=weighted_majority", "--limit", "2", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert text.count("failed (1 item): ValueError: answer=weighted_majority weighs votes by reward") == 2
+    (summary,) = (tmp_path / "out").glob("run-*/summary.json")
+    errors = json.loads(summary.read_text())["errors"]
+    assert sum(errors.values()) == 2 and all("use answer=best" in e for e in errors)

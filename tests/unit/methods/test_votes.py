@@ -187,3 +187,66 @@ def test_a_report_gives_an_old_records_candidates_their_votes():
     records = old_records()
     add_votes({"task": "a-plugin-task-no-longer-installed"}, records)
     assert [c["vote"] for c in records[0]["candidates"]] == [0, 1, 2]  # strings, as before
+
+
+# ---- weighted Best-of-N (best_of_n answer=weighted_majority) ---------------------------------------------
+def test_weighted_choice_by_hand():
+    from srd_worker.methods.best_of_n import weighted_choice
+
+    # class 1 sums 0.5 + 0.6 = 1.1 > class 0's 0.9; its best-scored member is 2; candidate 3 has no answer
+    assert weighted_choice([0, 1, 1, None], [0.9, 0.5, 0.6, 1.0], fallback=3) == 2
+    assert weighted_choice([0, 1, 1, None], [0.9, 0.4, 0.5, 1.0], fallback=3) == 0  # 0.9 = 0.9: first class
+    assert weighted_choice([0, 1, 1], [0.2, 0.5, 0.5], fallback=0) == 1  # members tie: the lower index
+    assert weighted_choice([0, 1, 1], [0.9, 0.5, float("nan")], fallback=0) == 0  # NaN adds nothing
+    assert weighted_choice([None, None], [0.1, 0.7], fallback=1) == 1  # nobody answered: Best-of-N's pick
+    with pytest.raises(ValueError, match="answer=weighted_majority.*-0.3.*answer=best"):
+        weighted_choice([0, 1], [0.9, -0.3], fallback=0)
+
+
+def test_the_answer_rule_is_checked_and_best_keeps_the_run_id():
+    from srd_worker.errors import ConfigError
+
+    assert "answer" not in build_method("best_of_n", {"n": 4, "answer": "best"}).params.to_dict()
+    assert build_method("best_of_n", {"n": 4, "answer": "weighted_majority"}).params.to_dict()["answer"]
+    with pytest.raises(ConfigError, match="answer must be one of best, weighted_majority, got 'vote'"):
+        build_method("best_of_n", {"n": 4, "answer": "vote"})
+
+
+def test_weighted_best_of_n_is_the_k_curves_weighted_majority_at_n(tiny_engine):
+    """Per problem, a weighted_majority run answers as right as weighted majority@n over the candidates
+    of a best run with the same seed (the same draws and rewards), and answers with a candidate of the
+    class that wins by reward sum."""
+    from srd_worker.rewards.arithmetic import ArithmeticReward
+
+    task = GSM8KTask()
+    questions = ["What is 3 + 4?", "Compute 6 * 7.", "What is 10 - 2?", "Half of 9?"]
+    items = [Item(f"q{i}", q, "7") for i, q in enumerate(questions)]
+
+    def run(answer):
+        store = MemoryStore()
+        params = {"n": 6, "max_new_tokens": 16, "answer": answer}
+        out = run_shard(
+            items=items,
+            positions=list(range(len(items))),
+            method=build_method("best_of_n", params),
+            task=task,
+            engine=tiny_engine,
+            reward=ArithmeticReward(),
+            run_seed=5,
+            store=store,
+        )
+        assert out.finished and store.results
+        return store.results
+
+    best, weighted = run("best"), run("weighted_majority")
+    voted = 0
+    for b, w in zip(best, weighted, strict=True):
+        cands = b["candidates"]
+        assert [c["text"] for c in cands] == [c["text"] for c in w["candidates"]]
+        assert w["correct"] == bool(vote_at_k(cands, len(cands), weighted=True))
+        classes = [c["vote"] for c in cands]
+        if any(c is not None for c in classes):
+            voted += 1
+            winner = majority(classes, [c["reward"] for c in cands])
+            assert classes[w["extra"]["chosen"]] == classes[winner]
+    assert voted  # some problem had answers to vote on

@@ -17,7 +17,8 @@ no reward in srdq returns the step scores of a text at once, so they are gathere
 
 The answer: ``best`` (highest aggregated score in the pool; ties: earliest step, then lowest id) or
 ``weighted_majority`` (the answer class, ``votes.answer_classes`` with the task's equivalence, whose pool
-candidates have the largest summed score; its best-scored candidate answers). How each method expands and keeps beams: ``beam_search.py``, ``dvts.py``.
+candidates have the largest summed score; its best-scored candidate answers). How each method expands
+and keeps beams: ``beam_search.py``, ``dvts.py``.
 """
 
 from __future__ import annotations

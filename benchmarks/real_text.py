@@ -284,16 +284,21 @@ def analyse_pool(bon_runs: list, budgets: list[int]) -> dict:
     from srd_worker.testbed.experiment import kcurve_rows, markdown, paired_values
 
     ks = sorted({1, *budgets})
-    rows = kcurve_rows(bon_runs, ks, oracle=True)
+    rows = kcurve_rows(bon_runs, ks, oracle=True, weighted=True)
     by = {(r.method, r.n): r for r in rows}
     paired = [
-        "| N | self-consistency − Best-of-N [95% CI] | wins / ties / losses | Best-of-N − sampling [95% CI] |",
-        "|---:|---:|---:|---:|",
+        "| N | self-consistency − Best-of-N [95% CI] | wins / ties / losses | Best-of-N − sampling [95% CI] "
+        "| weighted Best-of-N − Best-of-N [95% CI] |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for n in ks[1:]:
         sc = paired_values(by[("self_consistency", n)].values or {}, by[("best_of_n", n)].values or {})
         bo = paired_values(by[("best_of_n", n)].values or {}, by[("sampling", 1)].values or {})
-        paired.append(f"| {n} | {_pts(sc.diff)} | {sc.wins} / {sc.ties} / {sc.losses} | {_pts(bo.diff)} |")
+        w = by.get(("weighted_best_of_n", n))  # none when a reward is negative
+        wb = _pts(paired_values(w.values or {}, by[("best_of_n", n)].values or {}).diff) if w else "n/a"
+        paired.append(
+            f"| {n} | {_pts(sc.diff)} | {sc.wins} / {sc.ties} / {sc.losses} | {_pts(bo.diff)} | {wb} |"
+        )
     return {"rows": [r.to_dict() for r in rows], "table": markdown(rows), "paired": "\n".join(paired)}
 
 
@@ -779,7 +784,7 @@ def main() -> None:
             out = analyse_pool([r for r in runs if r.method == "best_of_n"], sorted({*budgets, pool}))
         else:
             title = f"{dataset_name}, {args.model}: accuracy vs generated tokens, reward {reward}"
-            out = analyse(reward, runs, budgets, png, title=title, pool_n=args.pool_n)
+            out = analyse(reward, runs, budgets, png, title=title, pool_n=args.pool_n, weighted=True)
         roc = reward_auroc([r for r in runs if r.method == "best_of_n"])
         rescored = [r for r in runs if r.method == "best_of_n" and r.spec.get("rescored_from")]
         setting = (

@@ -262,9 +262,11 @@ def analyse(
     *,
     title: str | None = None,
     pool_n: int | None = None,
+    weighted: bool = False,
 ) -> dict:
     """The grid's tables at every N of ``budgets``; Best-of-N's k-curves come from its run at ``pool_n``
-    (default the largest budget), which may be larger than every budget (a Best-of-8 pool beside SRD at N = 4)."""
+    (default the largest budget), which may be larger than every budget (a Best-of-8 pool beside SRD at N = 4).
+    ``weighted`` adds weighted Best-of-N rows (``kcurve_rows``)."""
     from srd_worker.reports.rows import Point, routing_row
     from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
 
@@ -278,8 +280,10 @@ def analyse(
     ks = {1, *budgets, pool} | (
         {2**i for i in range(1, pool.bit_length()) if 2**i < pool} if pool_n else set()
     )
-    rows = kcurve_rows(bon, sorted(ks), oracle=True) + run_rows([r for r in runs if r.method != "best_of_n"])
-    rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "rejection_sampling",
+    rows = kcurve_rows(bon, sorted(ks), oracle=True, weighted=weighted) + run_rows(
+        [r for r in runs if r.method != "best_of_n"]
+    )
+    rows.sort(key=lambda r: (["sampling", "best_of_n", "self_consistency", "weighted_best_of_n", "rejection_sampling",
                               "speculative_rejection", "srd", "beam_search", "dvts", "pass@k"].index(r.method), r.n))  # fmt: skip
     if png is not None:
         from srd_worker.reports.plots import plot_frontier

@@ -86,10 +86,14 @@ def _by_seed(runs: Sequence[Any]) -> dict[int, dict[str, dict[str, Any]]]:
     return {int(r.spec.get("seed", 0)): {str(x["item_id"]): x for x in r.records} for r in runs}
 
 
-def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = False) -> list[Row]:
+def kcurve_rows(
+    bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = False, weighted: bool = False
+) -> list[Row]:
     """Sampling (k=1), Best-of-k and majority@k rows from ``best_of_n`` runs of one configuration over
     seeds (their kept candidates, each with ``correct``, ``reward``, ``answer`` and ``n_tokens``);
-    ``oracle`` adds pass@k (some candidate of k right: the ceiling of any selector) for every k > 1."""
+    ``oracle`` adds pass@k (some candidate of k right: the ceiling of any selector) for every k > 1;
+    ``weighted`` adds weighted Best-of-k (``weighted_best_of_n``: the reward-weighted majority@k, what
+    ``best_of_n answer=weighted_majority`` answers) for every k > 1 when no candidate's reward is negative."""
     from srd_worker.reports.kcurves import best_of_k, pass_at_k, usable, vote_at_k
 
     seeds = _by_seed(bon_runs)
@@ -98,36 +102,44 @@ def kcurve_rows(bon_runs: Sequence[Any], ks: Sequence[int], *, oracle: bool = Fa
     # the pool size every usable record has (a failed item has none: its cells are None below)
     n = min((len(u) for s in order for i in items if (u := usable(seeds[s][i]))), default=0)
     ids = [r.run_id for r in bon_runs]
+    pools = [u[:n] for s in order for i in items if (u := usable(seeds[s][i]))]
+    weighted = weighted and not any(c.get("reward") is not None and c["reward"] < 0 for u in pools for c in u)
     rows = []
     for k in ks:
         if k > n:
             continue
         best: list[list[float | None]] = []
         vote: list[list[float | None]] = []
+        wvote: list[list[float | None]] = []
         tokens: list[list[float | None]] = []
         passed: list[list[float | None]] = []
         for i in items:
             b_row: list[float | None] = []
             v_row: list[float | None] = []
+            w_row: list[float | None] = []
             t_row: list[float | None] = []
             p_row: list[float | None] = []
             for s in order:
                 cands = (usable(seeds[s][i]) or [])[:n]
                 if not cands:
-                    for row in (b_row, v_row, t_row, p_row):
+                    for row in (b_row, v_row, w_row, t_row, p_row):
                         row.append(None)
                     continue
                 b_row.append(best_of_k(cands, k))
                 v_row.append(vote_at_k(cands, k, seed=s))
+                w_row.append(vote_at_k(cands, k, weighted=True, seed=s) if weighted and k > 1 else None)
                 t_row.append(k * sum(int(c.get("n_tokens") or 0) for c in cands) / len(cands))
                 p_row.append(pass_at_k(len(cands), sum(1 for c in cands if c.get("correct")), k))
             best.append(b_row)
             vote.append(v_row)
+            wvote.append(w_row)
             tokens.append(t_row)
             passed.append(p_row)
         tok = bootstrap_ci(tokens)
         source = f"k-curve of best_of_n n={n}"
         named = [("sampling", best)] if k == 1 else [("best_of_n", best), ("self_consistency", vote)]
+        if weighted and k > 1:
+            named.append(("weighted_best_of_n", wvote))
         if oracle and k > 1:
             named.append(("pass@k", passed))
         for method, matrix in named:

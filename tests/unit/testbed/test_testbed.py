@@ -274,3 +274,25 @@ def test_paired_values_pair_the_same_seed_not_the_same_column() -> None:
     both = paired_values(b, b)
     assert (both.problems, both.seeds, both.pairs) == (3, 2, 6)
     assert paired_values(a, {"x": {1: 1.0}}).pairs == 0  # no problem in common: nothing paired
+
+
+def test_kcurve_rows_weighted_best_of_n_by_hand():
+    # One problem, n = 3: answers "1" (right, reward 0.2), "2" (wrong, 0.9), "1" (right, 0.3). Weighted
+    # Best-of-3: "1" sums 0.5 < 0.9, so wrong; Best-of-3 wrong too. Pairs: {0,1} "2" wins (0.9 > 0.2),
+    # {0,2} "1", {1,2} "2" (0.9 > 0.3): weighted Best-of-2 = 1/3. With a negative reward there is no row.
+    from types import SimpleNamespace
+
+    from srd_worker.testbed.experiment import kcurve_rows
+
+    def cand(answer: str, reward: float) -> dict:
+        return {"correct": answer == "1", "reward": reward, "answer": answer, "n_tokens": 10}
+
+    records = [{"item_id": "a", "candidates": [cand("1", 0.2), cand("2", 0.9), cand("1", 0.3)]}]
+    run = SimpleNamespace(spec={"seed": 0}, run_id="r0", records=records)
+    rows = {(r.method, r.n): r for r in kcurve_rows([run], [1, 2, 3], weighted=True)}
+    assert rows[("weighted_best_of_n", 3)].values == {"a": {0: 0.0}}
+    assert rows[("weighted_best_of_n", 2)].values == {"a": {0: pytest.approx(1 / 3)}}
+    assert ("weighted_best_of_n", 1) not in rows
+    assert not any(r.method == "weighted_best_of_n" for r in kcurve_rows([run], [1, 2, 3]))
+    records[0]["candidates"][1]["reward"] = -0.9
+    assert not any(r.method == "weighted_best_of_n" for r in kcurve_rows([run], [1, 2, 3], weighted=True))

@@ -317,6 +317,9 @@ def analyse(
               "| SRD tokens / Best-of-N tokens | self-consistency − Best-of-N [95% CI] "
               "| SRD − Best-of-k at ≤ SRD's tokens [95% CI] | SRD − Speculative Rejection [95% CI] |",
               "|---:|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    if weighted:
+        paired[0] += " weighted Best-of-N − Best-of-N [95% CI] | SRD − weighted Best-of-N [95% CI] |"
+        paired[1] += "---:|---:|"
     for n in budgets:
         srd, rs = by[("srd", n)], by.get(("rejection_sampling", n))  # a grid may leave RS out
         row = routing_row(_pooled(srd))
@@ -348,9 +351,15 @@ def analyse(
         if k_row is not None:
             p_k = paired_values(srd_correct, k_row.values or {})
             matched = f"k = {k_row.n}: {_pts(p_k.diff)} ({discordant(p_k)})"
+        weighted_cells = ""
+        if weighted:  # weighted Best-of-N (absent when a reward is negative): against Best-of-N and SRD
+            w = tok.get(("weighted_best_of_n", n))
+            wb = _pts(paired_values(w.values or {}, bo.values or {}).diff) if w else "n/a"
+            sw = _pts(paired_values(srd_correct, w.values or {}).diff) if w else "n/a"
+            weighted_cells = f" {wb} | {sw} |"
         paired.append(
             f"| {n} | {_pts(d)}{paired_on} | {discordant(p_bon)} | {_f(p_bon.mcnemar_p, 3)} "
-            f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} | {vs_sr} |"
+            f"| {_f(ratio, 2)} | {_pts(sc)} | {matched} | {vs_sr} |{weighted_cells}"
         )
     return {
         "rows": [r.to_dict() for r in rows],

@@ -60,7 +60,7 @@ _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 # A fraction as written in a response (``3/4``, ``-7/2``), not part of a longer chain such as a date
 # ``3/4/2020`` or a ratio ``1/2/3``.
 _FRACTION_RE = re.compile(r"(?<![\d/.,])-?\d+/\d+(?![\d/])")
-# A plain number answer: sign, digits with decimals, or a fraction (``-3``, ``18.00``, ``.5``, ``7/2``).
+# A plain number answer: sign, digits with decimals, or a ratio (``-3``, ``18.00``, ``.5``, ``7/2``).
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
@@ -347,7 +347,7 @@ def plain_number(text: str) -> Fraction | None:
         return None
     try:
         return Fraction(m.group(0))
-    except ZeroDivisionError:
+    except (ValueError, ZeroDivisionError):  # "1.5/2" (Fraction reads integer ratios only), "1/0"
         return None
 
 

@@ -151,7 +151,8 @@ def test_a_runs_records_carry_the_tasks_vote_classes(tiny_engine):
 @pytest.mark.parametrize(
     "a,b,same",
     [("18", "18.00", True), ("0.5", "1/2", True), (" -3 ", "-3.0", True), (".5", "0.50", True),
-     ("+7", "7", True), ("1/3", "0.3333", False), ("12", "13", False), ("2/0", "2/0", True)],
+     ("+7", "7", True), ("1/3", "0.3333", False), ("12", "13", False), ("2/0", "2/0", True),
+     ("1.5/2", "0.75", True)],
 )  # fmt: skip
 def test_plain_numbers_vote_by_exact_value_without_the_grader(monkeypatch, a, b, same):
     from srd_worker.tasks import grading

@@ -10,13 +10,13 @@ CPU build (``--dataset math500`` for MATH500, the paper's Tables 2, 6 and 7 sett
 
 Per reward, one sweep (``srd_worker.testbed.experiment.run_grid``: the ``srdq run --sweep`` runner, so an
 interrupted benchmark resumes where it stopped, shard by shard) of ``best_of_n`` at the largest N (its
-seeded candidates give sampling, Best-of-k, self-consistency = majority@k and pass@k for every k ≤ N,
-``kcurves``), and ``rejection_sampling`` (rank variant, θ = SRD's θ_high), ``speculative_rejection`` and
+seeded candidates give sampling, Best-of-k, self-consistency = majority@k, weighted Best-of-k (the
+reward-weighted majority@k, when no reward is negative) and pass@k for every k ≤ N, ``kcurves``), and ``rejection_sampling`` (rank variant, θ = SRD's θ_high), ``speculative_rejection`` and
 ``srd`` at every N (with ``--pool-from``, Best-of-N is another grid's, re-scored by this reward:
 ``rescored_pool``). The tables are those of ``benchmarks/testbed.py`` (accuracy and mean generated tokens
 with bootstrap intervals over problems (each with its seeds); SRD's routing statistics with ρ̂ and the
-gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N and self-consistency − Best-of-N
-paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
+gain formula; coupled SRD vs rejection sampling; SRD − Best-of-N, self-consistency − Best-of-N,
+weighted Best-of-N − Best-of-N and SRD − weighted Best-of-N paired), plus the reward's AUROC for correct vs wrong finished responses, over Best-of-N's candidates
 (an interval from a bootstrap over problems); with ``--search-n``, beam search and DVTS paired against
 Best-of-N and SRD at the same N, and what their final candidates hold beside Best-of-N's (distinct
 answers, some candidate right, a vote over them); ``--search-reward`` gives the searches a process reward

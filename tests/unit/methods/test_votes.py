@@ -200,6 +200,7 @@ def test_weighted_choice_by_hand():
     assert weighted_choice([0, 1, 1], [0.2, 0.5, 0.5], fallback=0) == 1  # members tie: the lower index
     assert weighted_choice([0, 1, 1], [0.9, 0.5, float("nan")], fallback=0) == 0  # NaN adds nothing
     assert weighted_choice([None, None], [0.1, 0.7], fallback=1) == 1  # nobody answered: Best-of-N's pick
+    assert weighted_choice([0, 1, 1], [0.0, 0.0, 0.2], fallback=2) == 2  # a zero reward is no negative one
     with pytest.raises(ValueError, match="answer=weighted_majority.*-0.3.*answer=best"):
         weighted_choice([0, 1], [0.9, -0.3], fallback=0)
 

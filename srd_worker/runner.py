@@ -26,9 +26,9 @@ from typing import Any, Protocol
 from srd_worker.engines.base import Engine
 from srd_worker.isolation import Isolation, IsolationLog
 from srd_worker.methods.base import Method, ScoreCache, StepContext
-from srd_worker.methods.votes import answer_classes
 from srd_worker.rewards.base import RewardModel
 from srd_worker.tasks.base import Item, Task, grade_candidate, grade_response, same_answer_of, vote_candidates
+from srd_worker.votes import answer_classes
 
 log = logging.getLogger("srdq.runner")
 

@@ -30,8 +30,8 @@ from pydantic import Field, TypeAdapter, ValidationError
 
 from srd_worker.engines.base import CAP_SAMPLING, Engine, Generation, GenerationRequest, SamplingParams
 from srd_worker.errors import ConfigError
-from srd_worker.methods.votes import whitespace_classes
 from srd_worker.rewards.base import RewardModel, accepts_finished
+from srd_worker.votes import whitespace_classes
 
 COMPONENTS = ("drafter", "scorer", "editor", "router")
 

@@ -31,7 +31,7 @@ from srd_worker.methods.pool import (
     score_responses,
 )
 from srd_worker.methods.routing import rank_order
-from srd_worker.methods.votes import majority
+from srd_worker.votes import majority
 
 ANSWER_RULES = ("best", "weighted_majority")
 

@@ -23,8 +23,8 @@ from srd_worker.methods.pool import (
     new_candidate,
     pool_entries,
 )
-from srd_worker.methods.votes import majority as vote
-from srd_worker.methods.votes import whitespace_classes
+from srd_worker.votes import majority as vote
+from srd_worker.votes import whitespace_classes
 
 
 @dataclasses.dataclass(frozen=True)

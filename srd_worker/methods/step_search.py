@@ -41,7 +41,7 @@ from srd_worker.methods.pool import (
     new_trajectory,
     score_positions,
 )
-from srd_worker.methods.votes import majority
+from srd_worker.votes import majority
 
 AGGREGATIONS = ("last", "min", "prod")
 ANSWER_RULES = ("best", "weighted_majority")

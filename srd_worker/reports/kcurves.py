@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from srd_worker.methods.votes import answer_key, majority
 from srd_worker.reports.stats import bootstrap_ci
+from srd_worker.votes import answer_key, majority
 
 #: Methods whose candidates are independent seeded draws (a subset of k is a run at n=k).
 NON_ADAPTIVE = ("sampling", "best_of_n", "self_consistency")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from srd_worker.votes import answer_classes
+
 
 @dataclass(frozen=True)
 class Item:
@@ -64,7 +66,7 @@ class Task(Protocol):
 @runtime_checkable
 class SameAnswer(Protocol):
     """Optional task member: whether two extracted answers are the same answer (the task's grader
-    applied to them, e.g. math-verify's ``0.5`` = ``\\frac12``). Votes (``methods.votes.answer_classes``)
+    applied to them, e.g. math-verify's ``0.5`` = ``\\frac12``). Votes (``votes.answer_classes``)
     use it; a task without it compares answers as whitespace-normalised strings."""
 
     def same_answer(self, answer: str, other: str) -> bool: ...
@@ -77,10 +79,8 @@ def same_answer_of(task: object) -> Callable[[str, str], bool] | None:
 
 def vote_candidates(task: object, candidates: list[dict[str, Any]]) -> None:
     """Set each candidate record's ``vote``: its answer's class among the record's candidates
-    (``methods.votes.answer_classes`` with ``same_answer_of(task)``), which majority votes over the
+    (``votes.answer_classes`` with ``same_answer_of(task)``), which majority votes over the
     candidates (``reports.kcurves``) count."""
-    from srd_worker.methods.votes import answer_classes
-
     classes = answer_classes([c.get("answer") for c in candidates], same_answer_of(task))
     for cand, cls in zip(candidates, classes, strict=True):
         cand["vote"] = cls

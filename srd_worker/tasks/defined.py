@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from srd_worker.errors import ConfigError
-from srd_worker.methods.votes import answer_key
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import (
     GRADER_VERSION as MATH_GRADER_VERSION,
@@ -46,6 +45,7 @@ from srd_worker.tasks.grading import (
 )
 from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.task_file import FORMAT_VERSION, _import_callable, render
+from srd_worker.votes import answer_key
 
 _NUMBER_RE = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^-?\.\d+$")
 

@@ -20,10 +20,10 @@ from srd_worker.errors import ConfigError
 from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
 from srd_worker.methods.step_search import unescape, weighted_majority
-from srd_worker.methods.votes import whitespace_classes
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.gsm8k import GSM8KTask
+from srd_worker.votes import whitespace_classes
 from tests.doubles import MemoryStore
 
 QUESTIONS = ["What is 3 + 4?", "Tom has 5 apples and eats 2. How many are left?"]

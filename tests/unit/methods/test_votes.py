@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from srd_worker.methods.registry import build_method
-from srd_worker.methods.votes import answer_classes, majority, whitespace_classes
 from srd_worker.reports.kcurves import vote_at_k
 from srd_worker.runner import run_shard
 from srd_worker.tasks.base import Item, same_answer_of, vote_candidates
@@ -14,6 +13,7 @@ from srd_worker.tasks.gsm8k import GSM8KTask
 from srd_worker.tasks.hotpotqa import HotpotQATask
 from srd_worker.tasks.math500 import Math500Task
 from srd_worker.tasks.regrade import regrade_candidates
+from srd_worker.votes import answer_classes, majority, whitespace_classes
 from tests.doubles import MemoryStore
 
 

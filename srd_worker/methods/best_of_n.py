@@ -77,7 +77,7 @@ def weighted_choice(classes: Sequence[int | None], rewards: Sequence[float], *, 
     if first is None:
         return fallback
     members = [i for i, c in enumerate(classes) if c == classes[first]]
-    return members[0]
+    return members[argmax_first([rewards[i] for i in members])]
 
 
 class BestOfN(Method[BestOfNState, BestOfNParams]):

@@ -272,7 +272,7 @@ class StepContext:
         self.score_cache = score_cache
         self.run_seed = run_seed
         self.extract_answer = extract_answer or (lambda text: None)
-        #: the vote class of each answer (``tasks.base.answer_classes`` with the task's equivalence;
+        #: the vote class of each answer (``votes.answer_classes`` with the task's equivalence;
         #: without a task, whitespace-normalised strings): majority votes count classes, not strings
         self.answer_classes = answer_classes or whitespace_classes
         self._reward_takes_finished = reward is not None and accepts_finished(reward)

@@ -36,6 +36,7 @@ from srd_worker.tasks.grading import (
     GRADER_VERSION as MATH_GRADER_VERSION,
 )
 from srd_worker.tasks.grading import (
+    commas_dropped,
     extract_answer,
     extract_boxed,
     last_number,
@@ -46,8 +47,6 @@ from srd_worker.tasks.grading import (
 from srd_worker.tasks.loading import DEFAULT_MAX_ROW_BYTES, Rows, read_rows
 from srd_worker.tasks.task_file import FORMAT_VERSION, _import_callable, render
 from srd_worker.votes import answer_key
-
-_NUMBER_RE = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^-?\.\d+$")
 
 
 def definition_digest(definition: dict[str, Any]) -> str:
@@ -235,9 +234,7 @@ class DefinedTask:
         if self._custom_grader is not None or grader == "none":
             return answer_key(answer) == answer_key(other)
         if grader == "math":  # plain numbers by value, with no grader subprocess (grading.same_answer)
-            if _NUMBER_RE.match(other):
-                answer, other = strip_number_commas(answer), strip_number_commas(other)
-            return same_answer(answer, other)
+            return same_answer(*commas_dropped(answer, other))
         return bool(_BUILTIN_GRADERS[grader](answer, other))
 
     def metrics(self, response: str, item: Item) -> dict[str, float]:
@@ -252,9 +249,7 @@ class DefinedTask:
 
 
 def _math(pred: str, gold: str) -> bool:
-    if _NUMBER_RE.match(gold):
-        pred, gold = strip_number_commas(pred), strip_number_commas(gold)
-    return math_equal(pred, gold)
+    return math_equal(*commas_dropped(pred, gold))
 
 
 def _normalized(pred: str, gold: str) -> bool:

@@ -23,6 +23,7 @@ from srd_worker.errors import ConfigError
 from srd_worker.tasks.base import Item
 from srd_worker.tasks.grading import (
     DEFAULT_TIMEOUT_S,
+    commas_dropped,
     extract_answer,
     extract_boxed,
     math_equal,
@@ -45,7 +46,6 @@ DEFAULT_FIELDS: dict[str, str] = {"prompt": "prompt"}
 UNGRADED_VERSION: str = "ungraded-1"
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_NUMBER_RE = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^-?\.\d+$")
 
 
 def parse_field_options(pairs: Iterable[str]) -> dict[str, str]:
@@ -154,18 +154,13 @@ class GenericTask:
         pred = self.extract_answer(response)
         if pred is None:
             return False
-        if _NUMBER_RE.match(item.gold):  # a plain number: "1,250" and "1250" are the same answer
-            pred, gold = strip_number_commas(pred), strip_number_commas(item.gold)
-        else:
-            gold = item.gold
+        pred, gold = commas_dropped(pred, item.gold)
         return math_equal(pred, gold, timeout_s=self.grade_timeout_s)
 
     def same_answer(self, answer: str, other: str) -> bool:
         """Votes: ``grading.same_answer`` (plain numbers by value, else math-verify as ``grade``), numbers
         read without thousands commas as ``grade`` reads them."""
-        if _NUMBER_RE.match(other):
-            answer, other = strip_number_commas(answer), strip_number_commas(other)
-        return same_answer(answer, other, timeout_s=self.grade_timeout_s)
+        return same_answer(*commas_dropped(answer, other), timeout_s=self.grade_timeout_s)
 
     def metrics(self, response: str, item: Item) -> dict[str, float]:
         return {}

@@ -62,6 +62,8 @@ _NUMBER_RE = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
 _FRACTION_RE = re.compile(r"(?<![\d/.,])-?\d+/\d+(?![\d/])")
 # A plain number answer: sign, digits with decimals, or a ratio (``-3``, ``18.00``, ``.5``, ``7/2``).
 _PLAIN_NUMBER_RE = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+# A gold answer that is a plain number as a dataset writes it (thousands commas allowed): "1,250", "-3.5".
+_GOLD_NUMBER_RE = re.compile(r"^-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^-?\.\d+$")
 _THOUSANDS_RE = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
@@ -110,6 +112,15 @@ def extract_boxed(text: str) -> str | None:
 def strip_number_commas(text: str) -> str:
     """Remove thousands separators inside numbers: ``"1,000,000"`` -> ``"1000000"``; other commas stay."""
     return _THOUSANDS_RE.sub("", text)
+
+
+def commas_dropped(pred: str, gold: str) -> tuple[str, str]:
+    """``(pred, gold)`` with thousands commas removed from both when ``gold`` is a plain number ("1,250" and
+    "1250" are the same answer), else unchanged: how the generic task and a task file's ``math`` grader
+    read a number, in grading and in votes."""
+    if _GOLD_NUMBER_RE.match(gold):
+        return strip_number_commas(pred), strip_number_commas(gold)
+    return pred, gold
 
 
 def last_number(text: str) -> str | None:

@@ -158,7 +158,7 @@ def coupled_cells(srd: list, rs: list) -> dict[str, str]:
             diff.setdefault(x["item_id"], [None] * len(pairs))[k] = (
                 None if a is None or b is None else float(a) - float(b)
             )
-    ci = bootstrap_ci(list(diff.values()))
+    ci = bootstrap_ci(list(diff.values()), difference=True)
 
     def wmean(
         attr: str, weight: str = "items"

@@ -110,7 +110,7 @@ def compare(
 
     from srd_worker.reports.stats import bootstrap_ci
 
-    ci = bootstrap_ci([x - y for x, y in both])
+    ci = bootstrap_ci([x - y for x, y in both], difference=True)
     return CoupledComparison(
         items=len(both),
         mean_rmax_srd=mean([a for a, _ in both]),

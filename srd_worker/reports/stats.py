@@ -17,6 +17,13 @@ Hinkley 1997, §3.8). With one seed it is the ordinary bootstrap over problems; 
 several seeds draws its seed cells with replacement (its only randomness). Replicates are drawn from
 ``numpy.random.default_rng(seed)``: the same data give the same interval.
 
+An interval of a 0/1 measure whose every cell is 0 (or every cell 1) has no spread to resample: the
+percentile interval would be [0, 0], as if a 0% over P problems were certain. There ``bootstrap_ci``
+gives the exact Clopper-Pearson interval of 0 (or P) successes in P trials, [0, 1 − (α/2)^(1/P)] (or
+[(α/2)^(1/P), 1]), counting each problem once whatever its seeds (a problem's seeds are not independent
+draws, so P is the conservative count): 0 of 200 problems right is 0.0% [0.0, 1.8]. A paired difference
+(``difference=True``) keeps the point interval: an all-zero difference is not a proportion.
+
 Paired comparison (``paired``): cells present in both matrices are pairs; a win is a > b, a tie equal, a
 loss a < b. For 0/1 correctness, the exact McNemar test is the two-sided binomial test of the b
 discordant pairs won by A among the b + c discordant pairs (p = min(1, 2·P[X <= min(b, c)]), X ~
@@ -88,8 +95,19 @@ def _replicates(m: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
         return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
 
 
-def bootstrap_ci(values: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0) -> Interval:
-    """The mean of every present cell and its cluster bootstrap percentile interval (module doc)."""
+def clopper_pearson_all_equal(successes_all: bool, trials: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of 0 successes in ``trials`` (or of ``trials`` successes,
+    ``successes_all``): [0, 1 − (α/2)^(1/n)] (or [(α/2)^(1/n), 1]), α = 1 − level."""
+    bound = ((1 - level) / 2) ** (1 / trials)
+    return (bound, 1.0) if successes_all else (0.0, 1 - bound)
+
+
+def bootstrap_ci(
+    values: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed: int = 0, difference: bool = False
+) -> Interval:
+    """The mean of every present cell and its cluster bootstrap percentile interval; a 0/1 measure with
+    every cell equal gets the exact interval over its problems instead (module doc), unless the values
+    are a paired ``difference``."""
     m = as_matrix(values)
     kept = m[~np.all(np.isnan(m), axis=1)] if m.size else m
     problems, seeds = int(kept.shape[0]), int(m.shape[1]) if m.size else 0
@@ -98,6 +116,9 @@ def bootstrap_ci(values: Any, *, level: float = 0.95, n_boot: int = N_BOOT, seed
     mean = float(np.nanmean(kept))
     if problems < 2 and seeds < 2:
         return Interval(mean, None, None, problems, seeds, level)
+    if not difference and mean in (0.0, 1.0) and np.all(np.isin(kept[~np.isnan(kept)], (0.0, 1.0))):
+        low, high = clopper_pearson_all_equal(mean == 1.0, problems, level)
+        return Interval(mean, low, high, problems, seeds, level)
     reps = _replicates(kept, n_boot, seed)
     reps = reps[~np.isnan(reps)]
     alpha = (1 - level) / 2
@@ -170,7 +191,7 @@ def paired(
         losses=losses,
         mean_a=float(da.mean()) if da.size else None,
         mean_b=float(db.mean()) if db.size else None,
-        diff=bootstrap_ci(diff, level=level, n_boot=n_boot, seed=seed),
+        diff=bootstrap_ci(diff, level=level, n_boot=n_boot, seed=seed, difference=True),
         mcnemar_p=mcnemar_exact(problem_wins, problem_losses) if binary and da.size else None,
         problem_wins=problem_wins,
         problem_losses=problem_losses,

@@ -56,8 +56,8 @@ def test_matrix_and_degenerate_cases():
     assert one.mean == 1.0 and one.low is None and one.text() == "1.000"
     allnan = bootstrap_ci([[None, None], [1, 0]])
     assert allnan.problems == 1 and allnan.mean == 0.5
-    same = bootstrap_ci([[1, 1], [1, 1], [1, 1]])
-    assert (same.low, same.high) == (1.0, 1.0)
+    same = bootstrap_ci([[1, 1], [1, 1], [1, 1]])  # all right: the exact interval over the 3 problems
+    assert same.mean == 1.0 and same.high == 1.0 and same.low == pytest.approx(0.025 ** (1 / 3))
     assert bootstrap_ci([0, 1, 1, 0, 1], seed=3) == bootstrap_ci([0, 1, 1, 0, 1], seed=3)
 
 
@@ -187,9 +187,11 @@ def test_bootstrap_matches_a_cell_by_cell_reference_with_missing_cells():
 def test_bootstrap_of_one_problem_with_a_missing_seed_never_leaves_its_values():
     from srd_worker.reports.stats import Interval
 
-    # one problem, cells 1 and missing: a replicate draws column 0 and/or 1; every present cell is 1, so
-    # every replicate with a present cell is 1 and those without one (both draws column 1) are dropped
-    assert bootstrap_ci([[1.0, None]], n_boot=200) == Interval(1.0, 1.0, 1.0, 1, 2, 0.95)
+    # one problem, cells 0.75 and missing: a replicate draws column 0 and/or 1; every present cell is 0.75,
+    # so every replicate with a present cell is 0.75 and those without one (both draws column 1) are dropped
+    assert bootstrap_ci([[0.75, None]], n_boot=200) == Interval(0.75, 0.75, 0.75, 1, 2, 0.95)
+    # cells 1 and missing: a 0/1 measure all right, so the exact interval of 1 success in 1 problem
+    assert bootstrap_ci([[1.0, None]], n_boot=200) == Interval(1.0, pytest.approx(0.025), 1.0, 1, 2, 0.95)
     assert bootstrap_ci([[0.5, None], [0.5, 0.5]], n_boot=200) == Interval(0.5, 0.5, 0.5, 2, 2, 0.95)
 
 
@@ -247,3 +249,36 @@ def test_paired_default_seed_is_zero():
     b = [0.07 * i * i % 1 for i in range(10)]
     diffs = [x - y for x, y in zip(a, b, strict=True)]
     assert paired(a, b).diff == bootstrap_ci(diffs, seed=0) != bootstrap_ci(diffs, seed=1)
+
+
+@pytest.mark.parametrize("problems", [1, 3, 30, 200])
+@pytest.mark.parametrize("level", [0.9, 0.95])
+def test_an_all_wrong_or_all_right_measure_gets_the_exact_interval_over_its_problems(problems, level):
+    # Clopper-Pearson at 0 successes in n: the upper end u solves P[Binomial(n, u) = 0] = (1 - level) / 2;
+    # at n of n, the lower end l solves P[Binomial(n, l) = n] = (1 - level) / 2 (the same by symmetry)
+    half = (1 - level) / 2
+    wrong = bootstrap_ci([[0.0, 0.0]] * problems, level=level)
+    assert (wrong.mean, wrong.low, wrong.problems, wrong.seeds) == (0.0, 0.0, problems, 2)
+    assert (1 - wrong.high) ** problems == pytest.approx(half)
+    right = bootstrap_ci([[1.0, None]] * problems, level=level)  # missing cells change nothing
+    assert (right.mean, right.high) == (1.0, 1.0) and right.low**problems == pytest.approx(half)
+    assert right.low == pytest.approx(1 - wrong.high)
+    if problems == 200 and level == 0.95:
+        assert wrong.text(3) == "0.000 [0.000, 0.018]"
+
+
+def test_the_exact_interval_is_only_for_a_constant_zero_one_measure_and_never_a_difference():
+    # one right answer among the wrong: the bootstrap again (its interval touches 0)
+    some = bootstrap_ci([0.0] * 29 + [1.0])
+    assert some.low == 0.0 and 0 < some.high < 0.2 and some.high != pytest.approx(1 - 0.025 ** (1 / 30))
+    # a constant measure that is not 0/1 (tokens, a reward): no spread, a point interval
+    assert (bootstrap_ci([[0.5, 0.5]] * 4).low, bootstrap_ci([[0.5, 0.5]] * 4).high) == (0.5, 0.5)
+    # a difference of 0 everywhere is not a proportion: the point interval stays
+    assert (
+        bootstrap_ci([0.0] * 10, difference=True).low,
+        bootstrap_ci([0.0] * 10, difference=True).high,
+    ) == (0, 0)
+    same = paired([1, 0, 1], [1, 0, 1])
+    assert (same.diff.mean, same.diff.low, same.diff.high) == (0.0, 0.0, 0.0)
+    both_wrong = paired([0, 0, 0], [0, 0, 0])
+    assert (both_wrong.diff.low, both_wrong.diff.high, both_wrong.mean_a) == (0.0, 0.0, 0.0)

@@ -129,8 +129,9 @@ def test_the_comparison_ranks_a_reward_that_finds_the_right_answers_above_one_th
     text = table(out, "logprob", [2, 4], {"arithmetic": 0.0})
     # within each problem the run's reward puts both wrong candidates above both right ones, arithmetic the reverse
     assert own["above"].mean == 0.0 and arith["above"].mean == 1.0
+    # (every problem's share is 1: the exact interval over its 6 problems, [0.025^(1/6), 1])
     assert (
-        "| `arithmetic` | 1.000 [1.000, 1.000] | 100.0 [100.0, 100.0] | 83.3" in text and "+100.0 pts" in text
+        "| `arithmetic` | 1.000 [1.000, 1.000] | 100.0 [54.1, 100.0] | 83.3" in text and "+100.0 pts" in text
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.console import Console
 
 from srd_worker.errors import SrdqError
 
@@ -197,3 +198,12 @@ def open_db(db: str | None = None):
         # an embedded store (`srdq run`'s SQLite file) is brought up to date, as `srdq run` would
         upgrade(engine.url.render_as_string(hide_password=False))
     return engine
+
+
+def console(stderr: bool = False) -> Console:
+    """Stderr for progress and notes; stdout, when not a terminal (a pipe, a test), wide enough that tables
+    never cut a run id."""
+    if stderr:
+        return Console(stderr=True, highlight=False)
+    out = Console(highlight=False)
+    return out if out.is_terminal else Console(highlight=False, width=200)

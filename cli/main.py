@@ -3,42 +3,37 @@
 Library errors (``SrdqError``) become one clean line and exit code 1; nothing imports torch until a
 command needs a model.
 
-Why this file is over 500 lines: it holds the core commands (run, submit, worker, status, cancel, resume,
-db, methods) and their shared option sets, each a thin shell; the other command groups live in their own
-modules (results, datasets, testbed, tasks) and register themselves at the bottom.
+Why this file is over 500 lines: it holds ``srdq run`` and ``srdq submit dataset``, their shared option
+set (``run_options``) and the one body behind both (``_prepare``), each a thin shell. The other commands
+live in their own modules and register themselves at the bottom: ``fleet_cli`` (worker, status, cancel,
+resume, db), ``catalog_cli`` (methods, plugins), ``results`` (export, report, sync, ...), ``tasks_cli``,
+``datasets_cli``, ``models_cli``, ``testbed_cli``, ``calibrate_cli``, ``fork_cli`` and ``merge_cli``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
-from rich.console import Console
 from rich.table import Table
 from srdq_cli.common import (
     DEFAULT_SHARD_SIZE,
     configure_logging,
-    db_option,
+    console,
     friendly_errors,
     log_options,
     open_db,
     require_extra,
     track_option,
 )
-from srdq_cli.sweep_cli import check_mix, check_single, sweep_option, wide_console
+from srdq_cli.sweep_cli import check_mix, check_single, sweep_option
 
 if TYPE_CHECKING:
     from srd_worker.spec import PreparedRun
 
 DEFAULT_MODEL = "smollm2"
-
-
-def _console(stderr: bool = False) -> Console:
-    """Stderr for progress and notes; stdout wide when piped, so tables never cut a run id."""
-    return Console(stderr=True, highlight=False) if stderr else wide_console()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -373,7 +368,7 @@ def run(
     from srd_worker.tracking import open_tracker
 
     tracker = open_tracker(track, get_settings(), out_dir=out_dir)  # a missing package: before any write
-    err = _console(stderr=True)
+    err = console(stderr=True)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -460,7 +455,7 @@ def _stopped(exc: Exception, out_dir: str) -> NoReturn:
         first = text.splitlines()[0] if text else ""
         what = first if isinstance(exc, SrdqError) else f"{type(exc).__name__}: {first}".rstrip(": ")
         raise click.ClickException(f"the run stopped: {what} ({kept} once the cause is fixed)") from exc
-    _console(stderr=True).print(f"the run stopped on an unexpected error; {kept}")
+    console(stderr=True).print(f"the run stopped on an unexpected error; {kept}")
     raise exc
 
 
@@ -478,7 +473,7 @@ def _print_summary(summary: Any) -> None:
         reward,
         f"{summary.wall_seconds:.1f}s",
     )
-    out = _console()
+    out = console()
     out.print(table)
     for error, count in summary.errors.items():  # why items failed (the records have every error)
         out.print(f"failed ({count} item{'s' if count != 1 else ''}): {error}", markup=False)
@@ -585,450 +580,18 @@ def submit_dataset(
     finally:
         prepared.close()
     if done.created:
-        _console(stderr=True).print(f"submitted {done.n_items} items in {done.n_shards} shards")
+        console(stderr=True).print(f"submitted {done.n_items} items in {done.n_shards} shards")
     else:
-        _console(stderr=True).print("already submitted (same dataset and spec); use --new for a fresh run")
+        console(stderr=True).print("already submitted (same dataset and spec); use --new for a fresh run")
     click.echo(done.run_id)
-
-
-@cli.command()
-@click.option("--queue", default=None, help="Queue to consume (default: SRDQ_QUEUE or 'srdq').")
-@click.option("--concurrency", type=int, default=1, show_default=True, help="Worker processes (1 per GPU).")
-@click.option(
-    "--gpus",
-    default=None,
-    help="Comma-separated GPU ids: one worker process pinned to each (or to each group of --gpus-per-worker).",
-)
-@click.option(
-    "--gpus-per-worker",
-    type=int,
-    default=1,
-    show_default=True,
-    help="With --gpus: GPUs each worker process holds, for runs whose vLLM engine spans several "
-    "(--engine-arg tensor_parallel_size=N); above 1 the worker runs Celery's solo pool, one task at a time "
-    "in its own process, so vLLM may start its per-GPU processes.",
-)
-@click.option(
-    "--pool",
-    type=click.Choice(["prefork", "solo"]),
-    default="prefork",
-    show_default=True,
-    help="Celery pool: prefork (tasks in daemonic pool children) or solo (tasks in this process; what "
-    "--gpus-per-worker above 1 uses).",
-)
-@click.option(
-    "--metrics-port",
-    default=None,
-    metavar="PORT",
-    envvar="SRDQ_METRICS_PORT",
-    help="Serve Prometheus metrics at http://HOST:PORT/metrics; worker process i (of --concurrency or "
-    "--gpus) serves on PORT + i. 0 or unset: off.",
-)
-@log_options("INFO", level_aliases=("--loglevel",), who="the worker's (Celery's and srdq's)")
-@friendly_errors
-def worker(
-    queue: str | None,
-    concurrency: int,
-    gpus: str | None,
-    metrics_port: str | None = None,
-    gpus_per_worker: int = 1,
-    pool: str = "prefork",
-    log_level: str = "INFO",
-    log_format: str = "text",
-) -> None:
-    """Run a worker: lease shards, run them in batched rounds, checkpoint, store results.
-
-    Example: srdq worker --gpus 0,1,2,3 (four workers, one GPU each)
-
-    Example: srdq worker --gpus 0,1 --gpus-per-worker 2 (one worker holding both GPUs, for runs submitted
-    with --engine vllm --engine-arg tensor_parallel_size=2)
-    """
-    import os
-
-    from srd_worker.metrics import check_ports_free, parse_port, worker_ports
-    from srd_worker.settings import get_settings
-
-    require_extra("worker", "srdq worker")
-
-    if concurrency < 1:
-        raise click.ClickException(f"--concurrency expects a number of processes >= 1, got {concurrency}")
-    port = parse_port(metrics_port)
-    from srd_worker.service import plan_gpu_workers
-
-    planned = plan_gpu_workers(gpus, gpus_per_worker) if gpus else []
-    check_ports_free(worker_ports(port, len(planned) or concurrency))
-    os.environ["SRDQ_LOG_FORMAT"] = log_format  # the Celery processes (and --gpus children) read it
-    os.environ["SRDQ_METRICS_PORT"] = str(port)  # the pool processes serve on port + their index
-
-    queue = queue or get_settings().queue
-    if planned:
-        _gpu_workers(planned, queue, log_level, port)
-        return
-    if gpus_per_worker != 1:
-        raise click.UsageError("--gpus-per-worker needs --gpus (the GPU ids the workers hold)")
-    from srd_worker.queue import run_worker
-
-    run_worker(queue=queue, concurrency=concurrency, loglevel=log_level, pool=pool)
-
-
-def _gpu_workers(planned: list[Any], queue: str, loglevel: str, metrics_port: int = 0) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    procs = []
-    for i, planned_worker in enumerate(planned):
-        env = {
-            **os.environ,
-            **planned_worker.env,
-            "SRDQ_METRICS_PORT": str(metrics_port + i if metrics_port else 0),
-        }
-        cmd = [
-            sys.executable,
-            "-m",
-            "srdq_cli.main",
-            "worker",
-            "--queue",
-            queue,
-            "--concurrency",
-            "1",
-            "--pool",
-            planned_worker.pool,
-            "--loglevel",
-            loglevel,
-        ]
-        procs.append(subprocess.Popen(cmd, env=env))
-        held = ",".join(planned_worker.gpus)
-        _console(stderr=True).print(
-            f"worker pid {procs[-1].pid} on GPU{'s' if len(planned_worker.gpus) > 1 else ''} {held}"
-        )
-
-    def forward(signum: int, _frame: Any) -> None:
-        for p in procs:
-            p.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    codes = [p.wait() for p in procs]
-    if any(codes):
-        raise click.ClickException(f"worker exit codes: {codes}")
-
-
-@cli.command()
-@click.argument("run_id", required=False)
-@click.option("--watch", is_flag=True, help="Live progress until the run ends (Ctrl-C to stop watching).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.option("--interval", type=float, default=2.0, show_default=True, help="Refresh interval for --watch.")
-@click.option(
-    "--all",
-    "all_shards",
-    is_flag=True,
-    help="List every shard of RUN_ID (default: shard counts by state, then only running, failed and slow "
-    "shards, at most 100).",
-)
-@db_option
-@friendly_errors
-def status(
-    run_id: str | None,
-    watch: bool,
-    as_json: bool,
-    interval: float,
-    all_shards: bool = False,
-    db: str | None = None,
-) -> None:
-    """Progress of RUN_ID or of every run of a sweep (SWEEP_ID, sweep-...), or a table of recent runs, read
-    from PostgreSQL (or --db). A run's shards are summarised by state; only running, failed and slow
-    ones are listed unless --all.
-
-    Example: srdq status run-3f2a9c1b7d20 --all
-
-    Example: srdq status sweep-0123456789ab --db srdq-out
-    """
-    engine = open_db(db)
-    try:
-        if run_id is not None and run_id.startswith("sweep-"):
-            _sweep_status(engine, run_id, watch=watch, as_json=as_json, interval=interval)
-            return
-        from srd_worker import status as run_status  # the store only: imports fast
-
-        if run_id is None:
-            runs = run_status.recent_runs(db=engine)
-            if as_json:
-                click.echo(
-                    json.dumps(
-                        [
-                            {
-                                "run_id": r.id,
-                                "name": r.name,
-                                "status": r.status,
-                                "items": r.n_items,
-                                "created_at": r.created_at.isoformat(),
-                            }
-                            for r in runs
-                        ],
-                        indent=2,
-                    )
-                )
-                return
-            table = Table(title="recent runs")
-            table.add_column("run", no_wrap=True, min_width=16)  # never cut: ids are copied from here
-            for col in ("name", "status", "items", "shards", "created"):
-                table.add_column(col)
-            for r in runs:
-                table.add_row(
-                    r.id, r.name, r.status, str(r.n_items), str(r.n_shards), f"{r.created_at:%Y-%m-%d %H:%M}"
-                )
-            _console().print(table)
-            return
-        run_status.ensure_run(db=engine, run_id=run_id)
-
-        def read() -> Any:
-            return run_status.run_status(db=engine, run_id=run_id, all_shards=all_shards)
-
-        if as_json and not watch:
-            click.echo(json.dumps(read().to_dict(), indent=2))
-            return
-        if not watch:
-            _console().print(_status_view(read()))
-            return
-        import time
-
-        from rich.live import Live
-
-        st = read()
-        with Live(_status_view(st), console=_console(), refresh_per_second=4) as live:
-            while st.status in ("pending", "running"):
-                time.sleep(interval)
-                st = read()
-                live.update(_status_view(st))
-    finally:
-        engine.dispose()
-
-
-def _sweep_status(engine: Any, sweep_id: str, *, watch: bool, as_json: bool, interval: float) -> None:
-    import time
-
-    from srdq_cli.sweep_cli import sweep_status_view
-
-    from srd_worker import status as service  # the store only: imports fast
-
-    st = service.sweep_status(db=engine, sweep_id=sweep_id)
-    if as_json and not watch:
-        click.echo(json.dumps(st.to_dict(), indent=2))
-        return
-    if not watch:
-        _console().print(sweep_status_view(st))
-        return
-    from rich.live import Live
-
-    with Live(sweep_status_view(st), console=_console(), refresh_per_second=4) as live:
-        while st.status in ("pending", "running"):
-            time.sleep(interval)
-            st = service.sweep_status(db=engine, sweep_id=sweep_id)
-            live.update(sweep_status_view(st))
-
-
-def _status_view(st: Any) -> Any:
-    from rich.console import Group
-    from rich.progress_bar import ProgressBar
-
-    from srd_worker.status import format_duration
-
-    # an ETA only while work remains to be done: a finished, failed or cancelled run has none
-    eta = format_duration(st.eta_s) if st.status in ("pending", "running") else "—"
-    head = Table.grid(padding=(0, 2))
-    head.add_row(
-        f"[bold]{st.run_id}[/bold] {st.name}",
-        f"status [bold]{st.status}[/bold]",
-        f"{st.done + st.failed}/{st.items} items ({st.failed} failed)",
-        f"{st.gen_tokens} tokens",
-        f"{st.tokens_per_s:.1f} tok/s",
-        f"ETA {eta}",
-    )
-    states = Table.grid(padding=(0, 2))
-    states.add_row(
-        f"{st.n_shards} shards:",
-        *(f"{state} [bold]{n}[/bold]" for state, n in st.shard_states.items()),
-    )
-    what = "all shards" if st.listed == "all" else "running, failed and slow shards"
-    if not st.shards:
-        return Group(
-            head, states, f"no {what} to list" + ("" if st.listed == "all" else " (--all lists every shard)")
-        )
-    table = Table(title=what, title_justify="left")
-    for col in ("shard", "state", "progress", "items", "round", "attempt", "lease owner", "note", "error"):
-        table.add_column(col)
-    for s in st.shards:
-        bar = ProgressBar(total=max(s.items, 1), completed=s.done + s.failed, width=20)
-        table.add_row(
-            str(s.index),
-            s.status,
-            bar,
-            f"{s.done + s.failed}/{s.items}",
-            str(s.round),
-            str(s.attempt),
-            s.lease_owner or "",
-            s.note or "",
-            (s.error or "")[:60],
-        )
-    parts: list[Any] = [head, states, table]
-    if st.not_listed:
-        parts.append(f"... and {st.not_listed} more (--all lists every shard)")
-    return Group(*parts)
-
-
-@cli.command()
-@click.argument("run_id")
-@friendly_errors
-def cancel(run_id: str) -> None:
-    """Cancel RUN_ID: unfinished shards stop at their next checkpoint and are not picked up again."""
-    from srd_worker import service
-
-    db = open_db()
-    try:
-        n = service.cancel(db=db, run_id=run_id)
-    finally:
-        db.dispose()
-    click.echo(f"cancelled {run_id}: {n} unfinished shard(s) stopped")
-
-
-@cli.command()
-@click.argument("run_id")
-@friendly_errors
-def resume(run_id: str) -> None:
-    """Re-enqueue RUN_ID's unfinished, failed or cancelled shards (they continue from their checkpoints)."""
-    from srd_worker import service
-    from srd_worker.queue import enqueue, enqueue_many
-
-    db = open_db()
-    try:
-        todo = service.resume(db=db, run_id=run_id, enqueue=enqueue, enqueue_many=enqueue_many)
-    finally:
-        db.dispose()
-    click.echo(f"resumed {run_id}: {len(todo)} shard(s) re-enqueued")
-
-
-@cli.group()
-def db() -> None:
-    """Database administration."""
-
-
-@db.command("upgrade")
-@friendly_errors
-def db_upgrade() -> None:
-    """Create or migrate the service database to the newest schema (Alembic)."""
-    from srd_worker.settings import get_settings
-    from srd_worker.store.db import upgrade
-
-    url = get_settings().database_url
-    try:
-        before, after = upgrade(url)
-    except Exception as exc:  # noqa: BLE001
-        raise click.ClickException(
-            f"cannot upgrade {url.split('@')[-1]}: {str(exc).splitlines()[0]}"
-        ) from None
-    if before is None:
-        click.echo(f"created the srdq schema (revision {after})")
-    elif before != after:
-        click.echo(f"migrated the database from revision {before} to {after}")
-    else:
-        click.echo(f"database is already at the newest schema (revision {after})")
-
-
-@cli.command()
-@click.argument("names", nargs=-1, metavar="[METHOD]...")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@friendly_errors
-def methods(names: tuple[str, ...], as_json: bool) -> None:
-    """List every decoding method (or the METHODs named) with its parameters and defaults, and whether it
-    needs a reward model (--reward).
-
-    Example: srdq methods srd rejection_sampling
-    """
-    from srd_worker.methods.registry import METHODS
-
-    unknown = [n for n in names if n not in METHODS]
-    if unknown:
-        raise click.UsageError(
-            f"unknown method {', '.join(map(repr, unknown))}; known: {', '.join(sorted(METHODS))}"
-        )
-    chosen = {n: METHODS[n] for n in (names or sorted(METHODS))}
-    if as_json:
-        data = {
-            name: {
-                "summary": cls.summary,
-                "needs_reward": cls.needs_reward,
-                "params": [
-                    {"name": p, "type": t, "default": d, "help": h} for p, t, d, h in cls.params.describe()
-                ],
-            }
-            for name, cls in chosen.items()
-        }
-        click.echo(json.dumps(data, indent=2))
-        return
-    out = _console()
-    for name, cls in chosen.items():
-        needs = "  [needs --reward]" if cls.needs_reward else "  [no reward model needed]"
-        table = Table(
-            title=f"{name}: {cls.summary}{needs}",
-            title_justify="left",
-        )
-        table.add_column("parameter")
-        table.add_column("type")
-        table.add_column("default", justify="right")
-        table.add_column("meaning")
-        for pname, ptype, default, help_ in cls.params.describe():
-            table.add_row(pname, ptype, repr(default), help_)
-        out.print(table)
-
-
-@cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@friendly_errors
-def plugins(as_json: bool) -> None:
-    """List what srdq can plug in, a line each: engines (and their capabilities), rewards (and the KIND:MODEL
-    checkpoint kinds), tasks (and the fields they read) and methods (details: srdq methods).
-
-    Example: srdq plugins --json
-    """
-    from rich.markup import escape
-
-    from srd_worker.engines.registry import ENGINES
-    from srd_worker.methods.registry import METHODS
-    from srd_worker.rewards.registry import MODEL_REWARDS, REWARDS
-    from srd_worker.tasks.registry import TASKS
-
-    rows: dict[str, list[dict[str, Any]]] = {
-        "engine": [{"name": e.name, "summary": e.summary, "provides": sorted(e.capabilities)} for e in ENGINES.values()],
-        "reward": [{"name": e.name, "summary": e.summary, "needs": ["engine"] if e.needs_engine else []}
-                   for e in REWARDS.values()]
-        + [{"name": f"{e.name}:MODEL", "summary": e.summary, "needs": ["checkpoint"]} for e in MODEL_REWARDS.values()],
-        "task": [{"name": e.name, "summary": e.summary, "needs": list(e.required_fields) or ["--field prompt=COLUMN"]}
-                 for e in TASKS.values()],
-        "method": [{"name": e.name, "summary": e.summary,
-                    "needs": (["reward"] if e.needs_reward else []) + sorted(e.needs_capabilities)}
-                   for e in METHODS.values()],
-    }  # fmt: skip
-    if as_json:
-        click.echo(json.dumps(rows, indent=2))
-        return
-    out = _console()
-    for kind, entries in rows.items():
-        table = Table(title=f"{kind}s", title_justify="left")
-        table.add_column(kind)
-        table.add_column("needs / provides")
-        table.add_column("what it is")
-        for e in entries:
-            needs = ", ".join(e.get("needs", e.get("provides", [])))
-            table.add_row(escape(e["name"]), escape(needs), escape(e["summary"]))
-        out.print(table)
 
 
 # Subcommand groups defined in their own modules register themselves on `cli` (they import `cli`'s
 # shared helpers, so they are imported after it is defined).
 from srdq_cli.calibrate_cli import register as _register_calibrate  # noqa: E402
+from srdq_cli.catalog_cli import register as _register_catalog  # noqa: E402
 from srdq_cli.datasets_cli import register as _register_datasets  # noqa: E402
+from srdq_cli.fleet_cli import register as _register_fleet  # noqa: E402
 from srdq_cli.fork_cli import register as _register_fork  # noqa: E402
 from srdq_cli.merge_cli import register as _register_merge  # noqa: E402
 from srdq_cli.models_cli import register as _register_models  # noqa: E402
@@ -1036,6 +599,8 @@ from srdq_cli.results import register as _register_results  # noqa: E402
 from srdq_cli.tasks_cli import register as _register_tasks  # noqa: E402
 from srdq_cli.testbed_cli import register as _register_testbed  # noqa: E402
 
+_register_fleet(cli)  # worker, status, cancel, resume, db
+_register_catalog(cli)  # methods, plugins
 _register_results(cli)  # export, report, sync
 _register_tasks(cli)  # tasks, regrade
 _register_datasets(cli)  # datasets

@@ -13,7 +13,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
-from srdq_cli.common import DEFAULT_SHARD_SIZE
+from srdq_cli.common import DEFAULT_SHARD_SIZE, console
 
 sweep_option = click.option(
     "--sweep",
@@ -49,12 +49,6 @@ def check_single(dataset: str | None, method: str | None) -> tuple[str, str]:
     if method is None:
         raise click.UsageError("Missing option '--method' (or give --sweep FILE).")
     return dataset, method
-
-
-def wide_console() -> Console:
-    """Stdout console; when not a terminal (a pipe, a test), wide enough that run ids are never cut."""
-    console = Console(highlight=False)
-    return console if console.is_terminal else Console(highlight=False, width=200)
 
 
 def _fmt(v: float | None, pct: bool = False) -> str:
@@ -104,7 +98,7 @@ def run_sweep(sweep_file: str, out_dir: str) -> None:
         table.add_row(
             s.run_id, res.point.method, str(n), str(res.point.seed), acc, f"{s.mean_gen_tokens:.1f}"
         )
-    wide_console().print(table)
+    console().print(table)
     click.echo(f"sweep {plan.sweep_id}: {len(results)} runs in {out_dir}")
 
 

@@ -227,6 +227,8 @@ def compare(srd_run: str, rs_run: str, db: str | None, as_json: bool, paired: bo
     from srd_worker.store.db import session_scope
     from srd_worker.sweep import is_sweep_id, select_runs
 
+    if srd_run == rs_run:
+        raise click.UsageError(f"A and B are both {srd_run}: name two different runs to compare")
     engine = open_db(db)
     try:
         if is_sweep_id(srd_run) or is_sweep_id(rs_run):

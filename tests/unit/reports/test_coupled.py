@@ -122,6 +122,10 @@ def test_compare_command_on_two_real_coupled_runs(tmp_path, tiny_engine):
     assert 0 <= res["mcnemar_p"] <= 1 and res["notes"] == []
     text = runner.invoke(cli, args)
     assert text.exit_code == 0 and "McNemar exact p" in text.output and "wins / ties / losses" in text.output
+    # one run against itself is a slip (every pair ties): refused, with or without --paired
+    for extra in ([], ["--paired"]):
+        same = runner.invoke(cli, ["compare", ids["srd"], ids["srd"], *extra, "--db", str(tmp_path / "out")])
+        assert same.exit_code == 2 and f"A and B are both {ids['srd']}" in same.output
 
 
 def _specs():

@@ -329,6 +329,19 @@ def adaptive_text(out: dict, *, rs_missing: str | None) -> list[str]:
         "",
         out["paired"],
         "",
+        *(
+            [
+                "SRD and rejection sampling answering by the weighted vote (`--set answer=weighted_majority`): "
+                "each record re-answered from its own kept candidates, their rewards and vote classes (the "
+                "draws and the routing do not depend on the answer rule, so this is what that run would "
+                "answer), paired with the runs' argmax and with weighted Best-of-N at the same N:",
+                "",
+                out["revote"],
+                "",
+            ]
+            if out.get("revote")
+            else []
+        ),
     ]
 
 

@@ -268,7 +268,13 @@ def analyse(
     (default the largest budget), which may be larger than every budget (a Best-of-8 pool beside SRD at N = 4).
     ``weighted`` adds weighted Best-of-N rows (``kcurve_rows``)."""
     from srd_worker.reports.rows import Point, routing_row
-    from srd_worker.testbed.experiment import correctness, kcurve_rows, markdown, paired_values, run_rows
+    from srd_worker.testbed.experiment import (
+        correctness,
+        kcurve_rows,
+        markdown,
+        paired_values,
+        run_rows,
+    )
 
     by: dict[tuple[str, int], list[Any]] = {}
     for r in runs:
@@ -367,7 +373,58 @@ def analyse(
         "routing": "\n".join(routing),
         "coupled": "\n".join(coupled),
         "paired": "\n".join(paired),
+        "revote": revote_table(by, tok, budgets) if weighted else None,
     }
+
+
+def revote_table(
+    by: dict[tuple[str, int], list[Any]], tok: dict[tuple[str, int], Any], budgets: list[int]
+) -> str:
+    """SRD and rejection sampling re-answered by the weighted vote over their kept candidates (what
+    ``answer=weighted_majority`` answers from the same draws: routing does not depend on the answer rule),
+    against their own argmax and against weighted Best-of-N at the same N."""
+    from srd_worker.reports.stats import bootstrap_ci
+    from srd_worker.testbed.experiment import correctness, paired_values, revoted
+
+    lines = [
+        "| N | method | argmax (the runs) % [95% CI] | weighted vote over its kept candidates % [95% CI] "
+        "| vote − argmax [95% CI] | wins / ties / losses | vote − weighted Best-of-N [95% CI] "
+        "| kept candidates per problem (distinct answers) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in budgets:
+        w = tok.get(("weighted_best_of_n", n))
+        for method in ("srd", "rejection_sampling"):
+            runs = by.get((method, n))
+            if not runs:
+                continue
+            own, voted = correctness(runs), revoted(runs)
+            cells = [[v for _, v in sorted(seeds.items())] for seeds in voted.values()]
+            acc = bootstrap_ci(cells)
+            gain = paired_values(voted, own)
+            vs_w = _pts(paired_values(voted, w.values or {}).diff) if w else "n/a"
+            argmax = tok[(method, n)].accuracy
+            kept = [
+                [c.get("vote") for c in x.get("candidates") or [] if c.get("status") == "kept"]
+                for r in runs
+                for x in r.records
+                if not x.get("error")
+            ]
+            size = sum(len(k) for k in kept) / len(kept) if kept else None
+            distinct = sum(len(set(k) - {None}) for k in kept) / len(kept) if kept else None
+            lines.append(
+                f"| {n} | {method} | {_pct(argmax)} | {_pct(acc)} | {_pts(gain.diff)} "
+                f"| {gain.wins} / {gain.ties} / {gain.losses} | {vs_w} | {_f(size, 2)} ({_f(distinct, 2)}) |"
+            )
+    return "\n".join(lines)
+
+
+def _pct(ci: Any) -> str:
+    if ci.mean is None:
+        return "n/a"
+    if ci.low is None or ci.high is None:
+        return f"{100 * ci.mean:.1f}"
+    return f"{100 * ci.mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
 
 
 def main() -> None:

@@ -21,6 +21,8 @@ from typing import Any, ClassVar, cast
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
+    ANSWER_HELP,
+    ANSWER_RULES,
     WHOLE_BUDGET_HELP,
     PoolParams,
     PoolState,
@@ -29,23 +31,16 @@ from srd_worker.methods.pool import (
     new_candidate,
     pool_entries,
     score_responses,
+    weighted_winner,
 )
 from srd_worker.methods.routing import rank_order
-from srd_worker.votes import majority
-
-ANSWER_RULES = ("best", "weighted_majority")
 
 
 @dataclasses.dataclass(frozen=True)
 class BestOfNParams(PoolParams):
     whole_budget_allowed: ClassVar[bool] = True
     chunk_tokens: int = param(0, WHOLE_BUDGET_HELP)
-    answer: str = param(
-        "best",
-        "final answer: best (the highest reward) or weighted_majority (the answer whose candidates' "
-        "rewards sum highest, answered by its best-scored candidate; rewards must be >= 0)",
-        in_id_at_default=False,
-    )
+    answer: str = param("best", "final answer: " + ANSWER_HELP, in_id_at_default=False)
 
     def validate(self) -> None:
         super().validate()
@@ -66,14 +61,8 @@ class BestOfNState(PoolState, total=False):
 def weighted_choice(classes: Sequence[int | None], rewards: Sequence[float], *, fallback: int) -> int:
     """The highest-rewarded candidate of the answer class with the largest reward sum (NaN adds nothing;
     ties: the class seen first, then the lower index); ``fallback`` when no candidate has an answer.
-    ``ValueError`` for a negative reward: a vote it weighs would count against its answer."""
-    negative = [r for r in rewards if r < 0]  # NaN < 0 is False
-    if negative:
-        raise ValueError(
-            f"answer=weighted_majority weighs votes by reward, which must be >= 0; this reward gave "
-            f"{min(negative):.4g} (use answer=best with a reward that can be negative)"
-        )
-    first = majority(classes, rewards)
+    ``ValueError`` for a negative reward (``pool.weighted_winner``)."""
+    first = weighted_winner(classes, rewards)
     if first is None:
         return fallback
     members = [i for i, c in enumerate(classes) if c == classes[first]]

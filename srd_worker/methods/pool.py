@@ -27,6 +27,13 @@ Scoring
 Archive
     ``archive_entry`` records a completed trajectory; ``best_completed`` picks the answer among entries
     (highest reward; ties → earliest finished round, then lowest id, then earliest listed).
+
+Answer rules (``ANSWER_RULES``: Best-of-N's, SRD's and rejection sampling's ``answer``)
+    ``best``, the highest reward, or ``weighted_majority``, search-and-learn's weighted Best-of-N: the
+    answer class (``votes.answer_classes`` with the task's equivalence) whose members' rewards sum
+    highest (``weighted_winner``; a NaN or missing reward adds nothing), answered by its best member.
+    The weights are raw rewards, meant for rewards that are never negative; a negative one is a
+    ``ValueError`` (the item fails naming the rule).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from typing import Any, ClassVar, NamedTuple, TypedDict, TypeVar, cast, overload
 from srd_worker.engines.base import Generation, SamplingParams
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import GenCall, ItemState, MethodParams, ScoreCall, StepContext, param
+from srd_worker.votes import majority
 
 # ---------------------------------------------------------------------------------------------------
 # Parameters
@@ -472,3 +480,25 @@ def best_completed(entries: Sequence[ArchiveEntry]) -> ArchiveEntry | None:
     if not entries:
         return None
     return min(enumerate(entries), key=key)[1]
+
+
+#: what a pool method may answer with (``answer``; module doc)
+ANSWER_RULES = ("best", "weighted_majority")
+ANSWER_HELP = (
+    "best (the highest reward) or weighted_majority (the answer whose candidates' rewards sum highest, "
+    "answered by its best-scored candidate; rewards must be >= 0)"
+)
+
+
+def weighted_winner(classes: Sequence[int | None], rewards: Sequence[float | None]) -> int | None:
+    """Index of the first member of the answer class whose rewards sum highest (a NaN or missing reward
+    adds nothing; ties: the class seen first); None when no candidate has an answer. ``ValueError`` for a
+    negative reward: a vote it weighs would count against its answer."""
+    weights = [math.nan if r is None else float(r) for r in rewards]
+    negative = [r for r in weights if r < 0]  # NaN < 0 is False
+    if negative:
+        raise ValueError(
+            f"answer=weighted_majority weighs votes by reward, which must be >= 0; this reward gave "
+            f"{min(negative):.4g} (use answer=best with a reward that can be negative)"
+        )
+    return majority(classes, weights)

@@ -32,7 +32,7 @@ from typing import Any
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, param
-from srd_worker.methods.pool import PoolParams
+from srd_worker.methods.pool import ANSWER_HELP, ANSWER_RULES, PoolParams
 from srd_worker.methods.routing import RankRouter, Router, ThresholdRouter
 from srd_worker.methods.srd_loop import SRDLoop, SRDParams, SRDState
 
@@ -53,6 +53,11 @@ class RejectionSamplingParams(PoolParams):
         False, "answer from every completed trajectory ever drafted, not only survivors"
     )
     rank_unfinished_only: bool = param(False, "finished candidates leave the ranking pool and are kept")
+    answer: str = param(
+        "best",
+        "final answer from the survivors (or the archive): " + ANSWER_HELP + " [PROPOSED]",
+        in_id_at_default=False,
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -62,6 +67,8 @@ class RejectionSamplingParams(PoolParams):
             raise ConfigError(f"theta must be in [0, 1], got {self.theta}")
         if self.variant == "absolute" and self.threshold is None:
             raise ConfigError("variant=absolute needs a reward threshold: set threshold")
+        if self.answer not in ANSWER_RULES:
+            raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}")
 
     def srd_params(self) -> SRDParams:
         """The SRD configuration this baseline runs: no editor, no REFINE band, lazy scoring."""
@@ -79,6 +86,7 @@ class RejectionSamplingParams(PoolParams):
             form="incremental",
             archive_all=self.archive_all,
             rank_unfinished_only=self.rank_unfinished_only,
+            answer=self.answer,
         )
 
 
@@ -113,8 +121,7 @@ class RejectionSampling(Method[SRDState, RejectionSamplingParams]):
     anytime = True
 
     def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
-        res = self.result(state)
-        return str(res["response"]), res["reward"]
+        return self.loop.current_best(state, ctx)
 
     def result(self, state: SRDState) -> dict[str, Any]:
         res = self.loop.result(state)

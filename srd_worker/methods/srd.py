@@ -112,8 +112,7 @@ class SRD(Method[SRDState, SRDParams]):
     anytime = True
 
     def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
-        res = self.result(state)
-        return str(res["response"]), res["reward"]
+        return self.loop.current_best(state, ctx)
 
     def result(self, state: SRDState) -> dict[str, Any]:
         return self.loop.result(state)

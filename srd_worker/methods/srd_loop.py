@@ -56,6 +56,11 @@ PROPOSED choices (ALGORITHMS.md marks them so)
       indices and follow a trajectory through its edits. A self_compare fallback that keeps τ counts
       the failed edit in τ's c (Alg. 1's c counts refinements; without it a kept τ could be refined
       past N_refine in later rounds, and its next edit would repeat the failed one's seed).
+    - ``answer=weighted_majority``: the answer from the same pool (the kept completed trajectories, or
+      the archive with ``archive_all``) by search-and-learn's weighted vote (``pool.weighted_winner``:
+      the answer class whose members' rewards sum highest), then ``best_completed`` within that class;
+      the classes are taken when the item is done (``classes``, aligned with ``answer_pool``).
+      ``answer=best`` (default) is the paper's argmax. R_max stays the best kept reward either way.
     - Ledger: drafts are charged to ``drafter``, regenerations to ``editor`` (batch-form extensions of an
       edited trajectory to ``drafter``), every reward call to ``scorer``; ``router`` counts one call per
       item per routing pass (initial routing, each wave's decisions) and its wall time.
@@ -67,11 +72,13 @@ import dataclasses
 import math
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import GenCall, StepContext, new_state, param
 from srd_worker.methods.pool import (
+    ANSWER_HELP,
+    ANSWER_RULES,
     ArchiveEntry,
     PoolParams,
     Trajectory,
@@ -90,6 +97,7 @@ from srd_worker.methods.pool import (
     new_trajectory,
     score_positions,
     scores,
+    weighted_winner,
 )
 from srd_worker.methods.routing import (
     BOUNDARY_SEARCHES,
@@ -148,6 +156,13 @@ class SRDParams(PoolParams):
         False,
         "incremental: finished candidates leave the ranking pool and are kept as they are (§1.7 alternative)",
     )
+    answer: str = param(
+        "best",
+        "final answer from the completed pool (kept, or the archive with archive_all): "
+        + ANSWER_HELP
+        + " [PROPOSED]",
+        in_id_at_default=False,
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -173,6 +188,10 @@ class SRDParams(PoolParams):
             f"checkpoint_scoring must be lazy or eager, got {self.checkpoint_scoring!r}",
         )
         _check(self.form in ("incremental", "batch"), f"form must be incremental or batch, got {self.form!r}")
+        _check(
+            self.answer in ANSWER_RULES,
+            f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}",
+        )
         _check(
             not (self.rank_unfinished_only and self.form == "batch"),
             "rank_unfinished_only applies to form=incremental only",
@@ -223,6 +242,7 @@ class SRDState(TrajectoryState):
     keep: list[Trajectory]  # incremental form, phase refine: the round's KEEP set so far
     refining: list[Trajectory]  # incremental form, phase refine: the next wave's queue, in rank order
     top: int | None  # incremental form: the id of the round's top-ranked candidate (the min-1 guard)
+    classes: NotRequired[list[int | None]]  # answer=weighted_majority: answer_pool's classes, once done
 
 
 class Edit(NamedTuple):
@@ -283,7 +303,44 @@ class SRDLoop:
             self._step_batch(states, ctx)
         else:
             self._step_incremental(states, ctx)
+        if self.cfg.answer == "weighted_majority":
+            for s in states:
+                if s["done"] and "classes" not in s:
+                    s["classes"] = self.pool_classes(s, ctx)
         return states
+
+    # -- the answer pool -----------------------------------------------------------------------------
+    def answer_pool(self, state: SRDState) -> list[ArchiveEntry]:
+        """What the answer is chosen from: the completed kept trajectories, or the archive (``archive_all``)."""
+        if self.cfg.archive_all:
+            return list(state["archive"])
+        return [archive_entry(c) for c in state["candidates"] if is_finished(c)]
+
+    def pool_classes(self, state: SRDState, ctx: StepContext) -> list[int | None]:
+        """``answer_pool``'s answer classes (the task's equivalence, ``StepContext.answer_classes``)."""
+        return ctx.answer_classes([ctx.extract_answer(e["text"]) for e in self.answer_pool(state)])
+
+    def choose(
+        self, pool: Sequence[ArchiveEntry], classes: Sequence[int | None] | None
+    ) -> ArchiveEntry | None:
+        """The answer among ``pool`` by the ``answer`` rule (module doc); ``classes`` are the pool's answer
+        classes, needed by weighted_majority only."""
+        if self.cfg.answer != "weighted_majority" or not pool:
+            return best_completed(pool)
+        if classes is None or len(classes) != len(pool):
+            raise RuntimeError(
+                "answer=weighted_majority needs the answer pool's classes (SRDLoop.pool_classes)"
+            )
+        first = weighted_winner(classes, [e["reward"] for e in pool])
+        if first is None:  # no candidate has an answer: the argmax
+            return best_completed(pool)
+        return best_completed([e for e, c in zip(pool, classes, strict=True) if c == classes[first]])
+
+    def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
+        """The answer the item would give now (anytime curves), by the same rule as ``result``."""
+        classes = self.pool_classes(state, ctx) if self.cfg.answer == "weighted_majority" else None
+        best = self.choose(self.answer_pool(state), classes)
+        return (best["text"], best["reward"]) if best else ("", None)
 
     # -- building blocks -----------------------------------------------------------------------------
     @property
@@ -601,11 +658,12 @@ class SRDLoop:
 
     # -- result --------------------------------------------------------------------------------------
     def result(self, state: SRDState) -> dict[str, Any]:
-        """The answer (argmax final reward over the completed kept trajectories, or over the archive with
-        ``archive_all``; ties → earliest finished round, then lowest id) and the §1.10 statistics."""
+        """The answer (by the ``answer`` rule over the completed kept trajectories, or over the archive with
+        ``archive_all``: the argmax final reward, ties → earliest finished round, then lowest id; or the
+        weighted vote, ``choose``) and the §1.10 statistics."""
         p = self.cfg
         kept = [archive_entry(c) for c in state["candidates"] if is_finished(c)]
-        best = best_completed(state["archive"] if p.archive_all else kept)
+        best = self.choose(state["archive"] if p.archive_all else kept, state.get("classes"))
         best_kept = best_completed(kept)
         st = state["stats"]
         events = sum(st["routing"].values())

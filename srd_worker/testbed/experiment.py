@@ -170,6 +170,20 @@ def correctness(runs: Sequence[Any]) -> dict[str, dict[int, float | None]]:
     return {i: {s: correct_value(seeds[s][i]) for s in order} for i in items}
 
 
+def revoted(runs: Sequence[Any]) -> dict[str, dict[int, float | None]]:
+    """``correctness`` had the SRD-family runs answered with ``answer=weighted_majority``: each record
+    re-answered from its kept candidates (``kcurves.revoted_correct``; None where it cannot be)."""
+    from srd_worker.reports.kcurves import revoted_correct
+
+    seeds = _by_seed(runs)
+    order = sorted(seeds)
+    items = [i for i in seeds[order[0]] if all(i in seeds[s] for s in order)]
+    archive_all = {
+        int(r.spec.get("seed", 0)): bool((r.spec.get("params") or {}).get("archive_all")) for r in runs
+    }
+    return {i: {s: revoted_correct(seeds[s][i], archive_all=archive_all[s]) for s in order} for i in items}
+
+
 def paired_values(a: dict[str, dict[int, float | None]], b: dict[str, dict[int, float | None]]) -> Any:
     """``stats.paired`` of two ``Row.values`` layouts over the (problem, seed) cells both have: the
     problems both have, on the seeds both have (a ``--partial`` grid's method may lack a seed that the

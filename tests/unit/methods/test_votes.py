@@ -252,3 +252,121 @@ def test_weighted_best_of_n_is_the_k_curves_weighted_majority_at_n(tiny_engine):
             winner = majority(classes, [c["reward"] for c in cands])
             assert classes[w["extra"]["chosen"]] == classes[winner]
     assert voted  # some problem had answers to vote on
+
+
+# ---- SRD and rejection sampling answering by the weighted vote (answer=weighted_majority) ---------------
+def _entry(cid, reward, text="", rnd=0):
+    return {"id": cid, "text": text, "reward": reward, "finish": "stop", "round": rnd, "n_tokens": 1, "c": 0}
+
+
+def test_srd_chooses_by_the_weighted_vote_then_its_own_tie_rule_within_the_class():
+    from srd_worker.methods.srd_loop import SRDLoop, SRDParams
+
+    loop = build_method("srd", {"n": 4, "answer": "weighted_majority"}).loop
+    assert isinstance(loop, SRDLoop)
+    pool = [_entry(0, 0.9, "a"), _entry(1, 0.5, "b", rnd=2), _entry(2, 0.5, "b2", rnd=1), _entry(3, 0.1, "c")]
+    # class 1 (ids 1, 2) sums 1.0 > 0.9: its members tie on reward, so the earlier finished round wins
+    assert loop.choose(pool, [0, 1, 1, 3])["id"] == 2
+    # class sums tie (0.9 against 0.5 + 0.4): the class seen first in pool order
+    tied = [_entry(0, 0.9), _entry(1, 0.5), _entry(2, 0.4)]
+    assert loop.choose(tied, [0, 1, 1])["id"] == 0
+    # a missing reward adds nothing; nobody answered: the argmax over the whole pool
+    assert loop.choose([_entry(0, None), _entry(1, 0.2), _entry(2, 0.3)], [0, 0, 2])["id"] == 2
+    assert loop.choose(pool, [None] * 4)["id"] == 0
+    assert loop.choose([], []) is None
+    with pytest.raises(ValueError, match="answer=weighted_majority.*-0.2"):
+        loop.choose([_entry(0, 0.9), _entry(1, -0.2)], [0, 1])
+    with pytest.raises(RuntimeError, match="classes"):
+        loop.choose(pool, None)
+    # answer=best ignores the classes: the argmax, whatever the votes say
+    best = SRDLoop(SRDParams(n=4), loop.router)
+    assert best.choose(pool, [0, 1, 1, 3])["id"] == 0
+
+
+def test_the_answer_rule_of_srd_and_rejection_sampling_is_checked_and_passed_to_the_loop():
+    from srd_worker.errors import ConfigError
+
+    for method in ("srd", "rejection_sampling"):
+        assert "answer" not in build_method(method, {"n": 4}).params.to_dict()  # the run id keeps
+        with pytest.raises(ConfigError, match="answer must be one of best, weighted_majority, got 'mode'"):
+            build_method(method, {"n": 4, "answer": "mode"})
+    rs = build_method("rejection_sampling", {"n": 4, "answer": "weighted_majority"})
+    assert rs.loop.cfg.answer == "weighted_majority" and rs.params.to_dict()["answer"] == "weighted_majority"
+
+
+def _srd_records(tiny_engine, method, answer, **extra):
+    from srd_worker.rewards.arithmetic import ArithmeticReward
+
+    items = [Item(f"q{i}", q, "7") for i, q in enumerate(["What is 3 + 4?", "Compute 6 * 7.", "Half of 14?"])]
+    params = {"n": 6, "max_new_tokens": 24, "chunk_tokens": 8, "answer": answer, **extra}
+    out = run_shard(
+        items=items,
+        positions=list(range(len(items))),
+        method=build_method(method, params),
+        task=GSM8KTask(),
+        engine=tiny_engine,
+        reward=ArithmeticReward(),
+        run_seed=11,
+        store=(store := MemoryStore()),
+    )
+    assert out.finished and len(store.results) == len(items)
+    return store.results
+
+
+@pytest.mark.parametrize(
+    ("method", "extra"), [("srd", {}), ("rejection_sampling", {}), ("srd", {"archive_all": True})]
+)
+def test_a_weighted_vote_run_draws_as_the_argmax_run_and_answers_as_the_records_revote(
+    tiny_engine, method, extra
+):
+    """The answer rule changes no draw or routing: the same candidates with the same statuses; the run's
+    answer is in the class that wins the reward-weighted vote over its pool, and its grade is what
+    ``kcurves.revoted_correct`` recomputes from the argmax run's record (the offline re-vote of the
+    real-text sections)."""
+    from srd_worker.reports.kcurves import revoted_correct
+
+    best = _srd_records(tiny_engine, method, "best", **extra)
+    voted = _srd_records(tiny_engine, method, "weighted_majority", **extra)
+    answered = 0
+    for b, w in zip(best, voted, strict=True):
+        assert [(c["id"], c["text"], c.get("status")) for c in b["candidates"]] == [
+            (c["id"], c["text"], c.get("status")) for c in w["candidates"]
+        ]
+        assert b["extra"]["R_max"] == w["extra"]["R_max"]
+        pool = sorted(
+            (c for c in w["candidates"] if extra.get("archive_all") or c["status"] == "kept"),
+            key=lambda c: c["id"],
+        )
+        classes = [c["vote"] for c in pool]
+        if any(c is not None for c in classes):
+            answered += 1
+            winner = pool[majority(classes, [c["reward"] for c in pool])]["vote"]
+            assert w["answer"] in {c["answer"] for c in pool if c["vote"] == winner}
+        assert revoted_correct(b, archive_all=bool(extra)) == float(w["correct"])
+    assert answered  # some problem's pool had answers to vote on
+
+
+def test_revoted_correct_by_hand():
+    from srd_worker.reports.kcurves import revoted_correct
+
+    def cand(cid, vote, reward, correct, status="kept"):
+        return {"id": cid, "vote": vote, "reward": reward, "correct": correct, "status": status}
+
+    rec = {
+        "correct": False,
+        "candidates": [
+            cand(3, 3, 0.9, False),
+            cand(1, 1, 0.5, True),
+            cand(0, 1, 0.5, True),
+            cand(2, 2, 5.0, False, status="discarded"),  # discarded: no vote, unless archive_all
+        ],
+    }
+    assert revoted_correct(rec) == 1.0  # class 1 sums 1.0 > 0.9
+    assert revoted_correct(rec, archive_all=True) == 0.0  # the archive's class 2 sums 5.0
+    tie = {"correct": True, "candidates": [cand(5, 5, 0.5, False), cand(0, 0, 0.5, True)]}
+    assert revoted_correct(tie) == 1.0  # sums tie: the class seen first in id order
+    assert revoted_correct({**rec, "error": "boom"}) is None
+    assert revoted_correct({**rec, "correct": None}) is None
+    assert revoted_correct({"correct": True, "candidates": [cand(0, 0, -0.1, True)]}) is None  # refused
+    assert revoted_correct({"correct": True, "candidates": [cand(0, None, 0.3, False)]}) == 1.0  # own grade
+    assert revoted_correct({"correct": True, "candidates": [{"id": 0, "status": "kept"}]}) is None  # no votes

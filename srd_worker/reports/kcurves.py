@@ -103,16 +103,19 @@ def vote_index(cands: Sequence[dict[str, Any]], subset: Sequence[int], *, weight
 def revoted_correct(record: dict[str, Any], *, archive_all: bool = False) -> float | None:
     """1/0: whether an SRD-family record (SRD, rejection sampling) would have been right had it answered
     with ``answer=weighted_majority`` (``SRDLoop.choose``), from its stored candidates: the kept ones in
-    id order (every one with ``archive_all``), classed by their ``vote``, the class whose rewards sum
-    highest (ties: the class seen first), answered by a member with the highest reward (a class's
-    members give one answer, so which one does not change the grade). None when the record failed, is
+    id order (with ``archive_all`` every one, as listed: the archive's order), classed by their
+    ``vote``, the class whose rewards sum highest (ties: the class seen first), answered by a member
+    with the highest reward (a class's members give one answer, so which one does not change the grade). None when the record failed, is
     ungraded, kept no candidates or a kept reward is negative (the rule refuses it); a record whose kept
     candidates have no answer keeps its own grade (the rule falls back to the argmax)."""
     cands = record.get("candidates")
     if record.get("error") or record.get("correct") is None or not cands:
         return None
-    pool = sorted(
-        (c for c in cands if archive_all or c.get("status") == "kept"), key=lambda c: int(c.get("id") or 0)
+    # the loop's pool order: the kept trajectories by id; the archive as listed (the order they finished)
+    pool = (
+        list(cands)
+        if archive_all
+        else sorted((c for c in cands if c.get("status") == "kept"), key=lambda c: int(c.get("id") or 0))
     )
     if not pool or "vote" not in pool[0]:
         return None

@@ -333,9 +333,10 @@ def test_a_weighted_vote_run_draws_as_the_argmax_run_and_answers_as_the_records_
             (c["id"], c["text"], c.get("status")) for c in w["candidates"]
         ]
         assert b["extra"]["R_max"] == w["extra"]["R_max"]
-        pool = sorted(
-            (c for c in w["candidates"] if extra.get("archive_all") or c["status"] == "kept"),
-            key=lambda c: c["id"],
+        pool = (
+            list(w["candidates"])
+            if extra.get("archive_all")
+            else sorted((c for c in w["candidates"] if c["status"] == "kept"), key=lambda c: c["id"])
         )
         classes = [c["vote"] for c in pool]
         if any(c is not None for c in classes):
@@ -363,6 +364,9 @@ def test_revoted_correct_by_hand():
     }
     assert revoted_correct(rec) == 1.0  # class 1 sums 1.0 > 0.9
     assert revoted_correct(rec, archive_all=True) == 0.0  # the archive's class 2 sums 5.0
+    # with archive_all the pool keeps the archive's order: a tie between class sums goes to the one listed first
+    listed = {"correct": True, "candidates": [cand(5, 5, 0.5, False, "discarded"), cand(0, 0, 0.5, True)]}
+    assert revoted_correct(listed, archive_all=True) == 0.0 and revoted_correct(listed) == 1.0
     tie = {"correct": True, "candidates": [cand(5, 5, 0.5, False), cand(0, 0, 0.5, True)]}
     assert revoted_correct(tie) == 1.0  # sums tie: the class seen first in id order
     assert revoted_correct({**rec, "error": "boom"}) is None

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import platform
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -96,12 +97,31 @@ class Summary:
             mean_reward=scores.mean_reward,
             wall_seconds=wall,
             results_path=str(path),
-            errors=dict(
-                Counter(
-                    (str(r["error"]).strip().splitlines() or [""])[0] for r in records if r.get("error")
-                ).most_common(3)
-            ),
+            errors=error_groups([str(r["error"]) for r in records if r.get("error")]),
         )
+
+
+_NUMBER = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")
+
+
+def error_groups(errors: list[str], most: int = 3) -> dict[str, int]:
+    """The ``most`` most common failures among the items' ``errors`` (each by its first line), counted by
+    shape: lines that differ only in their numbers (the reward a rule refused, a token count) are one
+    failure, named by its first line, with ``(and K more like it with other numbers)`` when K other
+    lines joined it."""
+    lines = [(e.strip().splitlines() or [""])[0] for e in errors]
+    counts = Counter(_NUMBER.sub("#", line) for line in lines)
+    first: dict[str, str] = {}
+    variants: dict[str, set[str]] = {}
+    for line in lines:
+        key = _NUMBER.sub("#", line)
+        first.setdefault(key, line)
+        variants.setdefault(key, set()).add(line)
+    out = {}
+    for key, n in counts.most_common(most):
+        more = len(variants[key]) - 1
+        out[first[key] + (f" (and {more} more like it with other numbers)" if more else "")] = n
+    return out
 
 
 def versions() -> dict[str, str]:

@@ -137,7 +137,30 @@ def test_a_run_whose_items_fail_says_why_under_its_summary(tmp_path, monkeypatch
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
-    assert text.count("failed (1 item): ValueError: answer=weighted_majority weighs votes by reward") == 2
+    # the two items' messages differ only in the reward they name: one failure, counted twice
+    assert text.count("failed (2 items): ValueError: answer=weighted_majority weighs votes by reward") == 1
+    assert "(and 1 more like it with other numbers)" in text
     (summary,) = (tmp_path / "out").glob("run-*/summary.json")
     errors = json.loads(summary.read_text())["errors"]
-    assert sum(errors.values()) == 2 and all("use answer=best" in e for e in errors)
+    assert list(errors.values()) == [2] and all("use answer=best" in e for e in errors)
+
+
+def test_item_errors_are_grouped_by_their_shape():
+    from srd_worker.local import error_groups
+
+    errors = [
+        "ValueError: gave -2.5 (use answer=best)\nTraceback ...",
+        "ValueError: gave -0.25 (use answer=best)",
+        "ValueError: gave -2.5 (use answer=best)",
+        "EngineError: prompt of 5000 tokens exceeds max_model_len 4096",
+        "RuntimeError: x1 broke",
+        "RuntimeError: x2 broke",  # a digit inside a word is part of a name, not a number
+        "KeyError: 'q7'",
+    ]
+    assert error_groups(errors) == {
+        "ValueError: gave -2.5 (use answer=best) (and 1 more like it with other numbers)": 3,
+        "EngineError: prompt of 5000 tokens exceeds max_model_len 4096": 1,
+        "RuntimeError: x1 broke": 1,
+    }
+    assert error_groups(errors, most=10)["RuntimeError: x2 broke"] == 1
+    assert error_groups([]) == {}

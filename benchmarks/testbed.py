@@ -120,11 +120,21 @@ def _pooled(runs: list) -> RunRecords:
 
 def _pts(d: Interval) -> str:
     """A difference of accuracies (fractions) as points with its interval (n/a where there is none)."""
+    return _percent(d, signed=True)
+
+
+def _pct(ci: Interval) -> str:
+    """An accuracy (a fraction) in percent with its interval: ``28.0 [22.8, 33.5]``."""
+    return _percent(ci, signed=False)
+
+
+def _percent(d: Interval, *, signed: bool) -> str:
     if d.mean is None:
         return "n/a"
+    spec, unit = ("+.1f", " pts") if signed else (".1f", "")
     if d.low is None or d.high is None:
-        return f"{100 * d.mean:+.1f} pts"
-    return f"{100 * d.mean:+.1f} pts [{100 * d.low:+.1f}, {100 * d.high:+.1f}]"
+        return f"{100 * d.mean:{spec}}{unit}"
+    return f"{100 * d.mean:{spec}}{unit} [{100 * d.low:{spec}}, {100 * d.high:{spec}}]"
 
 
 def _f(v: float | None, digits: int = 3) -> str:
@@ -417,14 +427,6 @@ def revote_table(
                 f"| {gain.wins} / {gain.ties} / {gain.losses} | {vs_w} | {_f(size, 2)} ({_f(distinct, 2)}) |"
             )
     return "\n".join(lines)
-
-
-def _pct(ci: Any) -> str:
-    if ci.mean is None:
-        return "n/a"
-    if ci.low is None or ci.high is None:
-        return f"{100 * ci.mean:.1f}"
-    return f"{100 * ci.mean:.1f} [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
 
 
 def main() -> None:

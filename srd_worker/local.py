@@ -109,12 +109,13 @@ def error_groups(errors: list[str], most: int = 3) -> dict[str, int]:
     shape: lines that differ only in their numbers (the reward a rule refused, a token count) are one
     failure, named by its first line, with ``(and K more like it with other numbers)`` when K other
     lines joined it."""
-    lines = [(e.strip().splitlines() or [""])[0] for e in errors]
-    counts = Counter(_NUMBER.sub("#", line) for line in lines)
+    counts: Counter[str] = Counter()
     first: dict[str, str] = {}
     variants: dict[str, set[str]] = {}
-    for line in lines:
+    for error in errors:
+        line = (error.strip().splitlines() or [""])[0]
         key = _NUMBER.sub("#", line)
+        counts[key] += 1
         first.setdefault(key, line)
         variants.setdefault(key, set()).add(line)
     out = {}

@@ -18,14 +18,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, cast
 
-from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
     ANSWER_HELP,
-    ANSWER_RULES,
     WHOLE_BUDGET_HELP,
     PoolParams,
     PoolState,
+    check_answer_rule,
     draft_round,
     is_finished,
     new_candidate,
@@ -44,8 +43,7 @@ class BestOfNParams(PoolParams):
 
     def validate(self) -> None:
         super().validate()
-        if self.answer not in ANSWER_RULES:
-            raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}")
+        check_answer_rule(self.answer)
 
 
 def argmax_first(values: Sequence[float]) -> int:

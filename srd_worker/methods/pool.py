@@ -490,6 +490,12 @@ ANSWER_HELP = (
 )
 
 
+def check_answer_rule(answer: str) -> None:
+    """``ConfigError`` unless ``answer`` is one of ``ANSWER_RULES`` (every method with an ``answer``)."""
+    if answer not in ANSWER_RULES:
+        raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {answer!r}")
+
+
 def weighted_winner(classes: Sequence[int | None], rewards: Sequence[float | None]) -> int | None:
     """Index of the first member of the answer class whose rewards sum highest (a NaN or missing reward
     adds nothing; ties: the class seen first); None when no candidate has an answer. ``ValueError`` for a

@@ -32,7 +32,7 @@ from typing import Any
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, param
-from srd_worker.methods.pool import ANSWER_HELP, ANSWER_RULES, PoolParams
+from srd_worker.methods.pool import ANSWER_HELP, PoolParams, check_answer_rule
 from srd_worker.methods.routing import RankRouter, Router, ThresholdRouter
 from srd_worker.methods.srd_loop import SRDLoop, SRDParams, SRDState
 
@@ -67,8 +67,7 @@ class RejectionSamplingParams(PoolParams):
             raise ConfigError(f"theta must be in [0, 1], got {self.theta}")
         if self.variant == "absolute" and self.threshold is None:
             raise ConfigError("variant=absolute needs a reward threshold: set threshold")
-        if self.answer not in ANSWER_RULES:
-            raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}")
+        check_answer_rule(self.answer)
 
     def srd_params(self) -> SRDParams:
         """The SRD configuration this baseline runs: no editor, no REFINE band, lazy scoring."""

@@ -78,7 +78,6 @@ from srd_worker.errors import ConfigError
 from srd_worker.methods.base import GenCall, StepContext, new_state, param
 from srd_worker.methods.pool import (
     ANSWER_HELP,
-    ANSWER_RULES,
     ArchiveEntry,
     PoolParams,
     Trajectory,
@@ -87,6 +86,7 @@ from srd_worker.methods.pool import (
     archive_entries,
     archive_entry,
     best_completed,
+    check_answer_rule,
     checkpoint_scores,
     continuation_call,
     cut_back,
@@ -188,10 +188,7 @@ class SRDParams(PoolParams):
             f"checkpoint_scoring must be lazy or eager, got {self.checkpoint_scoring!r}",
         )
         _check(self.form in ("incremental", "batch"), f"form must be incremental or batch, got {self.form!r}")
-        _check(
-            self.answer in ANSWER_RULES,
-            f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}",
-        )
+        check_answer_rule(self.answer)
         _check(
             not (self.rank_unfinished_only and self.form == "batch"),
             "rank_unfinished_only applies to form=incremental only",
@@ -663,7 +660,7 @@ class SRDLoop:
         weighted vote, ``choose``) and the §1.10 statistics."""
         p = self.cfg
         kept = [archive_entry(c) for c in state["candidates"] if is_finished(c)]
-        best = self.choose(state["archive"] if p.archive_all else kept, state.get("classes"))
+        best = self.choose(self.answer_pool(state), state.get("classes"))
         best_kept = best_completed(kept)
         st = state["stats"]
         events = sum(st["routing"].values())

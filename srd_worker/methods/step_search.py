@@ -36,6 +36,7 @@ from srd_worker.methods.pool import (
     PoolParams,
     Trajectory,
     best_completed,
+    check_answer_rule,
     continuation_call,
     finished_entries,
     new_trajectory,
@@ -44,7 +45,6 @@ from srd_worker.methods.pool import (
 from srd_worker.votes import majority
 
 AGGREGATIONS = ("last", "min", "prod")
-ANSWER_RULES = ("best", "weighted_majority")
 
 
 def unescape(text: str) -> str:
@@ -95,8 +95,7 @@ class SearchParams(PoolParams):
             raise ConfigError(
                 f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {self.aggregation!r}"
             )
-        if self.answer not in ANSWER_RULES:
-            raise ConfigError(f"answer must be one of {', '.join(ANSWER_RULES)}, got {self.answer!r}")
+        check_answer_rule(self.answer)
 
     @property
     def delimiter(self) -> str:

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from srd_worker.methods.pool import weighted_winner
 from srd_worker.reports.stats import bootstrap_ci
 from srd_worker.votes import answer_key, majority
 
@@ -119,9 +120,10 @@ def revoted_correct(record: dict[str, Any], *, archive_all: bool = False) -> flo
     )
     if not pool or "vote" not in pool[0]:
         return None
-    if any(_negative(c.get("reward")) for c in pool):
+    try:  # the method's own vote rule
+        first = weighted_winner([c.get("vote") for c in pool], [c.get("reward") for c in pool])
+    except ValueError:  # a negative reward: the rule refuses the item
         return None
-    first = majority([c.get("vote") for c in pool], [_reward(c.get("reward")) for c in pool])
     if first is None:
         return 1.0 if record["correct"] else 0.0
     members = [c for c in pool if c.get("vote") == pool[first].get("vote")]

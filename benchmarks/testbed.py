@@ -390,21 +390,22 @@ def analyse(
 def revote_table(
     by: dict[tuple[str, int], list[Any]], tok: dict[tuple[str, int], Any], budgets: list[int]
 ) -> str:
-    """SRD and rejection sampling re-answered by the weighted vote over their kept candidates (what
-    ``answer=weighted_majority`` answers from the same draws: routing does not depend on the answer rule),
-    against their own argmax and against weighted Best-of-N at the same N."""
+    """SRD, rejection sampling and Speculative Rejection re-answered by the weighted vote over their answer
+    pools (the kept candidates; Speculative Rejection's archive of finished survivors): what
+    ``answer=weighted_majority`` answers from the same draws, since routing does not depend on the answer
+    rule; against their own argmax and against weighted Best-of-N at the same N."""
     from srd_worker.reports.stats import bootstrap_ci
-    from srd_worker.testbed.experiment import correctness, paired_values, revoted
+    from srd_worker.testbed.experiment import answers_from_archive, correctness, paired_values, revoted
 
     lines = [
-        "| N | method | argmax (the runs) % [95% CI] | weighted vote over its kept candidates % [95% CI] "
+        "| N | method | argmax (the runs) % [95% CI] | weighted vote over its answer pool % [95% CI] "
         "| vote − argmax [95% CI] | wins / ties / losses | vote − weighted Best-of-N [95% CI] "
-        "| kept candidates per problem (distinct answers) |",
+        "| answer pool per problem (distinct answers) |",
         "|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for n in budgets:
         w = tok.get(("weighted_best_of_n", n))
-        for method in ("srd", "rejection_sampling"):
+        for method in ("srd", "rejection_sampling", "speculative_rejection"):
             runs = by.get((method, n))
             if not runs:
                 continue
@@ -415,7 +416,11 @@ def revote_table(
             vs_w = _pts(paired_values(voted, w.values or {}).diff) if w else "n/a"
             argmax = tok[(method, n)].accuracy
             kept = [
-                [c.get("vote") for c in x.get("candidates") or [] if c.get("status") == "kept"]
+                [
+                    c.get("vote")
+                    for c in x.get("candidates") or []
+                    if answers_from_archive(r.spec) or c.get("status") == "kept"
+                ]
                 for r in runs
                 for x in r.records
                 if not x.get("error")

@@ -28,7 +28,8 @@ Archive
     ``archive_entry`` records a completed trajectory; ``best_completed`` picks the answer among entries
     (highest reward; ties → earliest finished round, then lowest id, then earliest listed).
 
-Answer rules (``ANSWER_RULES``: Best-of-N's, SRD's and rejection sampling's ``answer``)
+Answer rules (``ANSWER_RULES``: the ``answer`` of Best-of-N, SRD, rejection sampling and Speculative
+    Rejection; ``choose_answer`` picks from archived entries)
     ``best``, the highest reward, or ``weighted_majority``, search-and-learn's weighted Best-of-N: the
     answer class (``votes.answer_classes`` with the task's equivalence) whose members' rewards sum
     highest (``weighted_winner``; a NaN or missing reward adds nothing), answered by its best member.
@@ -508,3 +509,25 @@ def weighted_winner(classes: Sequence[int | None], rewards: Sequence[float | Non
             f"{min(negative):.4g} (use answer=best with a reward that can be negative)"
         )
     return majority(classes, weights)
+
+
+def entry_classes(ctx: StepContext, entries: Sequence[ArchiveEntry]) -> list[int | None]:
+    """The answer classes of archived entries (the task's equivalence, ``StepContext.answer_classes``)."""
+    return ctx.answer_classes([ctx.extract_answer(e["text"]) for e in entries])
+
+
+def choose_answer(
+    rule: str, entries: Sequence[ArchiveEntry], classes: Sequence[int | None] | None
+) -> ArchiveEntry | None:
+    """The answer among archived ``entries`` by an answer rule (module doc): ``best``, ``best_completed``;
+    ``weighted_majority``, ``best_completed`` within the class that wins ``weighted_winner`` (``classes``
+    aligned with ``entries``; nobody answered: ``best_completed`` over all). The pool methods' answer
+    (SRD, rejection sampling, Speculative Rejection)."""
+    if rule != "weighted_majority" or not entries:
+        return best_completed(entries)
+    if classes is None or len(classes) != len(entries):
+        raise RuntimeError("answer=weighted_majority needs the answer pool's classes (pool.entry_classes)")
+    first = weighted_winner(classes, [e["reward"] for e in entries])
+    if first is None:  # no candidate has an answer: the argmax
+        return best_completed(entries)
+    return best_completed([e for e, c in zip(entries, classes, strict=True) if c == classes[first]])

@@ -22,7 +22,10 @@ Follows the reference code's semantics (§2.3, ``Zanette-Labs/SpeculativeRejecti
   can never be the answer;
 - answer: the highest reward among every archived (finished and surviving) candidate — a finished
   survivor pushed out of the pool in a later round is not lost, as in ``postprocess/gather_best_ans.py``;
-  ties → earliest finished round, then lowest candidate id.
+  ties → earliest finished round, then lowest candidate id. ``answer=weighted_majority`` (srdq's option
+  [PROPOSED], as SRD's): the answer class (the task's equivalence) whose archived candidates' rewards sum
+  highest, then the same tie rule inside it (``pool.choose_answer``); the classes are taken when the item
+  is done (``classes``). The rule changes no draw or ranking.
 
 Drafting, scoring and the answer rule are ``pool.py``'s; the survivor count ``keep_count`` lives in
 ``routing.py`` (re-exported here). Seeds come from ``ctx.seed(state, candidate_id, "draft")`` — the
@@ -37,17 +40,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any, NotRequired, cast
 
 from srd_worker.errors import ConfigError
 from srd_worker.methods.base import Method, StepContext, new_state, param
 from srd_worker.methods.pool import (
+    ANSWER_HELP,
     ArchiveEntry,
     PoolParams,
     TrajectoryState,
     archive_entry,
-    best_completed,
+    check_answer_rule,
+    choose_answer,
     draft_round,
+    entry_classes,
     finished_entries,
     is_finished,
     new_trajectory,
@@ -69,9 +75,15 @@ class SpeculativeRejectionParams(PoolParams):
         "be that round's best partial response)",
         in_id_at_default=False,
     )
+    answer: str = param(
+        "best",
+        "final answer from the archived candidates: " + ANSWER_HELP + " [PROPOSED]",
+        in_id_at_default=False,
+    )
 
     def validate(self) -> None:
         super().validate()
+        check_answer_rule(self.answer)
         if not 0 <= self.alpha < 1:
             raise ConfigError(f"alpha must be in [0, 1), got {self.alpha}")
         if self.min_keep not in (0, 1):
@@ -86,6 +98,7 @@ class SpecRejState(TrajectoryState):
     finished: list[ArchiveEntry]  # every finished survivor, in the order it finished (ties: id order)
     stopped: list[ArchiveEntry]  # min_keep=0: a decision that kept none: its candidates not archived yet
     pool_sizes: list[list[int]]  # [pool size, kept] per decision
+    classes: NotRequired[list[int | None]]  # answer=weighted_majority: answer_pool's classes, once done
 
 
 class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
@@ -127,17 +140,22 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
             state["pool_sizes"].append([len(pool), k])
             state["round"] += 1
             state["done"] = all(is_finished(c) for c in state["candidates"])
+            if state["done"] and p.answer == "weighted_majority":
+                state["classes"] = entry_classes(ctx, answer_pool(state))
         return states
 
     anytime = True
 
     def current_best(self, state: SpecRejState, ctx: StepContext) -> tuple[str, float | None]:
-        res = self.result(state)
-        return str(res["response"]), res["reward"]
+        """The answer the item would give now (anytime curves), by the same rule as ``result``."""
+        pool = answer_pool(state)
+        classes = entry_classes(ctx, pool) if self.params.answer == "weighted_majority" else None
+        best = choose_answer(self.params.answer, pool, classes)
+        return (best["text"], best["reward"]) if best else ("", None)
 
     def result(self, state: SpecRejState) -> dict[str, Any]:
-        stopped = state.get("stopped", [])  # absent from states checkpointed before min_keep existed
-        best = best_completed([*state["finished"], *stopped])
+        pool = answer_pool(state)
+        best = choose_answer(self.params.answer, pool, state.get("classes"))
         return {
             "response": best["text"] if best else "",
             "reward": best["reward"] if best else None,
@@ -146,7 +164,13 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
             "rewards": [e["reward"] for e in state["finished"]],
             "finished_ids": [e["id"] for e in state["finished"]],
             "pool_sizes": state["pool_sizes"],
-            "candidates": finished_entries([*state["finished"], *stopped]),
+            "candidates": finished_entries(pool),
             "rounds": state["round"],
             "ledger_components": {k: dict(v) for k, v in state["ledger"]["components"].items()},
         }
+
+
+def answer_pool(state: SpecRejState) -> list[ArchiveEntry]:
+    """What the answer is chosen from: every finished survivor (the order they finished), then, with
+    ``min_keep=0``, the candidates of the decision that kept none."""
+    return [*state["finished"], *state.get("stopped", [])]  # "stopped" is absent from old checkpoints

@@ -88,16 +88,17 @@ from srd_worker.methods.pool import (
     best_completed,
     check_answer_rule,
     checkpoint_scores,
+    choose_answer,
     continuation_call,
     cut_back,
     draft_call,
     draft_calls,
+    entry_classes,
     is_finished,
     new_positions,
     new_trajectory,
     score_positions,
     scores,
-    weighted_winner,
 )
 from srd_worker.methods.routing import (
     BOUNDARY_SEARCHES,
@@ -315,23 +316,14 @@ class SRDLoop:
 
     def pool_classes(self, state: SRDState, ctx: StepContext) -> list[int | None]:
         """``answer_pool``'s answer classes (the task's equivalence, ``StepContext.answer_classes``)."""
-        return ctx.answer_classes([ctx.extract_answer(e["text"]) for e in self.answer_pool(state)])
+        return entry_classes(ctx, self.answer_pool(state))
 
     def choose(
         self, pool: Sequence[ArchiveEntry], classes: Sequence[int | None] | None
     ) -> ArchiveEntry | None:
-        """The answer among ``pool`` by the ``answer`` rule (module doc); ``classes`` are the pool's answer
-        classes, needed by weighted_majority only."""
-        if self.cfg.answer != "weighted_majority" or not pool:
-            return best_completed(pool)
-        if classes is None or len(classes) != len(pool):
-            raise RuntimeError(
-                "answer=weighted_majority needs the answer pool's classes (SRDLoop.pool_classes)"
-            )
-        first = weighted_winner(classes, [e["reward"] for e in pool])
-        if first is None:  # no candidate has an answer: the argmax
-            return best_completed(pool)
-        return best_completed([e for e, c in zip(pool, classes, strict=True) if c == classes[first]])
+        """The answer among ``pool`` by the ``answer`` rule (``pool.choose_answer``); ``classes`` are the
+        pool's answer classes, needed by weighted_majority only."""
+        return choose_answer(self.cfg.answer, pool, classes)
 
     def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
         """The answer the item would give now (anytime curves), by the same rule as ``result``."""

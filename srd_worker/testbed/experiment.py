@@ -171,17 +171,24 @@ def correctness(runs: Sequence[Any]) -> dict[str, dict[int, float | None]]:
 
 
 def revoted(runs: Sequence[Any]) -> dict[str, dict[int, float | None]]:
-    """``correctness`` had the SRD-family runs answered with ``answer=weighted_majority``: each record
-    re-answered from its kept candidates (``kcurves.revoted_correct``; None where it cannot be)."""
+    """``correctness`` had the pool methods' runs (SRD, rejection sampling, Speculative Rejection) answered
+    with ``answer=weighted_majority``: each record re-answered from its answer pool, the kept candidates or
+    the archive (``archive_all``; Speculative Rejection's record lists only its archive), by
+    ``kcurves.revoted_correct``; None where it cannot be."""
     from srd_worker.reports.kcurves import revoted_correct
 
     seeds = _by_seed(runs)
     order = sorted(seeds)
     items = [i for i in seeds[order[0]] if all(i in seeds[s] for s in order)]
-    archive_all = {
-        int(r.spec.get("seed", 0)): bool((r.spec.get("params") or {}).get("archive_all")) for r in runs
-    }
+    archive_all = {int(r.spec.get("seed", 0)): answers_from_archive(r.spec) for r in runs}
     return {i: {s: revoted_correct(seeds[s][i], archive_all=archive_all[s]) for s in order} for i in items}
+
+
+def answers_from_archive(spec: dict[str, Any]) -> bool:
+    """Whether a run's answer pool is every candidate its records list (Speculative Rejection, or SRD /
+    rejection sampling with ``archive_all``), not only those with status kept."""
+    params = spec.get("params") or {}
+    return spec.get("method") == "speculative_rejection" or bool(params.get("archive_all"))
 
 
 def paired_values(a: dict[str, dict[int, float | None]], b: dict[str, dict[int, float | None]]) -> Any:

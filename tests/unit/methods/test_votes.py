@@ -283,10 +283,31 @@ def test_srd_chooses_by_the_weighted_vote_then_its_own_tie_rule_within_the_class
     assert best.choose(pool, [0, 1, 1, 3])["id"] == 0
 
 
+def test_speculative_rejection_chooses_by_the_weighted_vote_over_its_archive():
+    method = build_method("speculative_rejection", {"n": 4, "answer": "weighted_majority", "min_keep": 0})
+    state = method.init_state("q", "question", [1, 2])
+    # finished survivors in the order they finished, then (min_keep=0) the last decision's candidates
+    state["finished"] = [_entry(0, 0.9, "a", rnd=1), _entry(2, 0.5, "b", rnd=3)]
+    state["stopped"] = [_entry(1, 0.5, "b2", rnd=3), _entry(3, 0.2, "c", rnd=3)]
+    state["classes"] = [0, 1, 1, 3]  # class 1 (ids 2, 1) sums 1.0 > 0.9; its members tie: lowest id
+    res = method.result(state)
+    assert res["chosen"] == 1 and res["response"] == "b2" and res["reward"] == 0.5
+    assert [c["id"] for c in res["candidates"]] == [0, 2, 1, 3]  # the pool the classes align with
+    argmax = build_method("speculative_rejection", {"n": 4, "min_keep": 0})
+    assert argmax.result(state)["chosen"] == 0  # answer=best ignores the classes
+    del state["classes"]
+    with pytest.raises(RuntimeError, match="classes"):
+        method.result(state)
+    state["finished"][1]["reward"] = -0.1
+    state["classes"] = [0, 1, 1, 3]
+    with pytest.raises(ValueError, match="answer=weighted_majority.*-0.1"):
+        method.result(state)
+
+
 def test_the_answer_rule_of_srd_and_rejection_sampling_is_checked_and_passed_to_the_loop():
     from srd_worker.errors import ConfigError
 
-    for method in ("srd", "rejection_sampling"):
+    for method in ("srd", "rejection_sampling", "speculative_rejection"):
         assert "answer" not in build_method(method, {"n": 4}).params.to_dict()  # the run id keeps
         with pytest.raises(ConfigError, match="answer must be one of best, weighted_majority, got 'mode'"):
             build_method(method, {"n": 4, "answer": "mode"})
@@ -314,7 +335,14 @@ def _srd_records(tiny_engine, method, answer, **extra):
 
 
 @pytest.mark.parametrize(
-    ("method", "extra"), [("srd", {}), ("rejection_sampling", {}), ("srd", {"archive_all": True})]
+    ("method", "extra"),
+    [
+        ("srd", {}),
+        ("rejection_sampling", {}),
+        ("srd", {"archive_all": True}),
+        ("speculative_rejection", {}),
+        ("speculative_rejection", {"min_keep": 0}),
+    ],
 )
 def test_a_weighted_vote_run_draws_as_the_argmax_run_and_answers_as_the_records_revote(
     tiny_engine, method, extra
@@ -325,6 +353,7 @@ def test_a_weighted_vote_run_draws_as_the_argmax_run_and_answers_as_the_records_
     real-text sections)."""
     from srd_worker.reports.kcurves import revoted_correct
 
+    archive = method == "speculative_rejection" or bool(extra.get("archive_all"))  # the answer pool
     best = _srd_records(tiny_engine, method, "best", **extra)
     voted = _srd_records(tiny_engine, method, "weighted_majority", **extra)
     answered = 0
@@ -332,10 +361,11 @@ def test_a_weighted_vote_run_draws_as_the_argmax_run_and_answers_as_the_records_
         assert [(c["id"], c["text"], c.get("status")) for c in b["candidates"]] == [
             (c["id"], c["text"], c.get("status")) for c in w["candidates"]
         ]
-        assert b["extra"]["R_max"] == w["extra"]["R_max"]
+        assert b["extra"].get("R_max") == w["extra"].get("R_max")
+        assert b["extra"].get("pool_sizes") == w["extra"].get("pool_sizes")
         pool = (
             list(w["candidates"])
-            if extra.get("archive_all")
+            if archive
             else sorted((c for c in w["candidates"] if c["status"] == "kept"), key=lambda c: c["id"])
         )
         classes = [c["vote"] for c in pool]
@@ -343,7 +373,7 @@ def test_a_weighted_vote_run_draws_as_the_argmax_run_and_answers_as_the_records_
             answered += 1
             winner = pool[majority(classes, [c["reward"] for c in pool])]["vote"]
             assert w["answer"] in {c["answer"] for c in pool if c["vote"] == winner}
-        assert revoted_correct(b, archive_all=bool(extra)) == float(w["correct"])
+        assert revoted_correct(b, archive_all=archive) == float(w["correct"])
     assert answered  # some problem's pool had answers to vote on
 
 

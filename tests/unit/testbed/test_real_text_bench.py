@@ -661,3 +661,39 @@ def test_intervals_resample_problems_with_all_their_seeds():
     assert two["above"]["problems"] == 40 and two["above"]["seeds"] == 2
     assert (two["above"]["low"], two["above"]["high"]) == (one["above"]["low"], one["above"]["high"])
     assert "problems with both, over 2 seeds)" in order_text(two["above"])
+
+
+def test_the_revote_answers_each_method_from_its_answer_pool():
+    """``experiment.revoted``: SRD's record is re-voted over its kept candidates, Speculative Rejection's
+    (whose record lists only its archive of finished survivors, without statuses) and an ``archive_all``
+    run's over every listed candidate; a record whose pool is refused gives None."""
+    from srd_worker.testbed.experiment import answers_from_archive, revoted
+
+    def cand(cid, vote, reward, correct, **extra):
+        return {"id": cid, "vote": vote, "reward": reward, "correct": correct, **extra}
+
+    # kept: class 0 (0.6) beats class 1 (0.5); with the discarded candidate, class 1 sums 1.4
+    srd_cands = [
+        cand(0, 0, 0.6, False, status="kept"),
+        cand(1, 1, 0.5, True, status="kept"),
+        cand(2, 1, 0.9, True, status="discarded"),
+    ]
+    spec_cands = [{k: v for k, v in c.items() if k != "status"} for c in srd_cands]
+
+    def run(method, cands, seed=0, **params):
+        spec = {"method": method, "seed": seed, "params": params}
+        records = [
+            {"item_id": "p", "correct": False, "candidates": cands},
+            {"item_id": "q", "correct": True, "candidates": [cand(0, 0, -0.2, True, status="kept")]},
+        ]
+        return SimpleNamespace(spec=spec, records=records)
+
+    assert revoted([run("srd", srd_cands)]) == {"p": {0: 0.0}, "q": {0: None}}
+    assert revoted([run("srd", srd_cands, archive_all=True)])["p"] == {0: 1.0}
+    assert revoted([run("speculative_rejection", spec_cands)])["p"] == {0: 1.0}
+    # each seed is re-voted over its own run's pool
+    two = revoted([run("srd", srd_cands, seed=0), run("srd", srd_cands, seed=1, archive_all=True)])
+    assert two["p"] == {0: 0.0, 1: 1.0}
+    assert answers_from_archive({"method": "speculative_rejection"})
+    assert answers_from_archive({"method": "srd", "params": {"archive_all": True}})
+    assert not answers_from_archive({"method": "rejection_sampling", "params": {}})

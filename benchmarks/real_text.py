@@ -331,10 +331,12 @@ def adaptive_text(out: dict, *, rs_missing: str | None) -> list[str]:
         "",
         *(
             [
-                "SRD and rejection sampling answering by the weighted vote (`--set answer=weighted_majority`): "
-                "each record re-answered from its own kept candidates, their rewards and vote classes (the "
-                "draws and the routing do not depend on the answer rule, so this is what that run would "
-                "answer), paired with the runs' argmax and with weighted Best-of-N at the same N:",
+                "SRD, rejection sampling and Speculative Rejection answering by the weighted vote "
+                "(`--set answer=weighted_majority`): each record re-answered from its own answer pool (SRD's "
+                "and rejection sampling's kept candidates, Speculative Rejection's finished survivors), their "
+                "rewards and vote classes (the draws and the routing do not depend on the answer rule, so "
+                "this is what that run would answer), paired with the runs' argmax and with weighted "
+                "Best-of-N at the same N:",
                 "",
                 out["revote"],
                 "",

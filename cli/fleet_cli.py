@@ -309,11 +309,7 @@ def cancel(run_id: str) -> None:
     """Cancel RUN_ID: unfinished shards stop at their next checkpoint and are not picked up again."""
     from srd_worker import service
 
-    db = open_db()
-    try:
-        n = service.cancel(db=db, run_id=run_id)
-    finally:
-        db.dispose()
+    n = _on_db(service.cancel, run_id=run_id)
     click.echo(f"cancelled {run_id}: {n} unfinished shard(s) stopped")
 
 
@@ -325,12 +321,17 @@ def resume(run_id: str) -> None:
     from srd_worker import service
     from srd_worker.queue import enqueue, enqueue_many
 
+    todo = _on_db(service.resume, run_id=run_id, enqueue=enqueue, enqueue_many=enqueue_many)
+    click.echo(f"resumed {run_id}: {len(todo)} shard(s) re-enqueued")
+
+
+def _on_db(action: Any, **kwargs: Any) -> Any:
+    """``action(db=..., **kwargs)`` on the configured database, disposed of afterwards."""
     db = open_db()
     try:
-        todo = service.resume(db=db, run_id=run_id, enqueue=enqueue, enqueue_many=enqueue_many)
+        return action(db=db, **kwargs)
     finally:
         db.dispose()
-    click.echo(f"resumed {run_id}: {len(todo)} shard(s) re-enqueued")
 
 
 @click.group()

@@ -310,8 +310,11 @@ class SRDLoop:
     # -- the answer pool -----------------------------------------------------------------------------
     def answer_pool(self, state: SRDState) -> list[ArchiveEntry]:
         """What the answer is chosen from: the completed kept trajectories, or the archive (``archive_all``)."""
-        if self.cfg.archive_all:
-            return list(state["archive"])
+        return list(state["archive"]) if self.cfg.archive_all else self.kept_entries(state)
+
+    @staticmethod
+    def kept_entries(state: SRDState) -> list[ArchiveEntry]:
+        """The completed trajectories still kept, as archive entries (id order)."""
         return [archive_entry(c) for c in state["candidates"] if is_finished(c)]
 
     def pool_classes(self, state: SRDState, ctx: StepContext) -> list[int | None]:
@@ -651,9 +654,10 @@ class SRDLoop:
         ``archive_all``: the argmax final reward, ties → earliest finished round, then lowest id; or the
         weighted vote, ``choose``) and the §1.10 statistics."""
         p = self.cfg
-        kept = [archive_entry(c) for c in state["candidates"] if is_finished(c)]
-        best = self.choose(self.answer_pool(state), state.get("classes"))
-        best_kept = best_completed(kept)
+        pool = self.answer_pool(state)
+        best = self.choose(pool, state.get("classes"))
+        # R_max: the best kept reward (the answer pool is the kept entries unless archive_all)
+        best_kept = best_completed(self.kept_entries(state) if p.archive_all else pool)
         st = state["stats"]
         events = sum(st["routing"].values())
         p_h, p_m, p_l = ((st["routing"][t] / events if events else None) for t in (KEEP, REFINE, DISCARD))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from srd_worker.methods.base import StepContext
 from srd_worker.methods.registry import build_method
 from srd_worker.reports.kcurves import vote_at_k
 from srd_worker.runner import run_shard
@@ -295,6 +296,10 @@ def test_speculative_rejection_chooses_by_the_weighted_vote_over_its_archive():
     assert [c["id"] for c in res["candidates"]] == [0, 2, 1, 3]  # the pool the classes align with
     argmax = build_method("speculative_rejection", {"n": 4, "min_keep": 0})
     assert argmax.result(state)["chosen"] == 0  # answer=best ignores the classes
+    # the anytime answer takes the classes itself (here: the text's first letter), by the same rule
+    ctx = StepContext(None, None, 0, extract_answer=lambda text: text[:1])
+    assert method.current_best(state, ctx) == ("b2", 0.5)
+    assert argmax.current_best(state, ctx) == ("a", 0.9)
     del state["classes"]
     with pytest.raises(RuntimeError, match="classes"):
         method.result(state)

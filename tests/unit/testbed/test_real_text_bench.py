@@ -697,3 +697,53 @@ def test_the_revote_answers_each_method_from_its_answer_pool():
     assert answers_from_archive({"method": "speculative_rejection"})
     assert answers_from_archive({"method": "srd", "params": {"archive_all": True}})
     assert not answers_from_archive({"method": "rejection_sampling", "params": {}})
+
+
+def test_the_revote_table_counts_each_methods_answer_pool():
+    """``revote_table``: one row per pool method present; the pool size counts SRD's kept candidates and
+    Speculative Rejection's whole archive, distinct answers among them; the vote's accuracy pairs with
+    the run's own and with weighted Best-of-N's."""
+    from benchmarks.testbed import revote_table
+    from srd_worker.reports.stats import Interval
+
+    def cand(cid, vote, reward, correct, **extra):
+        return {"id": cid, "vote": vote, "reward": reward, "correct": correct, **extra}
+
+    def run(method, records):
+        return SimpleNamespace(spec={"method": method, "seed": 0, "params": {}}, records=records)
+
+    srd_records = [  # p: the kept pool votes class 1 (1.0 > 0.6); q: one kept candidate
+        {
+            "item_id": "p",
+            "correct": False,
+            "candidates": [
+                cand(0, 0, 0.6, False, status="kept"),
+                cand(1, 1, 0.5, True, status="kept"),
+                cand(2, 1, 0.5, True, status="kept"),
+                cand(3, 3, 0.9, False, status="discarded"),
+            ],
+        },
+        {"item_id": "q", "correct": True, "candidates": [cand(0, 0, 0.4, True, status="kept")]},
+    ]
+    spec_records = [  # Speculative Rejection lists its archive only, without statuses
+        {"item_id": "p", "correct": False, "candidates": [cand(0, 0, 0.9, False), cand(4, 4, 0.2, True)]},
+        {"item_id": "q", "correct": True, "candidates": [cand(0, 0, 0.4, True)]},
+    ]
+    by = {
+        ("srd", 4): [run("srd", srd_records)],
+        ("speculative_rejection", 4): [run("speculative_rejection", spec_records)],
+    }
+    acc = Interval(0.5, 0.0, 1.0, 2, 1)
+    tok = {
+        ("srd", 4): SimpleNamespace(accuracy=acc),
+        ("speculative_rejection", 4): SimpleNamespace(accuracy=acc),
+        ("weighted_best_of_n", 4): SimpleNamespace(values={"p": {0: 0.0}, "q": {0: 1.0}}),
+    }
+    rows = [line for line in revote_table(by, tok, [4]).splitlines() if line.startswith("| 4 |")]
+    assert [r.split(" | ")[1] for r in rows] == ["srd", "speculative_rejection"]  # no rejection_sampling runs
+    srd, spec = ([c.strip() for c in r.strip("|").split("|")] for r in rows)
+    # SRD: the vote answers p right (a win), q unchanged; 3 and 1 kept candidates, 2 and 1 distinct answers
+    assert srd[4].startswith("+50.0 pts") and srd[5] == "1 / 1 / 0" and srd[6].startswith("+50.0 pts")
+    assert srd[7] == "2.00 (1.50)"
+    # Speculative Rejection: its archive of two (0.9 > 0.2) keeps the argmax: no change
+    assert spec[4].startswith("+0.0 pts") and spec[5] == "0 / 2 / 0" and spec[7] == "1.50 (1.50)"

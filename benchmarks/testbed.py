@@ -394,6 +394,7 @@ def revote_table(
     pools (the kept candidates; Speculative Rejection's archive of finished survivors): what
     ``answer=weighted_majority`` answers from the same draws, since routing does not depend on the answer
     rule; against their own argmax and against weighted Best-of-N at the same N."""
+    from srd_worker.reports.kcurves import record_pool
     from srd_worker.reports.stats import bootstrap_ci
     from srd_worker.testbed.experiment import answers_from_archive, correctness, paired_values, revoted
 
@@ -416,11 +417,7 @@ def revote_table(
             vs_w = _pts(paired_values(voted, w.values or {}).diff) if w else "n/a"
             argmax = tok[(method, n)].accuracy
             kept = [
-                [
-                    c.get("vote")
-                    for c in x.get("candidates") or []
-                    if answers_from_archive(r.spec) or c.get("status") == "kept"
-                ]
+                [c.get("vote") for c in record_pool(x, archive_all=answers_from_archive(r.spec))]
                 for r in runs
                 for x in r.records
                 if not x.get("error")

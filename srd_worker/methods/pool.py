@@ -531,3 +531,11 @@ def choose_answer(
     if first is None:  # no candidate has an answer: the argmax
         return best_completed(entries)
     return best_completed([e for e, c in zip(entries, classes, strict=True) if c == classes[first]])
+
+
+def answer_now(rule: str, ctx: StepContext, entries: Sequence[ArchiveEntry]) -> tuple[str, float | None]:
+    """The (text, reward) a pool method would answer with from ``entries`` now, by ``rule`` (its anytime
+    curve's ``current_best``); ``("", None)`` when there is nothing to answer with."""
+    classes = entry_classes(ctx, entries) if rule == "weighted_majority" else None
+    best = choose_answer(rule, entries, classes)
+    return (best["text"], best["reward"]) if best else ("", None)

@@ -49,6 +49,7 @@ from srd_worker.methods.pool import (
     ArchiveEntry,
     PoolParams,
     TrajectoryState,
+    answer_now,
     archive_entry,
     check_answer_rule,
     choose_answer,
@@ -148,10 +149,7 @@ class SpeculativeRejection(Method[SpecRejState, SpeculativeRejectionParams]):
 
     def current_best(self, state: SpecRejState, ctx: StepContext) -> tuple[str, float | None]:
         """The answer the item would give now (anytime curves), by the same rule as ``result``."""
-        pool = answer_pool(state)
-        classes = entry_classes(ctx, pool) if self.params.answer == "weighted_majority" else None
-        best = choose_answer(self.params.answer, pool, classes)
-        return (best["text"], best["reward"]) if best else ("", None)
+        return answer_now(self.params.answer, ctx, answer_pool(state))
 
     def result(self, state: SpecRejState) -> dict[str, Any]:
         pool = answer_pool(state)

@@ -82,6 +82,7 @@ from srd_worker.methods.pool import (
     PoolParams,
     Trajectory,
     TrajectoryState,
+    answer_now,
     apply_generation,
     archive_entries,
     archive_entry,
@@ -330,9 +331,7 @@ class SRDLoop:
 
     def current_best(self, state: SRDState, ctx: StepContext) -> tuple[str, float | None]:
         """The answer the item would give now (anytime curves), by the same rule as ``result``."""
-        classes = self.pool_classes(state, ctx) if self.cfg.answer == "weighted_majority" else None
-        best = self.choose(self.answer_pool(state), classes)
-        return (best["text"], best["reward"]) if best else ("", None)
+        return answer_now(self.cfg.answer, ctx, self.answer_pool(state))
 
     # -- building blocks -----------------------------------------------------------------------------
     @property

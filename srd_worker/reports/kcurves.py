@@ -101,6 +101,16 @@ def vote_index(cands: Sequence[dict[str, Any]], subset: Sequence[int], *, weight
     return order[0 if chosen is None else chosen]
 
 
+def record_pool(record: dict[str, Any], *, archive_all: bool = False) -> list[dict[str, Any]]:
+    """A stored pool-method record's answer pool, in the loop's order: its kept candidates by id, or with
+    ``archive_all`` (and for Speculative Rejection, whose record lists only its archive) every listed
+    candidate, as listed (the order they finished)."""
+    cands = record.get("candidates") or []
+    if archive_all:
+        return list(cands)
+    return sorted((c for c in cands if c.get("status") == "kept"), key=lambda c: int(c.get("id") or 0))
+
+
 def revoted_correct(record: dict[str, Any], *, archive_all: bool = False) -> float | None:
     """1/0: whether an SRD-family record (SRD, rejection sampling) would have been right had it answered
     with ``answer=weighted_majority`` (``SRDLoop.choose``), from its stored candidates: the kept ones in
@@ -109,15 +119,9 @@ def revoted_correct(record: dict[str, Any], *, archive_all: bool = False) -> flo
     with the highest reward (a class's members give one answer, so which one does not change the grade). None when the record failed, is
     ungraded, kept no candidates or a kept reward is negative (the rule refuses it); a record whose kept
     candidates have no answer keeps its own grade (the rule falls back to the argmax)."""
-    cands = record.get("candidates")
-    if record.get("error") or record.get("correct") is None or not cands:
+    if record.get("error") or record.get("correct") is None or not record.get("candidates"):
         return None
-    # the loop's pool order: the kept trajectories by id; the archive as listed (the order they finished)
-    pool = (
-        list(cands)
-        if archive_all
-        else sorted((c for c in cands if c.get("status") == "kept"), key=lambda c: int(c.get("id") or 0))
-    )
+    pool = record_pool(record, archive_all=archive_all)
     if not pool or "vote" not in pool[0]:
         return None
     try:  # the method's own vote rule

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.testbed import _f, _pts, analyse, collect  # noqa: E402
+from benchmarks.testbed import _f, _pct, _pts, analyse, collect  # noqa: E402
 
 #: the step-level searches (``--search-n``), which may score with a reward of their own (``--search-reward``)
 SEARCH = ("beam_search", "dvts")
@@ -274,6 +274,62 @@ def order_text(above: dict) -> str:
     return (
         f"; a right candidate above a wrong one of the same problem in **{100 * above['mean']:.1f}%**{ci} of "
         f"pairs (chance 50%; the {above['problems']} problems with both{seeds})"
+    )
+
+
+def cutoff_text(bon_runs: list) -> str | None:
+    """Best-of-N's candidates cut at the token cap (``finish`` "length": no end of sequence, so as a rule
+    no answer): how many, their mean reward beside the ended ones', how often Best-of-N's pick (the highest
+    reward, the first on a tie) was one, and Best-of-N ranking only the ended candidates (all of them
+    where none ended) paired with it by problem and seed. None when no scored candidate was cut."""
+    from srd_worker.reports.stats import bootstrap_ci
+    from srd_worker.testbed.experiment import paired_values
+
+    cut_rewards: list[float] = []
+    ended_rewards: list[float] = []
+    picked_cut = cells = 0
+    argmax: dict[str, dict[int, float | None]] = {}
+    ended_only: dict[str, dict[int, float | None]] = {}
+    for run in bon_runs:
+        seed = _seed(run)
+        for rec in run.records:
+            cands = [
+                c
+                for c in rec.get("candidates") or []
+                if c.get("reward") is not None and c.get("correct") is not None and c.get("finish")
+            ]
+            if not cands:
+                continue
+            cells += 1
+            for c in cands:
+                (cut_rewards if c["finish"] == "length" else ended_rewards).append(float(c["reward"]))
+            best = max(cands, key=lambda c: float(c["reward"]))  # max keeps the first of equals
+            ended = [c for c in cands if c["finish"] != "length"] or cands
+            best_ended = max(ended, key=lambda c: float(c["reward"]))
+            picked_cut += best["finish"] == "length"
+            key = str(rec.get("item_id"))
+            argmax.setdefault(key, {})[seed] = float(bool(best["correct"]))
+            ended_only.setdefault(key, {})[seed] = float(bool(best_ended["correct"]))
+    if not cut_rewards:
+        return None
+    seeds = sorted({s for v in argmax.values() for s in v})
+
+    def acc(values: dict[str, dict[int, float | None]]) -> str:
+        mean, _, rest = _pct(bootstrap_ci([[v.get(s) for s in seeds] for v in values.values()])).partition(
+            " "
+        )
+        return f"{mean}% {rest}".rstrip()
+
+    p = paired_values(ended_only, argmax)
+    mean_ended = sum(ended_rewards) / len(ended_rewards) if ended_rewards else None
+    mcnemar = "" if p.mcnemar_p is None else f", McNemar p {p.mcnemar_p:.3f}"
+    return (
+        f"Candidates cut at the `max_new_tokens` cap (no end of sequence, so as a rule no answer): "
+        f"**{len(cut_rewards)} of {len(cut_rewards) + len(ended_rewards)}**, mean reward "
+        f"{_f(sum(cut_rewards) / len(cut_rewards))} against {_f(mean_ended)} for those that ended; "
+        f"Best-of-N's pick was one of them in **{picked_cut} of {cells}** problem-seeds. Ranking only the "
+        f"candidates that ended (all of them where none did): {acc(ended_only)} against {acc(argmax)} "
+        f"(paired {_pts(p.diff)}, {p.wins} / {p.ties} / {p.losses}{mcnemar})."
     )
 
 
@@ -850,6 +906,9 @@ def main() -> None:
             + order_text(roc["above"])
         )
         body = [setting, "", roc_line, ""]
+        cutoff = cutoff_text([r for r in runs if r.method == "best_of_n"])
+        if cutoff:
+            body += [cutoff, ""]
         machines = hosts_text(runs)
         if machines:
             body += [machines, ""]

@@ -747,3 +747,36 @@ def test_the_revote_table_counts_each_methods_answer_pool():
     assert srd[7] == "2.00 (1.50)"
     # Speculative Rejection: its archive of two (0.9 > 0.2) keeps the argmax: no change
     assert spec[4].startswith("+0.0 pts") and spec[5] == "0 / 2 / 0" and spec[7] == "1.50 (1.50)"
+
+
+def test_cutoff_counts_cut_candidates_the_picks_among_them_and_ranking_only_ended_ones():
+    """Two problems × two seeds: the reward ranks a cut-off candidate first three times; ranking only the
+    candidates that ended changes the answer where a right one ended; a problem-seed whose candidates were
+    all cut keeps its pick; a tie keeps the first; without a cut candidate there is no line."""
+    from benchmarks.real_text import cutoff_text
+
+    def run(seed, records):
+        return SimpleNamespace(spec={"seed": seed}, records=records)
+
+    def rec(item, cands):
+        return {
+            "item_id": item,
+            "candidates": [{"reward": r, "correct": c, "finish": f} for r, c, f in cands]
+            + [{"reward": None, "correct": True, "finish": "eos"}],  # unscored: left out
+        }
+
+    runs = [
+        run(0, [rec("a", [(0.9, False, "length"), (0.5, True, "eos")]),  # cut picked; ended right
+                rec("b", [(0.8, True, "eos"), (0.8, False, "length")])]),  # tie: the first (ended) kept
+        run(1, [rec("a", [(0.9, False, "length"), (0.4, False, "eos")]),  # cut picked; ended wrong too
+                rec("b", [(0.7, False, "length"), (0.6, False, "length")])]),  # all cut: pick stays
+    ]  # fmt: skip
+    text = cutoff_text(runs)
+    assert text is not None
+    assert "**5 of 8**" in text and "mean reward 0.780 against 0.567" in text
+    assert "pick was one of them in **3 of 4** problem-seeds" in text
+    # ended only: right on (a, 0) and (b, 0) = 50%; argmax: right on (b, 0) = 25%; one win, three ties
+    assert "ended (all of them where none did): 50.0% [" in text and "against 25.0% [" in text
+    assert "(paired +25.0 pts [" in text and ", 1 / 3 / 0, McNemar p 1.000)" in text
+    no_cut = [run(0, [rec("a", [(0.9, False, "eos"), (0.5, True, "stop")])])]
+    assert cutoff_text(no_cut) is None

@@ -363,18 +363,22 @@ def early_table(rows: list[tuple[str, str, int, int, dict[str, Any]]]) -> str:
     base_d = "" if drop is None else f" (all candidates: {100 * drop:.0f}%)"
     lines = [
         "| reward | scored at | cut / candidates | AUROC [95% CI] | right above wrong, same problem [95% CI] "
-        f"| tied pairs | right ones kept{base_k} [95% CI] | right ones discarded{base_d} [95% CI] |",
+        f"| tied pairs % (a share: no interval) | right ones kept{base_k} [95% CI] "
+        f"| right ones discarded{base_d} [95% CI] |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
 
     def pct(ci: Any) -> str:
         return "n/a" if ci.mean is None else _pct(ci) if ci.low is not None else f"{100 * ci.mean:.1f}"
 
+    def share(ci: Any) -> str:  # a mean of per-problem shares, not a 0/1 measure: the mean alone
+        return "n/a" if ci.mean is None else f"{100 * ci.mean:.2f}"
+
     for name, where, n_cut, n, st in rows:
         roc = st["auroc"]
         auc = "n/a" if roc["auroc"] is None else f"{roc['auroc']:.3f} [{roc['low']:.3f}, {roc['high']:.3f}]"
         lines.append(
-            f"| `{name}` | {where} | {n_cut} / {n} | {auc} | {pct(st['above'])} | {pct(st['tied'])} | "
+            f"| `{name}` | {where} | {n_cut} / {n} | {auc} | {pct(st['above'])} | {share(st['tied'])} | "
             f"{pct(st['kept'])} | {pct(st['dropped'])} |"
         )
     return "\n".join(lines)

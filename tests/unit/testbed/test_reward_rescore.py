@@ -207,7 +207,7 @@ def test_cut_records_cuts_at_the_policy_tokens_and_keeps_the_final_label():
 
 def test_early_stats_measure_how_the_rank_router_treats_the_right_candidates():
     """Hand-made pools of four (θ 0.5 / 0.3: ranks 0-1 kept, rank 2 refined, rank 3 discarded)."""
-    from benchmarks.reward_rescore import early_groups, early_stats
+    from benchmarks.reward_rescore import early_groups, early_stats, early_table
 
     # problem A: the right one scores lowest (discarded); problem B: the right one scores highest (kept);
     # problem C: all tied, the right one is the last by id (discarded by the tie break); D: none right
@@ -223,6 +223,9 @@ def test_early_stats_measure_how_the_rank_router_treats_the_right_candidates():
     assert st["kept"].mean == pytest.approx(1 / 3) and st["dropped"].mean == pytest.approx(2 / 3)
     assert st["keep_share"] == 0.5 and st["drop_share"] == 0.25
     assert st["auroc"]["problems"] == 4
+    row = early_table([("logprob", "128 tokens", 4, 16, st)]).splitlines()[2].split("|")
+    assert row[6].strip() == "25.00"  # the tied share alone: a share of pairs has no 0/1 interval
+    assert row[7].strip().startswith("33.3 [")  # the right ones kept, with their interval
 
     cut = [
         {

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._doc import replace_section  # noqa: E402
-from benchmarks.testbed import _f, _pct, _pts, analyse, collect  # noqa: E402
+from benchmarks.testbed import _f, _pts, analyse, collect  # noqa: E402
 
 #: the step-level searches (``--search-n``), which may score with a reward of their own (``--search-reward``)
 SEARCH = ("beam_search", "dvts")
@@ -314,11 +314,10 @@ def cutoff_text(bon_runs: list) -> str | None:
         return None
     seeds = sorted({s for v in argmax.values() for s in v})
 
-    def acc(values: dict[str, dict[int, float | None]]) -> str:
-        mean, _, rest = _pct(bootstrap_ci([[v.get(s) for s in seeds] for v in values.values()])).partition(
-            " "
-        )
-        return f"{mean}% {rest}".rstrip()
+    def acc(values: dict[str, dict[int, float | None]]) -> str:  # "12.0% [5.0, 20.0]"
+        ci = bootstrap_ci([[v.get(s) for s in seeds] for v in values.values()])
+        interval = "" if ci.low is None or ci.high is None else f" [{100 * ci.low:.1f}, {100 * ci.high:.1f}]"
+        return f"{100 * (ci.mean or 0.0):.1f}%{interval}"
 
     p = paired_values(ended_only, argmax)
     mean_ended = sum(ended_rewards) / len(ended_rewards) if ended_rewards else None

@@ -279,9 +279,10 @@ def order_text(above: dict) -> str:
 
 def cutoff_text(bon_runs: list) -> str | None:
     """Best-of-N's candidates cut at the token cap (``finish`` "length": no end of sequence, so as a rule
-    no answer): how many, their mean reward beside the ended ones', how often Best-of-N's pick (the highest
-    reward, the first on a tie) was one, and Best-of-N ranking only the ended candidates (all of them
+    no answer): how many, their mean reward beside the ended ones', how often Best-of-N's pick (``kcurves.best_index``:
+    the highest reward, the first on a tie) was one, and Best-of-N ranking only the ended candidates (all of them
     where none ended) paired with it by problem and seed. None when no scored candidate was cut."""
+    from srd_worker.reports.kcurves import best_index
     from srd_worker.reports.stats import bootstrap_ci
     from srd_worker.testbed.experiment import paired_values
 
@@ -303,9 +304,10 @@ def cutoff_text(bon_runs: list) -> str | None:
             cells += 1
             for c in cands:
                 (cut_rewards if c["finish"] == "length" else ended_rewards).append(float(c["reward"]))
-            best = max(cands, key=lambda c: float(c["reward"]))  # max keeps the first of equals
-            ended = [c for c in cands if c["finish"] != "length"] or cands
-            best_ended = max(ended, key=lambda c: float(c["reward"]))
+            every = range(len(cands))
+            best = cands[best_index(cands, every)]  # Best-of-k's rule: ties to the lowest index
+            ended = [i for i in every if cands[i]["finish"] != "length"] or every
+            best_ended = cands[best_index(cands, ended)]
             picked_cut += best["finish"] == "length"
             key = str(rec.get("item_id"))
             argmax.setdefault(key, {})[seed] = float(bool(best["correct"]))
